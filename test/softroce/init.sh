@@ -1,0 +1,41 @@
+#!/bin/busybox sh
+# /init of the Soft-RoCE test VM (built into the initramfs by test/softroce/run).
+# Loads the virtio-9p and RDMA modules, mounts the host's / read-only, the caller's current
+# directory read-write and the result share, then runs job.sh from the share in a chroot.
+/bin/busybox --install -s /bin
+export PATH=/bin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+
+halt() { sync; echo o > /proc/sysrq-trigger; sleep 10; }
+
+for m in @MODULES@; do
+  insmod /lib/modules/$m.ko || echo "init: insmod $m failed"
+done
+
+opts=trans=virtio,version=9p2000.L,msize=512000
+mount -t 9p -o $opts,cache=none share /share || { echo "init: cannot mount the share"; halt; }
+mount -t 9p -o $opts,ro,cache=loose hostroot /newroot || { echo "init: cannot mount the host root"; echo 67 > /share/status; halt; }
+mount -t proc proc /newroot/proc
+mount -t sysfs sysfs /newroot/sys
+mount -t devtmpfs devtmpfs /newroot/dev
+mkdir -p /newroot/dev/pts /newroot/dev/shm 2>/dev/null
+mount -t devpts devpts /newroot/dev/pts
+mount -t tmpfs tmpfs /newroot/dev/shm
+mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
+mount -t tmpfs -o mode=755 tmpfs /newroot/run
+cwd=$(cat /share/cwd)
+if [ "$cwd" != / ]; then
+  mkdir -p "/newroot$cwd" 2>/dev/null   # only needed (and possible) under the tmpfs
+  mount -t 9p -o $opts cwd "/newroot$cwd" || { echo "init: cannot mount $cwd"; echo 67 > /share/status; halt; }
+fi
+mkdir -p /newroot/run/softroce
+mount --bind /share /newroot/run/softroce
+# Test host names: a private copy of the host's /etc/hosts.
+cat /newroot/etc/hosts > /newroot/run/hosts 2>/dev/null
+printf '169.254.7.1 ibmsg-test ibmsg-test4\nfd00::1 ibmsg-test ibmsg-test6\n' >> /newroot/run/hosts
+mount --bind /newroot/run/hosts /newroot/etc/hosts
+
+chroot /newroot /bin/bash /run/softroce/job.sh
+halt
