@@ -1,0 +1,351 @@
+/*
+ * ibmsg.h - reliable messages over RDMA (InfiniBand, RoCE, iWARP) with callbacks on one event loop.
+ *
+ * This header is the whole public C API of ibmsg. It compiles as C99 and as C++.
+ *
+ * Objects (all caller-allocated structs; the library keeps private state behind `impl`):
+ *   ibmsg_event_loop          one libev loop: the RDMA CM event channel and the completion channels
+ *   ibmsg_socket              a listening socket or one connection
+ *   ibmsg_connection_request  an incoming connection, valid only inside the connection_request callback
+ *   ibmsg_buffer              one message: a send buffer from the socket's pool, or a received message
+ *
+ * Errors: every function that can fail returns IBMSG_OK (0) or a positive error code. Codes below
+ * IBMSG_ERRNO_MAX are errno values (IBMSG_EINVAL == EINVAL ...); codes from IBMSG_EBASE up are
+ * ibmsg's own. ibmsg_strerror() describes both. No function aborts, exits or throws.
+ *
+ * Callback contract (see ibmsg(7)):
+ *   - callbacks run only inside ibmsg_dispatch_event_loop() / ibmsg_event_loop_process() / the
+ *     application's own ev_run(); never inside another ibmsg call. If a call fails, no callback
+ *     fires for it.
+ *   - connection_established fires once per connection that becomes IBMSG_CONNECTED.
+ *   - message_sent fires exactly once per successful ibmsg_post_send(), with IBMSG_OK or the
+ *     reason the message was not delivered (for example IBMSG_ECANCELED when the connection closed
+ *     while it was queued or in flight).
+ *   - connection_closed fires exactly once per socket that ibmsg_listen(), ibmsg_connect() or
+ *     ibmsg_accept() set up successfully, after all its message_sent callbacks. After it returns
+ *     the library never touches that ibmsg_socket again: the application may free or reuse it.
+ *
+ * Threading: an ibmsg_event_loop and everything created on it belong to one thread at a time.
+ * Different loops may run in different threads.
+ */
+#ifndef IBMSG_H
+#define IBMSG_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && __GNUC__ >= 4
+#define IBMSG_EXPORT __attribute__((visibility("default")))
+#else
+#define IBMSG_EXPORT
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Version
+ * ------------------------------------------------------------------------------------------ */
+
+#define IBMSG_VERSION_MAJOR 1
+#define IBMSG_VERSION_MINOR 0
+#define IBMSG_VERSION_PATCH 0
+/** The version as one number, for compile-time checks: 10000 * major + 100 * minor + patch. */
+#define IBMSG_VERSION (IBMSG_VERSION_MAJOR * 10000 + IBMSG_VERSION_MINOR * 100 + IBMSG_VERSION_PATCH)
+
+/** Stores the version of the library that is linked (any pointer may be NULL). */
+IBMSG_EXPORT void ibmsg_version(int *major, int *minor, int *patch);
+/** The linked library's version as "MAJOR.MINOR.PATCH"; a static string. */
+IBMSG_EXPORT const char *ibmsg_version_string(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------------------------ */
+
+/** Codes below this are errno values; ibmsg's own codes start at IBMSG_EBASE. */
+#define IBMSG_ERRNO_MAX 1000
+#define IBMSG_EBASE 1000
+
+/*
+ * X-macro of every code (name, value, text). The values of the errno-based codes are Linux's.
+ * IBMSG_ERRNO_MAP(X) lists the errno-based codes, IBMSG_ERROR_MAP(X) ibmsg's own.
+ */
+#define IBMSG_ERRNO_MAP(X)                                                                        \
+  X(EINVAL, 22, "invalid argument")                                                               \
+  X(ENOMEM, 12, "out of memory")                                                                  \
+  X(EAGAIN, 11, "resource temporarily unavailable: retry after a message_sent callback")         \
+  X(EMSGSIZE, 90, "message larger than the connection's maximum message size")                    \
+  X(ENOTCONN, 107, "socket is not connected")                                                     \
+  X(EBUSY, 16, "resource busy")                                                                   \
+  X(ECONNREFUSED, 111, "connection refused: nothing listens at that address and port")           \
+  X(ETIMEDOUT, 110, "timed out")                                                                  \
+  X(EHOSTUNREACH, 113, "no RDMA route to the host")                                               \
+  X(EADDRINUSE, 98, "address already in use")                                                     \
+  X(EADDRNOTAVAIL, 99, "cannot use that local address")                                           \
+  X(ECONNRESET, 104, "connection closed by the peer")                                             \
+  X(ECANCELED, 125, "canceled: the connection closed first")                                      \
+  X(ENODEV, 19, "no such RDMA device, or the device went away")                                   \
+  X(EIO, 5, "RDMA transport error")                                                               \
+  X(EPROTO, 71, "protocol error: the peer does not speak this version of ibmsg")
+
+#define IBMSG_ERROR_MAP(X)                                                                        \
+  X(EREJECTED, 1000, "connection rejected by the peer")                                           \
+  X(ESTATE, 1001, "operation not allowed in the socket's current state")                          \
+  X(ENOTALLOC, 1002, "message is not allocated (already freed, or never allocated)")             \
+  X(ENOADDR, 1003, "cannot resolve the host name or address")                                     \
+  X(ESYS, 1004, "system or verbs call failed")
+
+/** The error codes. IBMSG_OK is 0. */
+enum ibmsg_error {
+  IBMSG_OK = 0,
+#define IBMSG__ERR_ENUM(name, value, text) IBMSG_##name = value,
+  IBMSG_ERRNO_MAP(IBMSG__ERR_ENUM)
+  IBMSG_ERROR_MAP(IBMSG__ERR_ENUM)
+#undef IBMSG__ERR_ENUM
+  IBMSG__ERROR_END
+};
+
+/** A short description of any code an ibmsg function returns or a callback gets, or of an errno
+ *  value. Never NULL; a static string. */
+IBMSG_EXPORT const char *ibmsg_strerror(int code);
+/** The code's name ("IBMSG_EAGAIN"), or "IBMSG_UNKNOWN"; a static string. */
+IBMSG_EXPORT const char *ibmsg_err_name(int code);
+
+/* ---------------------------------------------------------------------------------------------
+ * Types
+ * ------------------------------------------------------------------------------------------ */
+
+struct ev_loop;
+struct ibmsg__loop;
+struct ibmsg__socket;
+struct ibmsg__slot;
+struct ibmsg__request;
+
+/** Socket status (the `status` field of ibmsg_socket). */
+enum ibmsg_socket_status {
+  IBMSG_UNCONNECTED,      /**< not set up, or closed in an orderly way (either side disconnected) */
+  IBMSG_ADDRESS_RESOLVED, /**< ibmsg_connect(): the address resolved to an RDMA device */
+  IBMSG_ROUTE_RESOLVED,   /**< connecting: route known, connection request sent (or accepted) */
+  IBMSG_CONNECTED,        /**< messages may be posted */
+  IBMSG_DISCONNECTING,    /**< ibmsg_disconnect() was called or the peer disconnected */
+  IBMSG_ERROR,            /**< closed because of an error; the closed callback says which */
+  IBMSG_LISTENING         /**< ibmsg_listen() succeeded */
+};
+
+/** Message status (the `status` field of ibmsg_buffer). */
+enum ibmsg_buffer_status {
+  IBMSG_WAITING,     /**< allocated, or posted and not yet sent */
+  IBMSG_SENT,        /**< the peer has it (the send completed successfully) */
+  IBMSG_RECEIVED,    /**< a received message, lent to the application until ibmsg_free_msg() */
+  IBMSG_SEND_FAILED, /**< posted but not delivered; the message_sent callback got the reason */
+  IBMSG_FREED        /**< returned with ibmsg_free_msg() */
+};
+
+/** Decision on a connection request (the `status` field of ibmsg_connection_request). */
+enum ibmsg_request_status {
+  IBMSG_UNDECIDED, /**< neither accepted nor rejected yet: rejected when the callback returns */
+  IBMSG_ACCEPTED,  /**< ibmsg_accept() succeeded */
+  IBMSG_REJECTED   /**< ibmsg_reject() was called, or ibmsg_accept() failed */
+};
+
+typedef struct ibmsg_event_loop ibmsg_event_loop;
+typedef struct ibmsg_socket ibmsg_socket;
+typedef struct ibmsg_buffer ibmsg_buffer;
+typedef struct ibmsg_connection_request ibmsg_connection_request;
+
+/**
+ * One message. For sending, the application owns this struct (it may live on the stack) and
+ * ibmsg_alloc_msg() attaches a registered buffer from the socket's pool; the struct must stay at
+ * the same address until ibmsg_free_msg(). For receiving, the library owns the struct and lends
+ * it to the application from the message_received callback until ibmsg_free_msg().
+ */
+struct ibmsg_buffer {
+  void *data;                      /* ro: the payload (capacity: the socket's max message size) */
+  size_t size;                     /* rw: bytes to send / bytes received */
+  enum ibmsg_buffer_status status; /* ro */
+  void *user_data;                 /* rw: the application's; ibmsg never reads it */
+  struct ibmsg__slot *impl;        /* private */
+};
+
+/**
+ * A listening socket or a connection. The application owns the struct; ibmsg_listen(),
+ * ibmsg_connect() and ibmsg_accept() initialize it (any previous content is ignored), and it must
+ * stay at the same address until its connection_closed callback has returned.
+ */
+struct ibmsg_socket {
+  enum ibmsg_socket_status status; /* ro */
+  void *user_data;                 /* rw: the application's; ibmsg never reads it */
+  ibmsg_event_loop *loop;          /* ro: the loop the socket belongs to */
+  int close_reason;                /* ro: IBMSG_OK until closed, then the reason it closed */
+  char reject_reason[132];         /* ro: the peer's text when close_reason is IBMSG_EREJECTED */
+  struct ibmsg__socket *impl;      /* private */
+};
+
+/** An incoming connection. Valid only during the connection_request callback, which must call
+ *  ibmsg_accept() or ibmsg_reject(); a request left undecided is rejected. */
+struct ibmsg_connection_request {
+  enum ibmsg_request_status status; /* ro */
+  ibmsg_socket *listener;           /* ro: the listening socket the request came to */
+  ibmsg_event_loop *loop;           /* ro */
+  const char *peer_address;         /* ro: numeric address of the peer, e.g. "169.254.7.1" */
+  unsigned short peer_port;         /* ro */
+  struct ibmsg__request *impl;      /* private */
+};
+
+/** Called for each incoming connection on a listening socket. */
+typedef void (*ibmsg_connection_request_cb)(ibmsg_connection_request *request);
+/** Called once when a connection reaches IBMSG_CONNECTED. */
+typedef void (*ibmsg_connection_established_cb)(ibmsg_socket *socket);
+/** Called for each received message; the message is lent until ibmsg_free_msg(). */
+typedef void (*ibmsg_message_received_cb)(ibmsg_socket *socket, ibmsg_buffer *msg);
+/** Called exactly once per posted message: status is IBMSG_OK when the peer has it. */
+typedef void (*ibmsg_message_sent_cb)(ibmsg_socket *socket, ibmsg_buffer *msg, int status);
+/** Called exactly once when a socket has closed; reason is IBMSG_OK after ibmsg_disconnect(),
+ *  IBMSG_ECONNRESET when the peer disconnected, otherwise the error that closed it. */
+typedef void (*ibmsg_connection_closed_cb)(ibmsg_socket *socket, int reason);
+
+/**
+ * The event loop. The application owns the struct and sets the callbacks after
+ * ibmsg_init_event_loop(), which sets them all to NULL (no callback).
+ */
+struct ibmsg_event_loop {
+  ibmsg_connection_request_cb connection_request;         /* rw */
+  ibmsg_connection_established_cb connection_established; /* rw */
+  ibmsg_message_received_cb message_received;             /* rw; NULL: messages are freed unread */
+  ibmsg_message_sent_cb message_sent;                     /* rw */
+  ibmsg_connection_closed_cb connection_closed;           /* rw */
+  void *user_data;                                        /* rw: the application's */
+  struct ibmsg__loop *impl;                               /* private */
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Event loop
+ * ------------------------------------------------------------------------------------------ */
+
+/** Initializes a loop with its own libev loop (epoll backend). */
+IBMSG_EXPORT int ibmsg_init_event_loop(ibmsg_event_loop *loop);
+/** Initializes a loop whose watchers run on the application's libev loop `ev`; the application
+ *  runs `ev` itself (ev_run) and keeps it alive until ibmsg_destroy_event_loop(). */
+IBMSG_EXPORT int ibmsg_init_event_loop_ev(ibmsg_event_loop *loop, struct ev_loop *ev);
+/** Frees the loop. Fails with IBMSG_EBUSY while a socket is open (not yet closed) or a message
+ *  is still allocated or lent; then nothing is freed. */
+IBMSG_EXPORT int ibmsg_destroy_event_loop(ibmsg_event_loop *loop);
+/** Waits for at least one event, processes all that are ready (running callbacks), returns. */
+IBMSG_EXPORT int ibmsg_dispatch_event_loop(ibmsg_event_loop *loop);
+/** Like ibmsg_dispatch_event_loop() but waits at most timeout_ms (0: do not wait). */
+IBMSG_EXPORT int ibmsg_dispatch_event_loop_timeout(ibmsg_event_loop *loop, int timeout_ms);
+
+/** For driving ibmsg from another event loop: an fd that becomes readable when ibmsg has work.
+ *  Watch it for input and call ibmsg_event_loop_process() when it is readable, and also after
+ *  ibmsg_event_loop_timeout() milliseconds. Returns the fd, or -1 if loop is invalid. */
+IBMSG_EXPORT int ibmsg_event_loop_fd(ibmsg_event_loop *loop);
+/** Processes everything that is ready without waiting (running callbacks). */
+IBMSG_EXPORT int ibmsg_event_loop_process(ibmsg_event_loop *loop);
+/** Milliseconds until ibmsg_event_loop_process() must run again even if the fd stays quiet
+ *  (0: at once; -1: not until the fd is readable). */
+IBMSG_EXPORT int ibmsg_event_loop_timeout(ibmsg_event_loop *loop);
+
+/* ---------------------------------------------------------------------------------------------
+ * Options: loop-wide defaults for sockets set up afterwards
+ * ------------------------------------------------------------------------------------------ */
+
+enum ibmsg_option {
+  IBMSG_OPT_RECV_DEPTH = 1,      /**< int: receive buffers per connection = credits the peer gets (32) */
+  IBMSG_OPT_SEND_DEPTH = 2,      /**< int: send buffers per connection for ibmsg_alloc_msg (32) */
+  IBMSG_OPT_SEND_QUEUE = 3,      /**< int: posted messages queued waiting for credits (32) */
+  IBMSG_OPT_MAX_MSG_SIZE = 4,    /**< int: largest message in bytes (65536) */
+  IBMSG_OPT_CONNECT_TIMEOUT = 5, /**< int: ms for ibmsg_connect() to reach CONNECTED (5000) */
+  IBMSG_OPT_RNR_RETRY = 6,       /**< int 0..7: RNR retries (7); credits make RNR impossible */
+  IBMSG_OPT_SOURCE_ADDR = 7,     /**< string: local address ibmsg_connect() binds to ("": any) */
+  IBMSG_OPT_DEVICE = 8           /**< string: RDMA device connections must use, e.g. "rxe0" ("": any) */
+};
+
+/** Sets an option: int options take a pointer to int and sizeof(int); string options a char
+ *  array and its length (no terminator needed). IBMSG_EINVAL for an unknown option, a wrong
+ *  length or a value out of range. */
+IBMSG_EXPORT int ibmsg_setopt(ibmsg_event_loop *loop, int option, const void *value, size_t len);
+/** Reads an option; *len is the buffer size on entry and the value's size on return (strings
+ *  are NUL-terminated when the buffer has room). */
+IBMSG_EXPORT int ibmsg_getopt(ibmsg_event_loop *loop, int option, void *value, size_t *len);
+
+/* ---------------------------------------------------------------------------------------------
+ * Sockets
+ * ------------------------------------------------------------------------------------------ */
+
+/** Listens on ip (IPv4, IPv6 or host name; NULL or "" for all addresses) and port (0: any free
+ *  port, see ibmsg_socket_local_address()). At most max_connections accepted connections from this
+ *  listener are open at once (requests beyond that are rejected). Closed with ibmsg_disconnect(). */
+IBMSG_EXPORT int ibmsg_listen(ibmsg_event_loop *loop, ibmsg_socket *socket, const char *ip,
+                              unsigned short port, int max_connections);
+/** Starts connecting to ip (IPv4, IPv6 or host name) and port. Returns at once; the socket goes
+ *  through ADDRESS_RESOLVED and ROUTE_RESOLVED to CONNECTED (connection_established), or to
+ *  ERROR (connection_closed with the reason) within IBMSG_OPT_CONNECT_TIMEOUT. */
+IBMSG_EXPORT int ibmsg_connect(ibmsg_event_loop *loop, ibmsg_socket *socket, const char *ip,
+                               unsigned short port);
+/** Accepts a request inside the connection_request callback; socket becomes the connection
+ *  (status IBMSG_ROUTE_RESOLVED, then IBMSG_CONNECTED with connection_established). */
+IBMSG_EXPORT int ibmsg_accept(ibmsg_connection_request *request, ibmsg_socket *socket);
+/** Rejects a request inside the connection_request callback. The peer's socket closes with
+ *  IBMSG_EREJECTED and reason (at most 128 bytes, may be NULL) in its reject_reason field. */
+IBMSG_EXPORT int ibmsg_reject(ibmsg_connection_request *request, const char *reason);
+/** Closes a socket: a listener stops listening, a connection disconnects (messages still queued
+ *  or in flight get message_sent with IBMSG_ECANCELED), a connect in progress stops. The
+ *  connection_closed callback follows from the loop. IBMSG_ESTATE if already closing. */
+IBMSG_EXPORT int ibmsg_disconnect(ibmsg_socket *socket);
+/** Writes the socket's local address (numeric) into buf and its port into *port (either may be
+ *  NULL). For a listener bound to port 0, this is the port picked. */
+IBMSG_EXPORT int ibmsg_socket_local_address(const ibmsg_socket *socket, char *buf, size_t len,
+                                            unsigned short *port);
+/** Like ibmsg_socket_local_address() for the peer of a connection. */
+IBMSG_EXPORT int ibmsg_socket_peer_address(const ibmsg_socket *socket, char *buf, size_t len,
+                                           unsigned short *port);
+/** The name of the RDMA device the socket uses ("rxe0"), or NULL if none yet. */
+IBMSG_EXPORT const char *ibmsg_socket_device(const ibmsg_socket *socket);
+/** The largest message this connection can send: the smaller of both sides' maximum. */
+IBMSG_EXPORT size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket);
+
+/* ---------------------------------------------------------------------------------------------
+ * Messages
+ * ------------------------------------------------------------------------------------------ */
+
+/** Takes a send buffer from the socket's pool: msg->data points at room for the socket's maximum
+ *  message size, msg->size = size, msg->status = IBMSG_WAITING. IBMSG_EMSGSIZE if size is larger
+ *  than the maximum, IBMSG_EAGAIN when all IBMSG_OPT_SEND_DEPTH buffers are in use, IBMSG_ENOTCONN
+ *  before the socket has its buffers (CONNECTED, or accepted) or after it closed. */
+IBMSG_EXPORT int ibmsg_alloc_msg(ibmsg_buffer *msg, ibmsg_socket *socket, size_t size);
+/** Sends msg->size bytes of msg->data. On success the library owns the message until its
+ *  message_sent callback; then the application may post it again or free it. Messages are
+ *  delivered in order. Without credits the message is queued; IBMSG_EAGAIN when the queue holds
+ *  IBMSG_OPT_SEND_QUEUE messages already (nothing was sent: retry after a message_sent). */
+IBMSG_EXPORT int ibmsg_post_send(ibmsg_socket *socket, ibmsg_buffer *msg);
+/** Returns a message to its pool: a send buffer that is not queued or in flight (IBMSG_EBUSY
+ *  otherwise), or a received message (its buffer goes back to the peer as a credit). */
+IBMSG_EXPORT int ibmsg_free_msg(ibmsg_buffer *msg);
+
+/* ---------------------------------------------------------------------------------------------
+ * Names of the original ibmsg, kept so that programs written for it compile unchanged.
+ * ------------------------------------------------------------------------------------------ */
+#define IBMSG_FCNTL_FAILED IBMSG_ESYS
+#define IBMSG_GETADDRINFO_FAILED IBMSG_ENOADDR
+#define IBMSG_CREATE_ID_FAILED IBMSG_ESYS
+#define IBMSG_BIND_FAILED IBMSG_EADDRNOTAVAIL
+#define IBMSG_LISTEN_FAILED IBMSG_ESYS
+#define IBMSG_ADDRESS_RESOLUTION_FAILED IBMSG_EHOSTUNREACH
+#define IBMSG_FETCH_EVENT_FAILED IBMSG_ESYS
+#define IBMSG_ACK_EVENT_FAILED IBMSG_ESYS
+#define IBMSG_ALLOC_FAILED IBMSG_ENOMEM
+#define IBMSG_MEMORY_REGISTRATION_FAILED IBMSG_ESYS
+#define IBMSG_POST_SEND_FAILED IBMSG_EIO
+#define IBMSG_DISCONNECT_FAILED IBMSG_ESYS
+#define IBMSG_FREE_BUFFER_FAILED IBMSG_ENOTALLOC
+#define IBMSG_CREATE_QP_FAILED IBMSG_ESYS
+#define IBMSG_ACCEPT_FAILED IBMSG_ESYS
+#define IBMSG_EPOLL_FAILED IBMSG_ESYS
+#define IBMSG_EPOLL_ADD_FD_FAILED IBMSG_ESYS
+#define IBMSG_EPOLL_WAIT_FAILED IBMSG_ESYS
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IBMSG_H */

@@ -1,0 +1,94 @@
+// Credit-based flow control for one connection (pure logic, no verbs).
+//
+// Each side posts recv_depth + ctrl_depth receive buffers. The peer may send one data message per
+// data credit and one credit-only control message per control credit, so it never sends into a
+// receive queue without a posted buffer and RNR retries are never needed.
+// Credits flow back in the immediate data of every message: data credits when the application
+// frees a received buffer (it is re-posted), control credits as soon as a control message was
+// consumed (its buffer is re-posted at once).
+//
+// When to send a control message (a credit update without payload): when the owed data credits
+// reach half the depth, or when the peer has none left (everything is held by the application or
+// owed), so a peer never waits for credits that exist. Between two messages from the peer at most
+// three control messages are needed, hence kCtrlDepth = 4 and a control message never waits long.
+#pragma once
+#include <cstdint>
+
+#include "wire.hpp"
+
+namespace ibmsg {
+
+constexpr uint32_t kCtrlDepth = 4;
+
+class Credits {
+ public:
+  // peer_*: what the peer's hello said it posted; my_recv_depth: what we posted for data.
+  void init(uint32_t peer_recv_depth, uint32_t peer_ctrl_depth, uint32_t my_recv_depth) {
+    data_ = peer_recv_depth;
+    ctrl_ = peer_ctrl_depth;
+    depth_ = my_recv_depth;
+    threshold_ = my_recv_depth / 2 ? my_recv_depth / 2 : 1;
+    owed_ = owed_ctrl_ = held_ = 0;
+  }
+
+  // --- sending ---
+  bool can_send_data() const { return data_ > 0; }
+  bool can_send_ctrl() const { return ctrl_ > 0; }
+  // Spends one data credit; returns the immediate to send, carrying everything owed.
+  wire::Imm take_data() {
+    --data_;
+    return take_owed(false);
+  }
+  // Spends one control credit for a credit-only message.
+  wire::Imm take_ctrl() {
+    --ctrl_;
+    return take_owed(true);
+  }
+  // The peer returned credits (any message from it).
+  void on_returned(const wire::Imm &imm) {
+    data_ += imm.credits;
+    ctrl_ += imm.ctrl_credits;
+  }
+
+  // --- receiving ---
+  void on_data_received() { ++held_; }   // lent to the application
+  void on_data_freed() {                 // the application freed it; the buffer is re-posted
+    --held_;
+    ++owed_;
+  }
+  void on_data_dropped() { --held_; }    // freed after the connection closed: nothing to return
+  void on_ctrl_received() { ++owed_ctrl_; }  // control buffer re-posted at once
+
+  // Whether to send a credit-only message now (when no data message can carry the credits).
+  bool ctrl_needed() const {
+    if (owed_ == 0) return false;
+    return owed_ >= threshold_ || held_ + owed_ >= depth_;
+  }
+
+  uint32_t data() const { return data_; }
+  uint32_t ctrl() const { return ctrl_; }
+  uint32_t owed() const { return owed_; }
+  uint32_t owed_ctrl() const { return owed_ctrl_; }
+  uint32_t held() const { return held_; }
+
+ private:
+  wire::Imm take_owed(bool ctrl) {
+    wire::Imm imm;
+    imm.ctrl = ctrl;
+    imm.credits = owed_ > wire::kMaxCreditsPerMsg ? wire::kMaxCreditsPerMsg : owed_;
+    imm.ctrl_credits = owed_ctrl_ > wire::kMaxCtrlCreditsPerMsg ? wire::kMaxCtrlCreditsPerMsg : owed_ctrl_;
+    owed_ -= imm.credits;
+    owed_ctrl_ -= imm.ctrl_credits;
+    return imm;
+  }
+
+  uint32_t data_ = 0;       // data messages we may send
+  uint32_t ctrl_ = 0;       // control messages we may send
+  uint32_t owed_ = 0;       // data credits to return to the peer
+  uint32_t owed_ctrl_ = 0;  // control credits to return
+  uint32_t held_ = 0;       // received messages lent to the application
+  uint32_t depth_ = 0;
+  uint32_t threshold_ = 1;
+};
+
+}  // namespace ibmsg

@@ -1,0 +1,68 @@
+// Message pools: one registered block of equal slots per connection and direction, so that the
+// send/receive path never allocates or registers memory.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "ibmsg.h"
+
+// The public header names the private types ibmsg__*; inside the core they have short names.
+struct ibmsg__socket;
+struct ibmsg__slot;
+
+namespace ibmsg {
+
+using Socket = ::ibmsg__socket;
+using Slot = ::ibmsg__slot;
+struct Pool;
+
+enum class SlotState : uint8_t {
+  Free,      // send: in the pool;            recv: not posted (connection closing)
+  Allocated, // send: owned by the application
+  Queued,    // send: posted by the application, waiting for a credit
+  InFlight,  // send: posted to the QP
+  Posted,    // recv: posted to the QP
+  Lent,      // recv: lent to the application until ibmsg_free_msg
+};
+
+constexpr uint32_t kSlotMagic = 0x51a7b0c5;
+
+}  // namespace ibmsg
+
+struct ibmsg__slot {
+  uint32_t magic;
+  ibmsg::SlotState state;
+  ibmsg::Pool *pool;
+  uint8_t *buf;
+  ibmsg_buffer *msg;  // send: the application's struct; recv: &own
+  ibmsg_buffer own;   // recv: the struct lent to the application
+  ibmsg__slot *next;  // free list, send queue or in-flight list
+};
+
+namespace ibmsg {
+
+struct Pool {
+  bool recv;           // receive pool (else send)
+  size_t slot_size;    // bytes per slot
+  uint32_t count;
+  uint32_t out;        // slots the application holds (allocated/queued/in flight or lent)
+  uint8_t *mem;
+  size_t bytes;
+  Slot *slots;
+  Slot *free_list;     // send pools only
+  Socket *owner;       // nullptr once the connection closed (orphaned)
+  void *loop;          // Loop * that counts this pool as live
+  void *mr;            // struct ibv_mr *, managed by verbs.cpp
+};
+
+// nullptr on allocation failure. Memory is page-aligned; slots are slot_size apart (rounded up to
+// 64 bytes so each payload starts on a cache line).
+Pool *pool_create(bool recv, uint32_t count, size_t slot_size);
+void pool_destroy(Pool *p);
+// Send pools: takes a free slot (nullptr when all are out) / returns one.
+Slot *pool_get(Pool *p);
+void pool_put(Pool *p, Slot *s);
+// Whether s points at a slot of any pool (by its magic); used to reject garbage pointers early.
+inline bool slot_valid(const Slot *s) { return s && s->magic == kSlotMagic; }
+
+}  // namespace ibmsg

@@ -1,0 +1,86 @@
+#include "wire.hpp"
+
+#include <cstring>
+
+namespace ibmsg::wire {
+namespace {
+
+constexpr uint32_t kCtrlBit = 1u << 24;
+constexpr uint32_t kReservedMask = 0xfe000000u;
+constexpr uint8_t kKindHello = 1;
+constexpr uint8_t kKindReject = 2;
+
+// Explicit little-endian encoding: peers may differ in byte order.
+void put32(uint8_t *p, uint32_t v) {
+  p[0] = uint8_t(v);
+  p[1] = uint8_t(v >> 8);
+  p[2] = uint8_t(v >> 16);
+  p[3] = uint8_t(v >> 24);
+}
+uint32_t get32(const uint8_t *p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+void put_header(uint8_t *p, uint8_t kind) {
+  put32(p, kMagic);
+  p[4] = uint8_t(kVersion);
+  p[5] = uint8_t(kVersion >> 8);
+  p[6] = kind;
+  p[7] = 0;
+}
+bool check_header(const uint8_t *p, uint8_t kind) {
+  return get32(p) == kMagic && (p[4] | p[5] << 8) == kVersion && p[6] == kind;
+}
+
+}  // namespace
+
+uint32_t encode_imm(const Imm &imm) {
+  uint32_t credits = imm.credits > kMaxCreditsPerMsg ? kMaxCreditsPerMsg : imm.credits;
+  uint32_t ctrl = imm.ctrl_credits > kMaxCtrlCreditsPerMsg ? kMaxCtrlCreditsPerMsg : imm.ctrl_credits;
+  return credits | ctrl << 16 | (imm.ctrl ? kCtrlBit : 0);
+}
+
+bool decode_imm(uint32_t value, Imm *out) {
+  if (value & kReservedMask) return false;
+  out->credits = value & 0xffff;
+  out->ctrl_credits = (value >> 16) & 0xff;
+  out->ctrl = (value & kCtrlBit) != 0;
+  return true;
+}
+
+void encode_hello(const Hello &h, uint8_t out[kHelloSize]) {
+  put_header(out, kKindHello);
+  put32(out + 8, h.recv_depth);
+  put32(out + 12, h.ctrl_depth);
+  put32(out + 16, h.max_msg_size);
+}
+
+bool decode_hello(const void *data, size_t len, Hello *out) {
+  auto p = static_cast<const uint8_t *>(data);
+  if (!p || len < kHelloSize || !check_header(p, kKindHello)) return false;
+  out->recv_depth = get32(p + 8);
+  out->ctrl_depth = get32(p + 12);
+  out->max_msg_size = get32(p + 16);
+  return out->recv_depth > 0 && out->ctrl_depth > 0;
+}
+
+size_t encode_reject(const char *text, uint8_t out[kRejectMaxSize]) {
+  put_header(out, kKindReject);
+  size_t n = text ? strnlen(text, kRejectTextMax) : 0;
+  if (n) memcpy(out + kRejectHeader, text, n);
+  return kRejectHeader + n;
+}
+
+bool decode_reject(const void *data, size_t len, char *out, size_t out_size) {
+  auto p = static_cast<const uint8_t *>(data);
+  if (!p || len < kRejectHeader || !check_header(p, kKindReject) || out_size == 0) return false;
+  // The transport may pad private data with zeros: the text ends at the first NUL.
+  size_t n = len - kRejectHeader;
+  if (n > kRejectTextMax) n = kRejectTextMax;
+  if (n > out_size - 1) n = out_size - 1;
+  n = strnlen(reinterpret_cast<const char *>(p + kRejectHeader), n);
+  memcpy(out, p + kRejectHeader, n);
+  out[n] = '\0';
+  return true;
+}
+
+}  // namespace ibmsg::wire
