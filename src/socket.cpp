@@ -463,10 +463,9 @@ void teardown(Socket *s) {
   if (s->close_pending) pending_remove(loop, s);
   stop_timer(s);
   bool was_connected = s->state == State::Connected;
-  if (s->state != State::Closing) {
-    s->state = State::Closing;
-    s->pub->status = IBMSG_DISCONNECTING;
-  }
+  if (s->state != State::Closing)
+    set_state(s, was_connected && s->close_reason == IBMSG_ECONNRESET ? Event::PeerDisconnected
+                                                                        : Event::Failed);
   // What already completed is delivered (data received, sends confirmed) before anything is
   // canceled; callbacks may run here, and may call the API (posting now fails: closing).
   drain_cq(s);
@@ -491,9 +490,8 @@ void teardown(Socket *s) {
 
   ibmsg_socket *pub = s->pub;
   int reason = s->close_reason;
-  s->state = State::Closed;
+  set_state(s, Event::TornDown);
   pub->close_reason = reason;
-  pub->status = public_status(State::Closed, reason);
   pub->impl = nullptr;
   s->magic = 0;
   delete s;

@@ -5,7 +5,8 @@
 //   connect: Idle -Connect-> ResolvingAddr -AddrResolved-> ResolvingRoute -RouteResolved->
 //            Connecting -Established-> Connected
 //   accept:  Idle -Accept-> Accepting -Established-> Connected
-//   any open state -Disconnect/PeerDisconnected/Failed-> Closing -TornDown-> Closed
+//   any open state -Disconnect/Failed-> Closing;  Connected -PeerDisconnected-> Closing
+//   Closing -TornDown-> Closed
 #pragma once
 #include <cstdint>
 

@@ -1,0 +1,104 @@
+// test_header_cxx.cpp - the C++17 -pedantic half of test_header: ibmsg.h (and ibmsg.hpp when the
+// tree has it) compile as C++, and C++ sees the same sizes, offsets and constants as C. The C half
+// (test_header.c) asks for each value by the name it gives it.
+#include <ibmsg.h>
+#if __has_include(<ibmsg.hpp>)
+#include <ibmsg.hpp>
+#define HEADER_HAVE_HPP 1
+#endif
+
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+// Plain C structs: the library and C programs share them, so C++ must not see anything else.
+static_assert(std::is_standard_layout<ibmsg_buffer>::value, "ibmsg_buffer is not standard layout");
+static_assert(std::is_standard_layout<ibmsg_socket>::value, "ibmsg_socket is not standard layout");
+static_assert(std::is_standard_layout<ibmsg_event_loop>::value,
+              "ibmsg_event_loop is not standard layout");
+static_assert(std::is_standard_layout<ibmsg_connection_request>::value,
+              "ibmsg_connection_request is not standard layout");
+static_assert(std::is_trivial<ibmsg_buffer>::value && std::is_trivial<ibmsg_socket>::value &&
+                  std::is_trivial<ibmsg_event_loop>::value &&
+                  std::is_trivial<ibmsg_connection_request>::value,
+              "the public structs must be trivial, as in C (memset, static storage)");
+static_assert(IBMSG_VERSION == IBMSG_VERSION_MAJOR * 10000 + IBMSG_VERSION_MINOR * 100 +
+                                   IBMSG_VERSION_PATCH,
+              "IBMSG_VERSION does not follow its formula");
+
+extern "C" {
+size_t header_cxx_layout(const char *what);
+size_t header_cxx_layout_count(void);
+const char *header_cxx_strerror(int code);
+int header_cxx_wrapper_error_matches(void);
+}
+
+namespace {
+
+struct Entry {
+  const char *what;
+  size_t value;
+};
+
+// The same list as test_header.c, with the same spelling of each name.
+#define SIZE(t) {"sizeof(" #t ")", sizeof(t)},
+#define OFF(t, m) {"offsetof(" #t ", " #m ")", offsetof(t, m)},
+#define VAL(c) {#c, static_cast<size_t>(c)},
+#define ERR(name, value, text) VAL(IBMSG_##name)
+const Entry kLayout[] = {
+    SIZE(ibmsg_buffer) OFF(ibmsg_buffer, data) OFF(ibmsg_buffer, size) OFF(ibmsg_buffer, status)
+    OFF(ibmsg_buffer, user_data) OFF(ibmsg_buffer, impl)
+    SIZE(ibmsg_socket) OFF(ibmsg_socket, status) OFF(ibmsg_socket, user_data)
+    OFF(ibmsg_socket, loop) OFF(ibmsg_socket, close_reason) OFF(ibmsg_socket, reject_reason)
+    OFF(ibmsg_socket, impl)
+    SIZE(ibmsg_event_loop) OFF(ibmsg_event_loop, connection_request)
+    OFF(ibmsg_event_loop, connection_established) OFF(ibmsg_event_loop, message_received)
+    OFF(ibmsg_event_loop, message_sent) OFF(ibmsg_event_loop, connection_closed)
+    OFF(ibmsg_event_loop, user_data) OFF(ibmsg_event_loop, impl)
+    SIZE(ibmsg_connection_request) OFF(ibmsg_connection_request, status)
+    OFF(ibmsg_connection_request, listener) OFF(ibmsg_connection_request, loop)
+    OFF(ibmsg_connection_request, peer_address) OFF(ibmsg_connection_request, peer_port)
+    OFF(ibmsg_connection_request, impl)
+    SIZE(enum ibmsg_error) SIZE(enum ibmsg_socket_status) SIZE(enum ibmsg_buffer_status)
+    SIZE(enum ibmsg_request_status) SIZE(enum ibmsg_option)
+    SIZE(ibmsg_connection_request_cb) SIZE(ibmsg_message_sent_cb)
+    VAL(IBMSG_OK) IBMSG_ERRNO_MAP(ERR) IBMSG_ERROR_MAP(ERR)
+    VAL(IBMSG_UNCONNECTED) VAL(IBMSG_ADDRESS_RESOLVED) VAL(IBMSG_ROUTE_RESOLVED)
+    VAL(IBMSG_CONNECTED) VAL(IBMSG_DISCONNECTING) VAL(IBMSG_ERROR) VAL(IBMSG_LISTENING)
+    VAL(IBMSG_WAITING) VAL(IBMSG_SENT) VAL(IBMSG_RECEIVED) VAL(IBMSG_SEND_FAILED) VAL(IBMSG_FREED)
+    VAL(IBMSG_UNDECIDED) VAL(IBMSG_ACCEPTED) VAL(IBMSG_REJECTED)
+    VAL(IBMSG_OPT_RECV_DEPTH) VAL(IBMSG_OPT_SEND_DEPTH) VAL(IBMSG_OPT_SEND_QUEUE)
+    VAL(IBMSG_OPT_MAX_MSG_SIZE) VAL(IBMSG_OPT_CONNECT_TIMEOUT) VAL(IBMSG_OPT_RNR_RETRY)
+    VAL(IBMSG_OPT_SOURCE_ADDR) VAL(IBMSG_OPT_DEVICE)
+    VAL(IBMSG_VERSION) VAL(IBMSG_ERRNO_MAX) VAL(IBMSG_EBASE)
+};
+#undef SIZE
+#undef OFF
+#undef VAL
+#undef ERR
+
+}  // namespace
+
+// sizeof, offsetof or value of `what` as C++ sees it; (size_t)-1 for a name not in the list.
+size_t header_cxx_layout(const char *what) {
+  for (const Entry &e : kLayout)
+    if (std::strcmp(e.what, what) == 0) return e.value;
+  return static_cast<size_t>(-1);
+}
+
+size_t header_cxx_layout_count(void) { return sizeof kLayout / sizeof kLayout[0]; }
+
+const char *header_cxx_strerror(int code) { return ibmsg_strerror(code); }
+
+// 1 if ibmsg::error carries the C code, name and text; 0 if not; -1 without ibmsg.hpp.
+int header_cxx_wrapper_error_matches(void) {
+#ifdef HEADER_HAVE_HPP
+  const ibmsg::error e(IBMSG_EMSGSIZE);
+  return e.code() == IBMSG_EMSGSIZE && std::strcmp(e.what(), ibmsg_strerror(IBMSG_EMSGSIZE)) == 0 &&
+                 std::strcmp(e.name(), "IBMSG_EMSGSIZE") == 0
+             ? 1
+             : 0;
+#else
+  return -1;
+#endif
+}
