@@ -1,0 +1,337 @@
+// ibmsg-echo - echo messages over RDMA: a small complete program using only the C++ wrapper.
+//
+//   ibmsg-echo --server IP [PORT]               echo every message back on its connection
+//   ibmsg-echo IP [PORT] [-n COUNT] [-s SIZE]   send COUNT messages, check every echo
+//
+// The server accepts any number of connections. A message it cannot echo at once (all send
+// buffers busy, or the send queue full) waits in the connection's backlog, still unfreed, so the
+// client runs out of credits instead of the server running out of memory: flow control comes
+// from holding received messages.
+#include <getopt.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <list>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ibmsg.hpp"
+
+namespace {
+
+const char *const prog = "ibmsg-echo";
+constexpr unsigned short default_port = 12345;
+constexpr int tick_ms = 200;         // how long one dispatch waits: signals are seen this fast
+constexpr double idle_limit_s = 10;  // a client with no echo for this long gives up
+constexpr double close_limit_s = 5;  // how long closing may take on the way out
+
+enum { exit_ok = 0, exit_failure = 1, exit_usage = 2 };
+
+volatile sig_atomic_t stop_requested = 0;
+
+void on_signal(int) { stop_requested = 1; }
+
+void catch_signals() {
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+double now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// What the program is doing, for error messages: "connect to 169.254.7.1 port 12345".
+std::string doing;
+
+void usage(FILE *out) {
+  std::fprintf(out,
+               "Usage: %s --server IP [PORT]\n"
+               "       %s IP [PORT] [-n COUNT] [-s SIZE]\n"
+               "Echo messages over RDMA with ibmsg (an example of the C++ wrapper ibmsg.hpp).\n"
+               "\n"
+               "  --server          listen on IP and PORT and echo every message back\n"
+               "  -n, --count N     client: messages to send (default 1000)\n"
+               "  -s, --size N      client: bytes per message (default 1024); at most the\n"
+               "                    connection's maximum message size (65536 by default)\n"
+               "  -h, --help        show this help and exit\n"
+               "\n"
+               "PORT defaults to %u; a server given port 0 picks a free one and prints it.\n"
+               "The client exits with status 0 when every echo came back identical.\n",
+               prog, prog, default_port);
+}
+
+[[noreturn]] void usage_error(const std::string &what) {
+  std::fprintf(stderr, "%s: error: %s (try '%s --help')\n", prog, what.c_str(), prog);
+  std::exit(exit_usage);
+}
+
+// A decimal number in [min, max], or a usage error naming the option.
+unsigned long long parse_number(const char *what, const char *arg, unsigned long long min,
+                                unsigned long long max) {
+  char *end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(arg, &end, 10);
+  if (errno || end == arg || *end || arg[0] == '-' || v < min || v > max)
+    usage_error(std::string("bad ") + what + " '" + arg + "': expected " + std::to_string(min) +
+                ".." + std::to_string(max));
+  return v;
+}
+
+// --- client ---------------------------------------------------------------------------------
+
+// The payload of message seq: every byte depends on seq and on its position, so a lost,
+// repeated, reordered or damaged echo shows.
+void fill(unsigned char *p, std::size_t size, std::uint64_t seq) {
+  std::uint64_t x = seq * 0x9e3779b97f4a7c15ull + 1;
+  for (std::size_t i = 0; i < size; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    p[i] = static_cast<unsigned char>(x);
+  }
+}
+
+int run_client(const char *ip, unsigned short port, std::uint64_t count, std::size_t size) {
+  ibmsg::loop loop;  // first: it must outlive the socket and the messages
+  ibmsg::socket conn;
+  std::list<ibmsg::message> in_flight;  // posted, waiting for their message_sent
+  std::vector<unsigned char> expected(size);
+  std::uint64_t sent = 0, echoed = 0;
+  double started = 0, finished = 0, last_progress = now();
+
+  // Sends until count messages are out, the send buffers are all busy or the queue is full;
+  // message_sent calls it again. (While the connection closes, posting would fail.)
+  auto send_more = [&](ibmsg::socket &s) {
+    while (sent < count && s.status() == IBMSG_CONNECTED) {
+      ibmsg::message m;
+      if (!m.alloc(s, size)) return;
+      fill(static_cast<unsigned char *>(m.data()), size, sent);
+      if (!m.post(s)) return;
+      in_flight.push_back(std::move(m));
+      ++sent;
+    }
+  };
+
+  loop.on_connection_established([&](ibmsg::socket &s) {
+    doing = "echo";
+    if (size > s.max_msg_size())
+      throw std::runtime_error("size " + std::to_string(size) +
+                               " is larger than the connection's maximum message size " +
+                               std::to_string(s.max_msg_size()));
+    started = last_progress = now();
+    if (count == 0) s.disconnect();
+    send_more(s);
+  });
+  loop.on_message_sent([&](ibmsg::socket &s, ibmsg::message &m, int status) {
+    // IBMSG_ECANCELED: the connection is closing, and the closed callback says why.
+    if (status != IBMSG_OK && status != IBMSG_ECANCELED) throw ibmsg::error(status);
+    in_flight.remove_if([&](const ibmsg::message &x) { return &x == &m; });
+    send_more(s);
+  });
+  loop.on_message_received([&](ibmsg::socket &s, ibmsg::message m) {
+    fill(expected.data(), size, echoed);
+    if (m.size() != size)
+      throw std::runtime_error("echo of message " + std::to_string(echoed) + " has " +
+                               std::to_string(m.size()) + " bytes, not " + std::to_string(size));
+    if (size && std::memcmp(m.data(), expected.data(), size) != 0) {
+      const unsigned char *got = static_cast<const unsigned char *>(m.data());
+      std::size_t at = 0;
+      while (got[at] == expected[at]) ++at;
+      throw std::runtime_error("echo of message " + std::to_string(echoed) + " differs at byte " +
+                               std::to_string(at));
+    }
+    last_progress = now();
+    if (++echoed == count) {
+      finished = last_progress;
+      s.disconnect();
+    }
+  });  // `m` dies here: its buffer goes back to the server as a credit
+  loop.on_connection_closed([&](ibmsg::socket &, int reason) {
+    if (reason != IBMSG_OK) throw ibmsg::error(reason);
+  });
+
+  doing = std::string("connect to ") + ip + " port " + std::to_string(port);
+  conn.connect(loop, ip, port);
+  while (conn.is_open()) {
+    loop.dispatch(tick_ms);
+    if (stop_requested) throw std::runtime_error("interrupted");
+    if (now() - last_progress > idle_limit_s)
+      throw std::runtime_error("no echo for " + std::to_string(int(idle_limit_s)) + " s (" +
+                               std::to_string(echoed) + " of " + std::to_string(count) +
+                               " came back)");
+  }
+
+  double seconds = finished > started ? finished - started : 0;
+  double bytes = double(count) * double(size);
+  std::printf("%s: echoed %" PRIu64 " messages, %.0f bytes in %.3f s: %.2f MB/s, %.0f msg/s\n",
+              prog, count, bytes, seconds, seconds > 0 ? bytes / seconds / 1e6 : 0.0,
+              seconds > 0 ? double(count) / seconds : 0.0);
+  return exit_ok;
+}  // on an exception, the destructors disconnect and free whatever is left
+
+// --- server ---------------------------------------------------------------------------------
+
+struct connection {
+  ibmsg::socket sock;
+  std::string peer;                     // "ADDRESS port PORT", for the messages
+  std::deque<ibmsg::message> backlog;   // received, not yet echoed (their credits held)
+  std::list<ibmsg::message> in_flight;  // echoes posted, waiting for their message_sent
+};
+
+// Echoes what the backlog holds until the send buffers or the send queue run out;
+// message_sent calls it again.
+void echo(connection &c) {
+  while (!c.backlog.empty() && c.sock.status() == IBMSG_CONNECTED) {
+    const ibmsg::message &in = c.backlog.front();
+    ibmsg::message out;
+    if (!out.alloc(c.sock, in.size())) return;
+    if (in.size()) std::memcpy(out.data(), in.data(), in.size());
+    if (!out.post(c.sock)) return;  // `out` is freed; the echo is retried later
+    c.in_flight.push_back(std::move(out));
+    c.backlog.pop_front();  // frees the received message: a credit back to the peer
+  }
+}
+
+int run_server(const char *ip, unsigned short port) {
+  ibmsg::loop loop;  // first: it must outlive the sockets and the messages
+  ibmsg::socket listener;
+  std::map<ibmsg_socket *, connection> conns;  // handle() stays the same when a socket moves
+
+  // Per-connection trouble closes that connection, not the server.
+  auto guarded = [&](connection &c, auto &&body) {
+    try {
+      body();
+    } catch (const ibmsg::error &e) {
+      std::fprintf(stderr, "%s: connection from %s: %s\n", prog, c.peer.c_str(), e.what());
+      if (c.sock.status() == IBMSG_CONNECTED) c.sock.disconnect();
+    }
+  };
+
+  loop.on_connection_request([&](ibmsg::connection_request &req) {
+    connection c;
+    c.peer = std::string(req.peer_address()) + " port " + std::to_string(req.peer_port());
+    try {
+      req.accept(c.sock);
+    } catch (const ibmsg::error &e) {
+      std::fprintf(stderr, "%s: cannot accept %s: %s\n", prog, c.peer.c_str(), e.what());
+      return;
+    }
+    ibmsg_socket *key = c.sock.handle();
+    conns.emplace(key, std::move(c));  // the socket moves: callbacks follow it
+  });
+  loop.on_connection_established([&](ibmsg::socket &s) {
+    std::printf("%s: connection from %s\n", prog, conns.at(s.handle()).peer.c_str());
+    std::fflush(stdout);
+  });
+  loop.on_message_received([&](ibmsg::socket &s, ibmsg::message m) {
+    connection &c = conns.at(s.handle());
+    c.backlog.push_back(std::move(m));
+    guarded(c, [&] { echo(c); });
+  });
+  loop.on_message_sent([&](ibmsg::socket &s, ibmsg::message &m, int status) {
+    connection &c = conns.at(s.handle());
+    if (status != IBMSG_OK && status != IBMSG_ECANCELED)
+      std::fprintf(stderr, "%s: connection from %s: echo lost: %s\n", prog, c.peer.c_str(),
+                   ibmsg_strerror(status));
+    c.in_flight.remove_if([&](const ibmsg::message &x) { return &x == &m; });
+    guarded(c, [&] { echo(c); });
+  });
+  loop.on_connection_closed([&](ibmsg::socket &s, int reason) {
+    auto it = conns.find(s.handle());
+    if (it == conns.end()) return;  // the listener
+    std::printf("%s: connection from %s closed: %s\n", prog, it->second.peer.c_str(),
+                reason == IBMSG_OK ? "by this side" : ibmsg_strerror(reason));
+    std::fflush(stdout);
+    conns.erase(it);  // frees the socket and any backlog
+  });
+
+  doing = std::string("listen on ") + ip + " port " + std::to_string(port);
+  listener.listen(loop, ip, port, 64);
+  std::printf("%s: listening on %s port %u\n", prog, ip, listener.local_port());
+  std::fflush(stdout);
+  doing = "serve";
+
+  while (!stop_requested && listener.is_open()) loop.dispatch(tick_ms);
+
+  // Orderly shutdown: close everything and let the closed callbacks run.
+  doing = "shut down";
+  if (listener.is_open()) listener.disconnect();
+  for (auto &entry : conns)
+    if (entry.second.sock.status() == IBMSG_CONNECTED) entry.second.sock.disconnect();
+  double deadline = now() + close_limit_s;
+  while ((listener.is_open() || !conns.empty()) && now() < deadline) loop.dispatch(tick_ms);
+  return exit_ok;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  static const struct option options[] = {
+      {"server", no_argument, nullptr, 'S'},
+      {"count", required_argument, nullptr, 'n'},
+      {"size", required_argument, nullptr, 's'},
+      {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0},
+  };
+  bool server = false, client_options = false;
+  std::uint64_t count = 1000;
+  std::size_t size = 1024;
+  int c;
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, ":n:s:h", options, nullptr)) != -1) {
+    switch (c) {
+      case 'S':
+        server = true;
+        break;
+      case 'n':
+        count = parse_number("count", optarg, 0, 1000000000);
+        client_options = true;
+        break;
+      case 's':
+        size = parse_number("size", optarg, 0, 1u << 30);
+        client_options = true;
+        break;
+      case 'h':
+        usage(stdout);
+        return exit_ok;
+      case ':':
+        usage_error(std::string("option '") + argv[optind - 1] + "' needs a value");
+      default:
+        usage_error(std::string("unknown option '") + argv[optind - 1] + "'");
+    }
+  }
+  int rest = argc - optind;
+  if (rest < 1) usage_error("the IP address is missing");
+  if (rest > 2) usage_error(std::string("unexpected argument '") + argv[optind + 2] + "'");
+  if (server && client_options) usage_error("-n and -s are for the client, not --server");
+  const char *ip = argv[optind];
+  unsigned short port = default_port;
+  if (rest == 2)
+    port =
+        static_cast<unsigned short>(parse_number("port", argv[optind + 1], server ? 0 : 1, 65535));
+
+  catch_signals();
+  doing = "set up the event loop";
+  try {
+    return server ? run_server(ip, port) : run_client(ip, port, count, size);
+  } catch (const ibmsg::error &e) {
+    std::fprintf(stderr, "%s: error: %s: %s (%s)\n", prog, doing.c_str(), e.what(), e.name());
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "%s: error: %s: %s\n", prog, doing.c_str(), e.what());
+  }
+  return exit_failure;
+}

@@ -1,0 +1,769 @@
+// Integration test of the C++ wrapper ibmsg.hpp on a real RDMA device (Soft-RoCE in the test VM):
+// each test function checks one behaviour of the wrapper over a connection to itself on
+// IBMSG_TEST_ADDR. Every wait is bounded, so a bug fails a test instead of hanging it.
+//
+// cmocka fails a test with longjmp, which skips C++ destructors: a failed test leaks its loop
+// (never dispatched again), which is harmless in a test process. Nothing fails from inside a
+// callback: callbacks record, the test body checks.
+#include <ev.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
+#include <cmocka.h>
+}
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ibmsg.hpp"
+
+namespace {
+
+const char *addr;  // IBMSG_TEST_ADDR
+
+// The wrappers are move-only, and moving never throws.
+static_assert(!std::is_copy_constructible_v<ibmsg::loop> &&
+              !std::is_copy_assignable_v<ibmsg::loop>);
+static_assert(!std::is_copy_constructible_v<ibmsg::socket> &&
+              !std::is_copy_assignable_v<ibmsg::socket>);
+static_assert(!std::is_copy_constructible_v<ibmsg::message> &&
+              !std::is_copy_assignable_v<ibmsg::message>);
+static_assert(!std::is_copy_constructible_v<ibmsg::connection_request>);
+static_assert(std::is_nothrow_move_constructible_v<ibmsg::loop> &&
+              std::is_nothrow_move_assignable_v<ibmsg::loop>);
+static_assert(std::is_nothrow_move_constructible_v<ibmsg::socket> &&
+              std::is_nothrow_move_assignable_v<ibmsg::socket>);
+static_assert(std::is_nothrow_move_constructible_v<ibmsg::message> &&
+              std::is_nothrow_move_assignable_v<ibmsg::message>);
+static_assert(std::is_base_of_v<std::runtime_error, ibmsg::error>);
+
+#define CHECK(cond, ...)                        \
+  do {                                          \
+    if (!(cond)) {                              \
+      print_error("check failed: %s\n", #cond); \
+      fail_msg(__VA_ARGS__);                    \
+    }                                           \
+  } while (0)
+
+constexpr int wait_ms = 5000;
+
+// The ibmsg::error code f throws, or 0 if it throws none. (Tests fail outside catch blocks:
+// a longjmp out of a handler would leave the exception behind.)
+template <class F>
+int error_code_of(F &&f) {
+  try {
+    f();
+  } catch (const ibmsg::error &e) {
+    return e.code();
+  }
+  return 0;
+}
+
+const char *code_name(int code) { return code ? ibmsg_err_name(code) : "no error"; }
+
+// Runs a test body; an exception out of it fails the test with its text.
+template <class F>
+void guarded(F &&body) {
+  static char what[512];
+  try {
+    body();
+    return;
+  } catch (const ibmsg::error &e) {
+    std::snprintf(what, sizeof what, "unexpected ibmsg::error %s: %s", e.name(), e.what());
+  } catch (const std::exception &e) {
+    std::snprintf(what, sizeof what, "unexpected exception: %s", e.what());
+  }
+  fail_msg("%s", what);
+}
+
+std::string text_of(const ibmsg::message &m) { return std::string(m.to_string_view()); }
+
+// A loop with a listener, and a client connected to it through the listener's accepted
+// server socket, all on IBMSG_TEST_ADDR. The callbacks record what happened; a test may
+// replace any of them.
+struct peers {
+  struct received_msg {
+    ibmsg::socket *sock;
+    ibmsg_socket *handle;
+    std::string data;
+  };
+  struct sent_msg {
+    ibmsg::socket *sock;
+    ibmsg::message *msg;
+    ibmsg_buffer *handle;
+    int status;
+  };
+  struct closed_socket {
+    ibmsg::socket *sock;
+    ibmsg_socket *handle;
+    int reason;
+  };
+
+  ibmsg::loop lp;
+  ibmsg::socket listener, server, client;
+  ibmsg_socket *listener_h = nullptr, *server_h = nullptr, *client_h = nullptr;
+  unsigned short port = 0;
+  std::vector<ibmsg::socket *> established;
+  std::vector<received_msg> received;
+  std::vector<sent_msg> sent;
+  std::vector<closed_socket> closed;
+  bool hold = false;  // keep received messages in `held` instead of freeing
+  std::vector<ibmsg::message> held;
+  std::list<ibmsg::message> outbox;  // messages posted with send()
+  std::function<void(int)> step;     // runs the loop once, waiting at most the given ms
+
+  explicit peers(ibmsg::loop &&l = ibmsg::loop()) : lp(std::move(l)) {
+    step = [this](int ms) { lp.dispatch(ms); };
+    lp.set_option(IBMSG_OPT_RNR_RETRY, 0);  // a credit bug must fail loudly, not retry
+    lp.on_connection_request([this](ibmsg::connection_request &r) {
+      r.accept(server);
+      server_h = server.handle();
+    });
+    lp.on_connection_established([this](ibmsg::socket &s) { established.push_back(&s); });
+    lp.on_message_received([this](ibmsg::socket &s, ibmsg::message m) {
+      received.push_back({&s, s.handle(), text_of(m)});
+      if (hold) held.push_back(std::move(m));
+    });
+    lp.on_message_sent([this](ibmsg::socket &s, ibmsg::message &m, int status) {
+      sent.push_back({&s, &m, m.handle(), status});
+    });
+    lp.on_connection_closed([this](ibmsg::socket &s, int reason) {
+      closed.push_back({&s, s.handle(), reason});
+    });
+  }
+
+  // Dispatches until done() or ms have passed; returns done().
+  template <class F>
+  bool wait(F done, int ms = wait_ms) {
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+    while (!done()) {
+      if (std::chrono::steady_clock::now() >= deadline) return false;
+      step(20);
+    }
+    return true;
+  }
+
+  void listen() {
+    listener.listen(lp, addr, 0, 8);
+    listener_h = listener.handle();
+    port = listener.local_port();
+  }
+
+  void connect() {
+    listen();
+    client.connect(lp, addr, port);
+    client_h = client.handle();
+    CHECK(wait([&] { return established.size() == 2; }),
+          "%zu of 2 sockets established within %d ms", established.size(), wait_ms);
+  }
+
+  // The reason handle closed with, or -1 if it has not closed.
+  int closed_reason(ibmsg_socket *h) const {
+    for (const auto &c : closed)
+      if (c.handle == h) return c.reason;
+    return -1;
+  }
+
+  void send(ibmsg::socket &s, const std::string &text) {
+    ibmsg::message m;
+    CHECK(m.alloc(s, text.size()), "alloc of %zu bytes would block", text.size());
+    std::memcpy(m.data(), text.data(), text.size());
+    CHECK(m.post(s), "post of \"%s\" would block", text.c_str());
+    outbox.push_back(std::move(m));
+  }
+
+  // Closes everything in order and destroys the loop: close() fails with IBMSG_EBUSY if a
+  // socket or a message was left behind.
+  void close_all() {
+    for (ibmsg::socket *s : {&client, &server})
+      if (s->is_open() && s->status() != IBMSG_DISCONNECTING) s->disconnect();
+    CHECK(wait([&] { return !client.is_open() && !server.is_open(); }),
+          "connections still open after %d ms", wait_ms);
+    if (listener.is_open()) listener.disconnect();
+    CHECK(wait([&] { return !listener.is_open(); }), "listener still open after %d ms", wait_ms);
+    outbox.clear();
+    held.clear();
+    int code = error_code_of([&] { lp.close(); });
+    CHECK(code == 0, "closing the loop at the end: %s", code_name(code));
+  }
+};
+
+/* ---- error ----------------------------------------------------------------------------------- */
+
+void error_carries_code_and_text(void **) {
+  ibmsg::error e(IBMSG_EMSGSIZE);
+  CHECK(e.code() == IBMSG_EMSGSIZE, "code() is %d", e.code());
+  CHECK(std::strcmp(e.what(), ibmsg_strerror(IBMSG_EMSGSIZE)) == 0, "what() is \"%s\"", e.what());
+  CHECK(std::strcmp(e.name(), "IBMSG_EMSGSIZE") == 0, "name() is \"%s\"", e.name());
+  const std::exception &base = e;
+  CHECK(std::strcmp(base.what(), e.what()) == 0, "std::exception::what() differs");
+}
+
+/* ---- loop ------------------------------------------------------------------------------------ */
+
+void options_round_trip(void **) {
+  guarded([] {
+    ibmsg::loop lp;
+    lp.set_option(IBMSG_OPT_RECV_DEPTH, 7);
+    CHECK(lp.get_option(IBMSG_OPT_RECV_DEPTH) == 7, "RECV_DEPTH reads back %d",
+          lp.get_option(IBMSG_OPT_RECV_DEPTH));
+    lp.set_option(IBMSG_OPT_DEVICE, "rxe0");
+    CHECK(lp.get_option_string(IBMSG_OPT_DEVICE) == "rxe0", "DEVICE reads back \"%s\"",
+          lp.get_option_string(IBMSG_OPT_DEVICE).c_str());
+    lp.set_option(IBMSG_OPT_DEVICE, std::string_view());
+    CHECK(lp.get_option_string(IBMSG_OPT_DEVICE).empty(), "DEVICE not cleared");
+    int code = error_code_of([&] { lp.set_option(IBMSG_OPT_RNR_RETRY, 8); });
+    CHECK(code == IBMSG_EINVAL, "RNR_RETRY 8: %s, expected IBMSG_EINVAL", code_name(code));
+    code = error_code_of([&] { lp.set_option(9999, 1); });
+    CHECK(code == IBMSG_EINVAL, "unknown option: %s, expected IBMSG_EINVAL", code_name(code));
+    lp.close();
+    CHECK(!lp && lp.handle() == nullptr, "a closed loop still has a handle");
+  });
+}
+
+/* ---- connections ----------------------------------------------------------------------------- */
+
+void listen_on_port_0_and_connect_fires_established(void **) {
+  guarded([] {
+    peers p;
+    p.listen();
+    CHECK(p.port != 0, "the listener on port 0 reports port 0");
+    CHECK(p.listener.status() == IBMSG_LISTENING, "listener status %d", p.listener.status());
+    p.client.connect(p.lp, addr, p.port);
+    CHECK(p.wait([&] { return p.established.size() == 2; }), "%zu of 2 sockets established",
+          p.established.size());
+    bool client_seen = std::count(p.established.begin(), p.established.end(), &p.client) == 1;
+    bool server_seen = std::count(p.established.begin(), p.established.end(), &p.server) == 1;
+    CHECK(client_seen && server_seen, "established callback got the wrong sockets");
+    CHECK(p.client.status() == IBMSG_CONNECTED, "client status %d", p.client.status());
+    CHECK(p.server.status() == IBMSG_CONNECTED, "server status %d", p.server.status());
+    CHECK(p.client.peer_port() == p.port, "client's peer port %u, listener's %u",
+          p.client.peer_port(), p.port);
+    CHECK(p.server.peer_address() == addr, "server's peer is %s", p.server.peer_address().c_str());
+    CHECK(p.client.device() != nullptr, "connected client has no device");
+    CHECK(p.client.max_msg_size() > 0, "connected client has max_msg_size 0");
+    p.close_all();
+  });
+}
+
+void messages_exchanged_both_ways_arrive_intact(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    constexpr int n = 300;
+    auto size_of = [](int i) { return std::size_t(1 + (i * 977) % 8000); };
+    auto fill = [](unsigned char *d, std::size_t size, int tag, int i) {
+      for (std::size_t j = 0; j < size; ++j)
+        d[j] = static_cast<unsigned char>(tag * 31 + i * 7 + j * 13 + (j >> 8));
+    };
+    struct stream {
+      stream(ibmsg::socket *f, int t) : from(f), tag(t) {}
+      ibmsg::socket *from;
+      int tag;
+      int posted = 0, sent_ok = 0, sent_failed = 0, received = 0, first_bad = -1;
+      std::list<ibmsg::message> in_flight;
+    };
+    stream up(&p.client, 1), down(&p.server, 2);
+    auto stream_from = [&](ibmsg::socket &s) -> stream & {
+      return s.handle() == p.client_h ? up : down;
+    };
+    auto pump = [&](stream &st) {
+      while (st.posted < n) {
+        ibmsg::message m;
+        if (!m.alloc(*st.from, size_of(st.posted))) return;
+        fill(static_cast<unsigned char *>(m.data()), m.size(), st.tag, st.posted);
+        if (!m.post(*st.from)) return;
+        st.in_flight.push_back(std::move(m));
+        ++st.posted;
+      }
+    };
+    p.lp.on_message_sent([&](ibmsg::socket &s, ibmsg::message &m, int status) {
+      stream &st = stream_from(s);
+      (status == IBMSG_OK ? st.sent_ok : st.sent_failed)++;
+      st.in_flight.remove_if([&](const ibmsg::message &x) { return &x == &m; });
+      pump(st);
+    });
+    p.lp.on_message_received([&](ibmsg::socket &s, ibmsg::message m) {
+      stream &st = s.handle() == p.client_h ? down : up;  // what the client receives came down
+      std::vector<unsigned char> want(size_of(st.received));
+      fill(want.data(), want.size(), st.tag, st.received);
+      bool ok = m.received() && m.size() == want.size() &&
+                std::memcmp(m.data(), want.data(), want.size()) == 0;
+      if (!ok && st.first_bad < 0) st.first_bad = st.received;
+      ++st.received;
+    });
+    pump(up);
+    pump(down);
+    CHECK(p.wait(
+              [&] {
+                return up.received == n && down.received == n && up.sent_ok + up.sent_failed == n &&
+                       down.sent_ok + down.sent_failed == n;
+              },
+              20000),
+          "up: %d posted, %d sent, %d received; down: %d posted, %d sent, %d received", up.posted,
+          up.sent_ok, up.received, down.posted, down.sent_ok, down.received);
+    CHECK(up.first_bad < 0, "client to server: message %d arrived damaged", up.first_bad);
+    CHECK(down.first_bad < 0, "server to client: message %d arrived damaged", down.first_bad);
+    CHECK(up.sent_failed == 0 && down.sent_failed == 0, "%d + %d sends failed", up.sent_failed,
+          down.sent_failed);
+    p.close_all();
+  });
+}
+
+/* ---- errors and would-block ------------------------------------------------------------------ */
+
+void alloc_larger_than_max_throws_emsgsize(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    ibmsg::message m;
+    int code = error_code_of([&] { (void)m.alloc(p.client, p.client.max_msg_size() + 1); });
+    CHECK(code == IBMSG_EMSGSIZE, "alloc of max + 1 bytes: %s, expected IBMSG_EMSGSIZE",
+          code_name(code));
+    CHECK(!m && m.handle() == nullptr, "the failed alloc left a message behind");
+    CHECK(m.alloc(p.client, p.client.max_msg_size()), "alloc of max bytes would block");
+    m = ibmsg::message();
+    p.close_all();
+  });
+}
+
+void disconnect_twice_throws_estate(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    p.client.disconnect();
+    int code = error_code_of([&] { p.client.disconnect(); });
+    CHECK(code == IBMSG_ESTATE, "second disconnect: %s, expected IBMSG_ESTATE", code_name(code));
+    p.close_all();
+  });
+}
+
+void listen_on_a_port_in_use_throws_eaddrinuse(void **) {
+  guarded([] {
+    peers p;
+    p.listen();
+    ibmsg::socket second;
+    int code = error_code_of([&] { second.listen(p.lp, addr, p.port, 1); });
+    CHECK(code == IBMSG_EADDRINUSE, "second listener on port %u: %s, expected IBMSG_EADDRINUSE",
+          p.port, code_name(code));
+    CHECK(!second.is_open(), "the failed listen left the socket open");
+    p.close_all();
+  });
+}
+
+void alloc_with_pool_empty_returns_false(void **) {
+  guarded([] {
+    peers p;
+    p.lp.set_option(IBMSG_OPT_SEND_DEPTH, 4);
+    p.connect();
+    std::vector<ibmsg::message> taken;
+    bool blocked = false;
+    while (!blocked && taken.size() < 100) {
+      ibmsg::message m;
+      if (m.alloc(p.client, 16))
+        taken.push_back(std::move(m));
+      else
+        blocked = true;
+    }
+    CHECK(blocked, "alloc never returned false (%zu messages taken)", taken.size());
+    CHECK(taken.size() == 4, "alloc returned false after %zu messages, SEND_DEPTH is 4",
+          taken.size());
+    taken.pop_back();  // frees one
+    ibmsg::message again;
+    CHECK(again.alloc(p.client, 16), "alloc still blocks after a message was freed");
+    taken.clear();
+    again = ibmsg::message();
+    p.close_all();
+  });
+}
+
+void post_with_full_queue_returns_false(void **) {
+  guarded([] {
+    constexpr int recv_depth = 4, send_queue = 2;
+    peers p;
+    p.lp.set_option(IBMSG_OPT_RECV_DEPTH, recv_depth);
+    p.lp.set_option(IBMSG_OPT_SEND_QUEUE, send_queue);
+    p.connect();
+    p.hold = true;  // no credits go back to the client
+    ibmsg::message m;
+    bool blocked = false;
+    int posted = 0;
+    while (!blocked && posted < 100) {
+      CHECK(m.alloc(p.client, 8), "alloc blocked after %d messages", posted);
+      std::memcpy(m.data(), "12345678", 8);
+      if (m.post(p.client)) {
+        p.outbox.push_back(std::move(m));
+        ++posted;
+        p.step(5);  // let the server take what it can
+      } else {
+        blocked = true;
+      }
+    }
+    CHECK(blocked, "post never returned false (%d posted)", posted);
+    CHECK(posted >= send_queue && posted <= recv_depth + send_queue,
+          "post returned false after %d messages (RECV_DEPTH %d, SEND_QUEUE %d)", posted,
+          recv_depth, send_queue);
+    CHECK(m.status() == IBMSG_WAITING, "the message that was not posted has status %d", m.status());
+    p.hold = false;
+    p.held.clear();  // the credits go back: the queue drains
+    CHECK(p.wait([&] { return int(p.sent.size()) == posted; }), "%zu of %d messages sent",
+          p.sent.size(), posted);
+    CHECK(m.post(p.client), "post still blocks after the queue drained");
+    p.outbox.push_back(std::move(m));
+    CHECK(p.wait([&] { return int(p.received.size()) == posted + 1; }),
+          "%zu of %d messages received", p.received.size(), posted + 1);
+    for (const auto &s : p.sent)
+      CHECK(s.status == IBMSG_OK, "a send failed: %s", code_name(s.status));
+    p.close_all();
+  });
+}
+
+/* ---- moves ----------------------------------------------------------------------------------- */
+
+void moved_socket_keeps_working(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    ibmsg::socket moved(std::move(p.client));
+    CHECK(!p.client && p.client.handle() == nullptr && !p.client.is_open(),
+          "the moved-from socket still holds something");
+    CHECK(moved.handle() == p.client_h && moved.is_open(), "the moved-to socket lost the C socket");
+    p.send(moved, "up");
+    p.send(p.server, "down");
+    CHECK(p.wait([&] { return p.received.size() == 2 && p.sent.size() == 2; }),
+          "%zu received, %zu sent", p.received.size(), p.sent.size());
+    for (const auto &r : p.received) {
+      if (r.handle == p.client_h) {
+        CHECK(r.sock == &moved, "the client's message_received got the moved-from socket");
+        CHECK(r.data == "down", "the client received \"%s\"", r.data.c_str());
+      }
+    }
+    for (const auto &s : p.sent)
+      if (s.sock->handle() == p.client_h)
+        CHECK(s.sock == &moved, "the client's message_sent got the moved-from socket");
+    p.client = std::move(moved);  // and back, by assignment
+    p.client.disconnect();
+    CHECK(p.wait([&] { return p.closed_reason(p.client_h) >= 0; }), "the client did not close");
+    for (const auto &c : p.closed)
+      if (c.handle == p.client_h)
+        CHECK(c.sock == &p.client, "connection_closed got the moved-from wrapper");
+    p.close_all();
+  });
+}
+
+void moved_loop_keeps_working(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    ibmsg::loop moved(std::move(p.lp));
+    CHECK(!p.lp && p.lp.handle() == nullptr, "the moved-from loop still holds something");
+    p.step = [&](int ms) { moved.dispatch(ms); };
+    p.send(p.client, "through the moved loop");
+    CHECK(p.wait([&] { return p.received.size() == 1 && p.sent.size() == 1; }),
+          "%zu received, %zu sent through the moved loop", p.received.size(), p.sent.size());
+    CHECK(p.received[0].data == "through the moved loop", "received \"%s\"",
+          p.received[0].data.c_str());
+    p.lp = std::move(moved);  // and back, by assignment
+    p.step = [&](int ms) { p.lp.dispatch(ms); };
+    p.close_all();
+  });
+}
+
+void moved_message_in_flight_gets_sent_callback(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    ibmsg::message m;
+    CHECK(m.alloc(p.client, 5), "alloc would block");
+    std::memcpy(m.data(), "hello", 5);
+    ibmsg_buffer *h = m.handle();
+    CHECK(m.post(p.client), "post would block");
+    ibmsg::message moved(std::move(m));
+    CHECK(!m && moved.handle() == h, "the move did not carry the C message");
+    CHECK(p.wait([&] { return p.sent.size() == 1; }), "no message_sent callback");
+    CHECK(p.sent[0].msg == &moved, "message_sent got the moved-from message");
+    CHECK(p.sent[0].status == IBMSG_OK, "sent with %s", code_name(p.sent[0].status));
+    CHECK(moved.status() == IBMSG_SENT, "status %d after message_sent", moved.status());
+    moved.free();
+    CHECK(!moved, "free() left the message behind");
+    p.close_all();
+  });
+}
+
+/* ---- RAII --------------------------------------------------------------------------------------
+ */
+
+void message_dropped_in_flight_is_freed_after_sending(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    {
+      ibmsg::message m;
+      CHECK(m.alloc(p.client, 4), "alloc would block");
+      std::memcpy(m.data(), "gone", 4);
+      CHECK(m.post(p.client), "post would block");
+    }  // in flight: the loop frees it once it is sent
+    CHECK(p.wait([&] { return p.received.size() == 1; }), "the dropped message never arrived");
+    CHECK(p.received[0].data == "gone", "received \"%s\"", p.received[0].data.c_str());
+    p.step(50);
+    CHECK(p.sent.empty(), "message_sent reached the application for a dropped message");
+    p.close_all();  // fails with IBMSG_EBUSY if the message was never freed
+  });
+}
+
+void destroyed_socket_disconnects(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    { ibmsg::socket gone(std::move(p.client)); }
+    CHECK(p.wait([&] { return p.closed_reason(p.server_h) >= 0; }),
+          "the server did not close after the client's wrapper died");
+    CHECK(p.closed_reason(p.server_h) == IBMSG_ECONNRESET, "server closed with %s",
+          code_name(p.closed_reason(p.server_h)));
+    p.step(50);
+    CHECK(p.closed_reason(p.client_h) < 0,
+          "connection_closed reached the application for a "
+          "destroyed socket");
+    p.close_all();  // fails with IBMSG_EBUSY if the client never closed
+  });
+}
+
+void received_message_held_until_wrapper_dies(void **) {
+  guarded([] {
+    peers p;
+    p.hold = true;
+    p.connect();
+    p.send(p.client, "keep me");
+    CHECK(p.wait([&] { return p.held.size() == 1; }), "nothing received");
+    CHECK(p.held[0].received() && p.held[0].status() == IBMSG_RECEIVED,
+          "held message: received() %d, status %d", p.held[0].received(), p.held[0].status());
+    CHECK(text_of(p.held[0]) == "keep me", "held \"%s\"", text_of(p.held[0]).c_str());
+    p.client.disconnect();
+    CHECK(p.wait([&] { return !p.client.is_open() && !p.server.is_open(); }), "no close");
+    p.listener.disconnect();
+    CHECK(p.wait([&] { return !p.listener.is_open(); }), "listener did not close");
+    p.outbox.clear();
+    int code = error_code_of([&] { p.lp.close(); });
+    CHECK(code == IBMSG_EBUSY, "closing the loop with a message held: %s, expected IBMSG_EBUSY",
+          code_name(code));
+    p.held.clear();  // the wrapper frees it
+    code = error_code_of([&] { p.lp.close(); });
+    CHECK(code == 0, "closing the loop after the message died: %s", code_name(code));
+  });
+}
+
+void destructors_in_scope_order_close_everything(void **) {
+  guarded([] {
+    auto p = std::make_unique<peers>();  // the loop is its first member: destroyed last
+    p->connect();
+    p->send(p->client, "in flight while everything dies");
+    p->hold = true;
+    p->send(p->server, "held while everything dies");
+    CHECK(p->wait([&] { return !p->held.empty(); }), "nothing received");
+    auto start = std::chrono::steady_clock::now();
+    p.reset();  // messages, then sockets (disconnected), then the loop, which waits for them
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - start)
+                  .count();
+    // Reaching the deadline would mean the C loop could not be destroyed (and was leaked).
+    CHECK(ms < ibmsg::loop::close_wait_ms, "teardown took %lld ms", static_cast<long long>(ms));
+  });
+}
+
+/* ---- closed callback ---------------------------------------------------------------------------
+ */
+
+void closed_callback_gets_reason(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    p.client.disconnect();
+    CHECK(p.wait([&] { return p.closed.size() == 2; }), "%zu of 2 sockets closed", p.closed.size());
+    CHECK(p.closed_reason(p.client_h) == IBMSG_OK, "client (disconnected) closed with %s",
+          code_name(p.closed_reason(p.client_h)));
+    CHECK(p.closed_reason(p.server_h) == IBMSG_ECONNRESET,
+          "server (peer disconnected) closed "
+          "with %s",
+          code_name(p.closed_reason(p.server_h)));
+    CHECK(p.server.close_reason() == IBMSG_ECONNRESET, "server.close_reason() is %s",
+          code_name(p.server.close_reason()));
+    p.listener.disconnect();
+    CHECK(p.wait([&] { return p.closed.size() == 3; }), "the listener did not close");
+    CHECK(p.closed_reason(p.listener_h) == IBMSG_OK, "listener closed with %s",
+          code_name(p.closed_reason(p.listener_h)));
+    CHECK(p.closed.back().sock == &p.listener, "connection_closed got the wrong wrapper");
+    p.close_all();
+  });
+}
+
+void connect_refused_closes_with_econnrefused(void **) {
+  guarded([] {
+    peers p;
+    p.lp.set_option(IBMSG_OPT_CONNECT_TIMEOUT, 3000);
+    p.listen();  // only to find a free port
+    p.listener.disconnect();
+    CHECK(p.wait([&] { return !p.listener.is_open(); }), "listener did not close");
+    p.client.connect(p.lp, addr, p.port);
+    p.client_h = p.client.handle();
+    CHECK(p.wait([&] { return !p.client.is_open(); }), "connect to a closed port still open");
+    CHECK(p.closed_reason(p.client_h) == IBMSG_ECONNREFUSED,
+          "closed with %s, expected "
+          "IBMSG_ECONNREFUSED",
+          code_name(p.closed_reason(p.client_h)));
+    CHECK(p.established.empty(), "established fired for a refused connection");
+    p.close_all();
+  });
+}
+
+void reject_closes_peer_with_erejected_and_text(void **) {
+  guarded([] {
+    peers p;
+    std::string peer;
+    ibmsg::socket *listener = nullptr;
+    int status = -1;
+    p.lp.on_connection_request([&](ibmsg::connection_request &r) {
+      peer = r.peer_address();
+      listener = &r.listener();
+      r.reject("go away");
+      status = r.status();
+    });
+    p.listen();
+    p.client.connect(p.lp, addr, p.port);
+    p.client_h = p.client.handle();
+    CHECK(p.wait([&] { return !p.client.is_open(); }), "rejected client still open");
+    CHECK(p.closed_reason(p.client_h) == IBMSG_EREJECTED,
+          "closed with %s, expected "
+          "IBMSG_EREJECTED",
+          code_name(p.closed_reason(p.client_h)));
+    CHECK(std::strcmp(p.client.reject_reason(), "go away") == 0, "reject_reason \"%s\"",
+          p.client.reject_reason());
+    CHECK(peer == addr, "request's peer address %s", peer.c_str());
+    CHECK(listener == &p.listener, "request's listener() is the wrong wrapper");
+    CHECK(status == IBMSG_REJECTED, "request status %d after reject()", status);
+    p.close_all();
+  });
+}
+
+/* ---- exceptions from callbacks -----------------------------------------------------------------
+ */
+
+void callback_exception_rethrown_from_dispatch(void **) {
+  guarded([] {
+    peers p;
+    int established = 0, caught = 0;
+    std::string what;
+    p.lp.on_connection_established([&](ibmsg::socket &) {
+      ++established;
+      throw std::logic_error("thrown by a callback");
+    });
+    p.listen();
+    p.client.connect(p.lp, addr, p.port);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+    while (established < 2 && std::chrono::steady_clock::now() < deadline) {
+      try {
+        p.lp.dispatch(20);
+      } catch (const std::logic_error &e) {
+        ++caught;
+        what = e.what();
+      }
+    }
+    CHECK(established == 2, "%d of 2 established callbacks ran", established);
+    CHECK(caught >= 1, "no exception came out of dispatch()");
+    CHECK(what == "thrown by a callback", "dispatch() threw \"%s\"", what.c_str());
+    CHECK(p.client.status() == IBMSG_CONNECTED, "client status %d after the exceptions",
+          p.client.status());
+    p.close_all();
+  });
+}
+
+/* ---- other ways to run the loop ----------------------------------------------------------------
+ */
+
+void fd_and_process_drive_the_loop(void **) {
+  guarded([] {
+    peers p;
+    int fd = p.lp.fd();
+    CHECK(fd >= 0, "fd() returned %d", fd);
+    p.step = [&](int ms) {
+      int t = p.lp.timeout();
+      struct pollfd pfd = {fd, POLLIN, 0};
+      poll(&pfd, 1, t >= 0 && t < ms ? t : ms);
+      p.lp.process();
+    };
+    p.connect();
+    p.send(p.client, "polled");
+    CHECK(p.wait([&] { return p.received.size() == 1; }), "nothing received");
+    CHECK(p.received[0].data == "polled", "received \"%s\"", p.received[0].data.c_str());
+    p.close_all();
+  });
+}
+
+void application_ev_loop_runs_callbacks(void **) {
+  struct ev_loop *ev = ev_loop_new(EVFLAG_AUTO);
+  CHECK(ev != nullptr, "ev_loop_new failed");
+  ev_timer tick;  // bounds each ev_run(EVRUN_ONCE)
+  ev_timer_init(
+      &tick, [](struct ev_loop *, ev_timer *, int) {}, 0.02, 0.02);
+  ev_timer_start(ev, &tick);
+  guarded([&] {
+    int code = error_code_of([] { ibmsg::loop bad(static_cast<struct ev_loop *>(nullptr)); });
+    CHECK(code == IBMSG_EINVAL, "loop(nullptr): %s, expected IBMSG_EINVAL", code_name(code));
+    peers p{ibmsg::loop(ev)};
+    p.step = [&](int) { ev_run(ev, EVRUN_ONCE); };
+    p.connect();
+    p.send(p.server, "on the application's loop");
+    CHECK(p.wait([&] { return p.received.size() == 1; }), "nothing received");
+    CHECK(p.received[0].sock == &p.client, "received on the wrong socket");
+    p.close_all();
+  });
+  ev_timer_stop(ev, &tick);
+  ev_loop_destroy(ev);
+}
+
+}  // namespace
+
+int main() {
+  addr = std::getenv("IBMSG_TEST_ADDR");
+  if (!addr || !*addr) {
+    std::fprintf(stderr, "IBMSG_TEST_ADDR not set\n");
+    return 1;
+  }
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(error_carries_code_and_text),
+      cmocka_unit_test(options_round_trip),
+      cmocka_unit_test(listen_on_port_0_and_connect_fires_established),
+      cmocka_unit_test(messages_exchanged_both_ways_arrive_intact),
+      cmocka_unit_test(alloc_larger_than_max_throws_emsgsize),
+      cmocka_unit_test(disconnect_twice_throws_estate),
+      cmocka_unit_test(listen_on_a_port_in_use_throws_eaddrinuse),
+      cmocka_unit_test(alloc_with_pool_empty_returns_false),
+      cmocka_unit_test(post_with_full_queue_returns_false),
+      cmocka_unit_test(moved_socket_keeps_working),
+      cmocka_unit_test(moved_loop_keeps_working),
+      cmocka_unit_test(moved_message_in_flight_gets_sent_callback),
+      cmocka_unit_test(message_dropped_in_flight_is_freed_after_sending),
+      cmocka_unit_test(destroyed_socket_disconnects),
+      cmocka_unit_test(received_message_held_until_wrapper_dies),
+      cmocka_unit_test(destructors_in_scope_order_close_everything),
+      cmocka_unit_test(closed_callback_gets_reason),
+      cmocka_unit_test(connect_refused_closes_with_econnrefused),
+      cmocka_unit_test(reject_closes_peer_with_erejected_and_text),
+      cmocka_unit_test(callback_exception_rethrown_from_dispatch),
+      cmocka_unit_test(fd_and_process_drive_the_loop),
+      cmocka_unit_test(application_ev_loop_runs_callbacks),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
