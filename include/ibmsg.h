@@ -160,11 +160,11 @@ typedef struct ibmsg_connection_request ibmsg_connection_request;
  * it to the application from the message_received callback until ibmsg_free_msg().
  */
 struct ibmsg_buffer {
-  void *data;                      /* ro: the payload (capacity: the socket's max message size) */
-  size_t size;                     /* rw: bytes to send / bytes received */
-  enum ibmsg_buffer_status status; /* ro */
-  void *user_data;                 /* rw: the application's; ibmsg never reads it */
-  struct ibmsg__slot *impl;        /* private */
+  void *data;                      /**< ro: the payload (capacity: the socket's max message size) */
+  size_t size;                     /**< rw: bytes to send / bytes received */
+  enum ibmsg_buffer_status status; /**< ro */
+  void *user_data;                 /**< rw: the application's; ibmsg never reads it */
+  struct ibmsg__slot *impl;        /**< private */
 };
 
 /**
@@ -173,23 +173,23 @@ struct ibmsg_buffer {
  * stay at the same address until its connection_closed callback has returned.
  */
 struct ibmsg_socket {
-  enum ibmsg_socket_status status; /* ro */
-  void *user_data;                 /* rw: the application's; ibmsg never reads it */
-  ibmsg_event_loop *loop;          /* ro: the loop the socket belongs to */
-  int close_reason;                /* ro: IBMSG_OK until closed, then the reason it closed */
-  char reject_reason[132];         /* ro: the peer's text when close_reason is IBMSG_EREJECTED */
-  struct ibmsg__socket *impl;      /* private */
+  enum ibmsg_socket_status status; /**< ro */
+  void *user_data;                 /**< rw: the application's; ibmsg never reads it */
+  ibmsg_event_loop *loop;          /**< ro: the loop the socket belongs to */
+  int close_reason;                /**< ro: IBMSG_OK until closed, then the reason it closed */
+  char reject_reason[132];         /**< ro: the peer's text when close_reason is IBMSG_EREJECTED */
+  struct ibmsg__socket *impl;      /**< private */
 };
 
 /** An incoming connection. Valid only during the connection_request callback, which must call
  *  ibmsg_accept() or ibmsg_reject(); a request left undecided is rejected. */
 struct ibmsg_connection_request {
-  enum ibmsg_request_status status; /* ro */
-  ibmsg_socket *listener;           /* ro: the listening socket the request came to */
-  ibmsg_event_loop *loop;           /* ro */
-  const char *peer_address;         /* ro: numeric address of the peer, e.g. "169.254.7.1" */
-  unsigned short peer_port;         /* ro */
-  struct ibmsg__request *impl;      /* private */
+  enum ibmsg_request_status status; /**< ro */
+  ibmsg_socket *listener;           /**< ro: the listening socket the request came to */
+  ibmsg_event_loop *loop;           /**< ro */
+  const char *peer_address;         /**< ro: numeric address of the peer, e.g. "169.254.7.1" */
+  unsigned short peer_port;         /**< ro */
+  struct ibmsg__request *impl;      /**< private */
 };
 
 /** Called for each incoming connection on a listening socket. */
@@ -209,13 +209,13 @@ typedef void (*ibmsg_connection_closed_cb)(ibmsg_socket *socket, int reason);
  * ibmsg_init_event_loop(), which sets them all to NULL (no callback).
  */
 struct ibmsg_event_loop {
-  ibmsg_connection_request_cb connection_request;         /* rw */
-  ibmsg_connection_established_cb connection_established; /* rw */
-  ibmsg_message_received_cb message_received;             /* rw; NULL: messages are freed unread */
-  ibmsg_message_sent_cb message_sent;                     /* rw */
-  ibmsg_connection_closed_cb connection_closed;           /* rw */
-  void *user_data;                                        /* rw: the application's */
-  struct ibmsg__loop *impl;                               /* private */
+  ibmsg_connection_request_cb connection_request;         /**< rw */
+  ibmsg_connection_established_cb connection_established; /**< rw */
+  ibmsg_message_received_cb message_received;             /**< rw; NULL: messages are freed unread */
+  ibmsg_message_sent_cb message_sent;                     /**< rw */
+  ibmsg_connection_closed_cb connection_closed;           /**< rw */
+  void *user_data;                                        /**< rw: the application's */
+  struct ibmsg__loop *impl;                               /**< private */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -242,7 +242,7 @@ IBMSG_EXPORT int ibmsg_event_loop_fd(ibmsg_event_loop *loop);
 /** Processes everything that is ready without waiting (running callbacks). */
 IBMSG_EXPORT int ibmsg_event_loop_process(ibmsg_event_loop *loop);
 /** Milliseconds until ibmsg_event_loop_process() must run again even if the fd stays quiet
- *  (0: at once; -1: not until the fd is readable). */
+ *  (0: at once; -1: not until the fd is readable, or loop is invalid). */
 IBMSG_EXPORT int ibmsg_event_loop_timeout(ibmsg_event_loop *loop);
 
 /* ---------------------------------------------------------------------------------------------
@@ -250,11 +250,13 @@ IBMSG_EXPORT int ibmsg_event_loop_timeout(ibmsg_event_loop *loop);
  * ------------------------------------------------------------------------------------------ */
 
 enum ibmsg_option {
-  IBMSG_OPT_RECV_DEPTH = 1,      /**< int: receive buffers per connection = credits the peer gets (32) */
+  IBMSG_OPT_RECV_DEPTH = 1,      /**< int: receive buffers per connection = credits the peer gets (32);
+                                      credits return as the application frees received messages,
+                                      at the latest when half of them are owed */
   IBMSG_OPT_SEND_DEPTH = 2,      /**< int: send buffers per connection for ibmsg_alloc_msg (32) */
   IBMSG_OPT_SEND_QUEUE = 3,      /**< int: posted messages queued waiting for credits (32) */
   IBMSG_OPT_MAX_MSG_SIZE = 4,    /**< int: largest message in bytes (65536) */
-  IBMSG_OPT_CONNECT_TIMEOUT = 5, /**< int: ms for ibmsg_connect() to reach CONNECTED (5000) */
+  IBMSG_OPT_CONNECT_TIMEOUT = 5, /**< int: ms for ibmsg_connect() or ibmsg_accept() to reach CONNECTED (5000) */
   IBMSG_OPT_RNR_RETRY = 6,       /**< int 0..7: RNR retries (7); credits make RNR impossible */
   IBMSG_OPT_SOURCE_ADDR = 7,     /**< string: local address ibmsg_connect() binds to ("": any) */
   IBMSG_OPT_DEVICE = 8           /**< string: RDMA device connections must use, e.g. "rxe0" ("": any) */
@@ -311,7 +313,8 @@ IBMSG_EXPORT size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket);
 /** Takes a send buffer from the socket's pool: msg->data points at room for the socket's maximum
  *  message size, msg->size = size, msg->status = IBMSG_WAITING. IBMSG_EMSGSIZE if size is larger
  *  than the maximum, IBMSG_EAGAIN when all IBMSG_OPT_SEND_DEPTH buffers are in use, IBMSG_ENOTCONN
- *  before the socket has its buffers (CONNECTED, or accepted) or after it closed. */
+ *  before the socket has its buffers (CONNECTED, or accepted) or after it closed, IBMSG_ESTATE on
+ *  a listening socket. */
 IBMSG_EXPORT int ibmsg_alloc_msg(ibmsg_buffer *msg, ibmsg_socket *socket, size_t size);
 /** Sends msg->size bytes of msg->data. On success the library owns the message until its
  *  message_sent callback; then the application may post it again or free it. Messages are

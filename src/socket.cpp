@@ -599,6 +599,9 @@ int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub) {
   ++l->open_connections;
   loop_link(loop, s);
   set_state(s, Event::Accept);
+  // A client that vanishes before the handshake ends must not hold the socket (and one of the
+  // listener's max_connections) forever.
+  start_timer(s);
   req->status = IBMSG_ACCEPTED;
   pub->impl = s;
   return IBMSG_OK;
@@ -638,12 +641,12 @@ int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
 }
 
 int msg_post(Socket *s, ibmsg_buffer *msg) {
+  if (s->listener) return IBMSG_ESTATE;
+  if (!state_can_post(s->state)) return IBMSG_ENOTCONN;
   Slot *slot = msg->impl;
   if (!slot_valid(slot) || slot->msg != msg) return IBMSG_ENOTALLOC;
   if (slot->pool->recv || slot->pool->owner != s) return IBMSG_EINVAL;
   if (slot->state != SlotState::Allocated) return IBMSG_EBUSY;
-  if (s->listener) return IBMSG_ESTATE;
-  if (!state_can_post(s->state)) return IBMSG_ENOTCONN;
   if (msg->size > s->max_msg) return IBMSG_EMSGSIZE;
   if (!s->queue_head && s->credits.can_send_data()) {
     int rc = send_now(s, slot);

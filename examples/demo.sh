@@ -1,0 +1,126 @@
+#!/bin/sh
+# demo.sh - show ibmsg at work: ibmsg-recv and ibmsg-send exchange verified messages.
+#
+# Run by `make demo` from the build directory, where the tools are ./examples/ibmsg-*.
+# With IBMSG_TEST_ADDR set (the address of a real RDMA device, or we are inside the Soft-RoCE
+# VM) it runs right here; otherwise it runs itself again inside the VM (test/softroce/run).
+# Exits non-zero if anything failed.
+set -u
+
+me=$0
+srcdir=$(cd "$(dirname "$0")/.." && pwd) || exit 1
+
+if [ -z "${IBMSG_TEST_ADDR:-}" ]; then
+  echo "demo: IBMSG_TEST_ADDR is not set: running the demo in a Soft-RoCE VM (about a minute)"
+  exec "$srcdir/test/softroce/run" --timeout 600 -- "$me" "$@"
+fi
+
+# The tools: IBMSG_DEMO_BINDIR, else the build directory we run in (make demo), else the
+# bootstrap Makefile's build directory in the source tree.
+bindir=${IBMSG_DEMO_BINDIR:-}
+if [ -z "$bindir" ]; then
+  for dir in ./examples "$srcdir/build/examples"; do
+    if [ -x "$dir/ibmsg-send" ] && [ -x "$dir/ibmsg-recv" ]; then
+      bindir=$dir
+      break
+    fi
+  done
+fi
+if [ -z "$bindir" ] || [ ! -x "$bindir/ibmsg-send" ] || [ ! -x "$bindir/ibmsg-recv" ]; then
+  echo "demo: ibmsg-send and ibmsg-recv not found: build them and run 'make demo'" >&2
+  exit 1
+fi
+
+addr=$IBMSG_TEST_ADDR
+# In the VM only /tmp and the current directory are writable, whatever TMPDIR says.
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/ibmsg-demo.XXXXXX" 2>/dev/null ||
+  mktemp -d /tmp/ibmsg-demo.XXXXXX) || exit 1
+recv_pid=
+# shellcheck disable=SC2317 # called by the trap
+cleanup() {
+  [ -n "$recv_pid" ] && kill "$recv_pid" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# Waits up to $2 tenths of a second for process $1 to exit; 0 if it did.
+wait_exit() {
+  n=0
+  while kill -0 "$1" 2>/dev/null; do
+    [ "$n" -ge "$2" ] && return 1
+    sleep 0.1
+    n=$((n + 1))
+  done
+  return 0
+}
+
+# Prints a tool's output with a label in front of every line.
+show() {
+  sed "s/^/  $1 /" "$2"
+}
+
+failures=0
+round=0
+
+# run_round COUNT SIZE CONNECTIONS
+run_round() {
+  count=$1 size=$2 conns=$3
+  round=$((round + 1))
+  port=$((12344 + round))
+  echo
+  echo "=== round $round: $count messages of $size bytes over $conns connection(s) ==="
+
+  "$bindir/ibmsg-recv" "$addr" "$port" -n "$count" --verify >"$tmp/recv.out" 2>&1 &
+  recv_pid=$!
+  # The receiver says "listening" once it is ready for the sender.
+  n=0
+  until grep -q "listening on" "$tmp/recv.out" 2>/dev/null; do
+    if ! kill -0 "$recv_pid" 2>/dev/null || [ "$n" -ge 100 ]; then
+      break
+    fi
+    sleep 0.1
+    n=$((n + 1))
+  done
+
+  "$bindir/ibmsg-send" "$addr" "$port" -n "$count" -s "$size" -c "$conns" --verify \
+    >"$tmp/send.out" 2>&1
+  send_status=$?
+
+  # The receiver ends by itself after COUNT messages; give it a little time.
+  if wait_exit "$recv_pid" 150; then
+    wait "$recv_pid"
+    recv_status=$?
+  else
+    kill "$recv_pid" 2>/dev/null
+    wait "$recv_pid" 2>/dev/null
+    echo "  demo: ibmsg-recv did not exit within 15 s after the sender" >>"$tmp/recv.out"
+    recv_status=1
+  fi
+  recv_pid=
+
+  echo "receiver: ibmsg-recv $addr $port -n $count --verify (exit status $recv_status)"
+  show "|" "$tmp/recv.out"
+  echo "sender: ibmsg-send $addr $port -n $count -s $size -c $conns --verify" \
+    "(exit status $send_status)"
+  show "|" "$tmp/send.out"
+  if [ "$send_status" = 0 ] && [ "$recv_status" = 0 ]; then
+    echo "round $round: OK"
+  else
+    echo "round $round: FAILED"
+    failures=$((failures + 1))
+  fi
+}
+
+echo "ibmsg demo on $addr${IBMSG_TEST_DEVICE:+ (device $IBMSG_TEST_DEVICE)}"
+run_round 10000 4096 1
+run_round 10000 4096 4
+run_round 2000 0 2
+
+echo
+if [ "$failures" = 0 ]; then
+  echo "demo: all $round rounds passed"
+  exit 0
+fi
+echo "demo: $failures of $round rounds FAILED"
+exit 1

@@ -1,0 +1,368 @@
+/*
+ * ibmsg-recv - receive messages from ibmsg-send and report the throughput.
+ *
+ *   ibmsg-recv [OPTIONS] IP [PORT]
+ *
+ * How it uses ibmsg: one event loop and one listening socket. Each connection request is
+ * accepted into a socket the tool allocates (freed again in connection_closed, after which ibmsg
+ * never touches it). Every received message is checked if asked to and returned at once with
+ * ibmsg_free_msg(), which gives its buffer back to the sender as a credit. The loop is
+ * dispatched with a timeout so that a SIGINT ends the run promptly with a summary.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ibmsg.h>
+
+#include "tool.h"
+
+static const char usage_text[] =
+    "Usage: ibmsg-recv [OPTIONS] IP [PORT]\n"
+    "Listen at IP and PORT (default 12345) for ibmsg-send, receive its messages\n"
+    "over RDMA and report the throughput. IP may be 0.0.0.0 or :: for all\n"
+    "addresses.\n"
+    "\n"
+    "Options:\n"
+    "  -n, --count COUNT     exit after COUNT messages in total (default 0: run\n"
+    "                        until interrupted)\n"
+    "  -s, --size SIZE       expect messages of SIZE bytes: any other size is an\n"
+    "                        error (default: any size)\n"
+    "  -c, --connections N   accept N connections in all, then exit when they\n"
+    "                        have closed (default 0: no limit)\n"
+    "      --verify          check the pattern ibmsg-send --verify puts in each\n"
+    "                        message\n"
+    "      --max-size BYTES  largest message size to accept (default 65536, and\n"
+    "                        at least SIZE)\n"
+    "  -q, --quiet           print only the summary and errors\n"
+    "  -h, --help            print this help and exit\n"
+    "      --version         print the version and exit\n"
+    "\n"
+    "SIZE and BYTES may end in K, M or G (times 1024, 1024^2, 1024^3).\n"
+    "Exit status: 0 on success (also when interrupted without -n), 1 on an error\n"
+    "or a failed check, 2 on bad usage.\n";
+
+/* Connections without -c: accepted at once, at most. */
+#define MAX_OPEN_CONNECTIONS 1024
+
+/* One accepted connection. The socket comes first so that the callbacks' socket pointer is
+ * also the connection's. */
+struct conn {
+  ibmsg_socket socket;
+  struct conn *next; /* the list of open connections */
+  unsigned number;   /* 1, 2, ... in the order they were accepted */
+  char peer[64];
+  unsigned short peer_port;
+  uint64_t received;
+  int64_t sender_conn; /* --verify: the sender's connection number, -1 until known */
+  int bad;             /* --verify found a bad message on it (reported once) */
+};
+
+static struct {
+  const char *ip;
+  unsigned short port;
+  uint64_t count;     /* 0: no limit */
+  uint64_t size;      /* expected size */
+  int check_size;
+  uint64_t max_size;
+  unsigned limit;     /* -c: connections in all, 0: no limit */
+  int verify;
+  int quiet;
+
+  ibmsg_event_loop loop;
+  ibmsg_socket listener;
+  int listening;      /* its connection_closed has not come */
+  struct conn *conns; /* open connections */
+  unsigned accepted;
+  int stopping;
+  int failed;
+  uint64_t received;
+  uint64_t bytes;
+  uint64_t bad_messages;
+  double t_start;     /* first connection established */
+  double t_end;       /* last message received */
+  struct tool_progress progress;
+} g;
+
+/* Closes the listener and every connection; the loop then runs until their callbacks came. */
+static void stop_all(void) {
+  int rc;
+  if (g.stopping)
+    return;
+  g.stopping = 1;
+  if (g.listening) {
+    rc = ibmsg_disconnect(&g.listener);
+    if (rc != IBMSG_OK && rc != IBMSG_ESTATE) /* ESTATE: it is closing already */
+      tool_error("cannot close the listening socket: %s", ibmsg_strerror(rc));
+  }
+  for (struct conn *c = g.conns; c != NULL; c = c->next) {
+    rc = ibmsg_disconnect(&c->socket);
+    if (rc != IBMSG_OK && rc != IBMSG_ESTATE)
+      tool_error("connection %u: cannot disconnect: %s", c->number, ibmsg_strerror(rc));
+  }
+}
+
+static void on_request(ibmsg_connection_request *request) {
+  struct conn *c;
+  int rc;
+
+  if (g.stopping || (g.limit > 0 && g.accepted >= g.limit)) {
+    ibmsg_reject(request, "ibmsg-recv takes no more connections");
+    return;
+  }
+  c = calloc(1, sizeof *c);
+  if (c == NULL) {
+    tool_error("out of memory for the connection from %s", request->peer_address);
+    ibmsg_reject(request, "ibmsg-recv is out of memory");
+    return;
+  }
+  snprintf(c->peer, sizeof c->peer, "%s", request->peer_address);
+  c->peer_port = request->peer_port;
+  rc = ibmsg_accept(request, &c->socket);
+  if (rc != IBMSG_OK) {
+    /* No callback will come for this socket: it was never set up. */
+    tool_error("cannot accept the connection from %s port %u: %s", c->peer, c->peer_port,
+               ibmsg_strerror(rc));
+    free(c);
+    return;
+  }
+  c->socket.user_data = c;
+  c->number = ++g.accepted;
+  c->sender_conn = -1;
+  c->next = g.conns;
+  g.conns = c;
+}
+
+static void on_established(ibmsg_socket *socket) {
+  struct conn *c = socket->user_data;
+  const char *dev = ibmsg_socket_device(socket);
+
+  if (g.t_start == 0)
+    g.t_start = tool_now();
+  tool_info(g.quiet, "connection %u from %s port %u (%s)", c->number, c->peer, c->peer_port,
+            dev ? dev : "?");
+}
+
+static void on_received(ibmsg_socket *socket, ibmsg_buffer *msg) {
+  struct conn *c = socket->user_data;
+  char why[200];
+  int rc;
+
+  /* Messages that arrive after COUNT, while the connections close, are not counted. */
+  if (g.count == 0 || g.received < g.count) {
+    if (g.check_size && msg->size != g.size) {
+      if (!c->bad)
+        tool_error("connection %u: message %" PRIu64 " has %zu bytes, expected %" PRIu64,
+                   c->number, c->received, msg->size, g.size);
+      c->bad = 1;
+      g.bad_messages++;
+    } else if (g.verify &&
+               tool_payload_check(msg->data, msg->size, c->received, &c->sender_conn, why,
+                                  sizeof why) != 0) {
+      if (!c->bad) /* one line per connection: the rest would repeat it */
+        tool_error("--verify: connection %u from %s port %u: %s", c->number, c->peer,
+                   c->peer_port, why);
+      c->bad = 1;
+      g.bad_messages++;
+    }
+    c->received++;
+    g.received++;
+    g.bytes += msg->size;
+    g.t_end = tool_now();
+    tool_progress_update(&g.progress, g.received, g.bytes);
+  }
+  /* Lent, not given: freeing it returns the buffer to the sender as a credit. */
+  rc = ibmsg_free_msg(msg);
+  if (rc != IBMSG_OK) {
+    tool_error("connection %u: cannot free a message: %s", c->number, ibmsg_strerror(rc));
+    g.failed = 1;
+    stop_all();
+    return;
+  }
+  if (g.count > 0 && g.received == g.count)
+    stop_all();
+}
+
+static void on_closed(ibmsg_socket *socket, int reason) {
+  struct conn *c = socket->user_data;
+
+  if (socket == &g.listener) {
+    g.listening = 0;
+    if (!g.stopping) {
+      tool_error("the listening socket closed: %s", ibmsg_strerror(reason));
+      g.failed = 1;
+      stop_all();
+    }
+    return;
+  }
+  /* ECONNRESET: the sender disconnected, the normal end of a connection. */
+  if (reason != IBMSG_OK && reason != IBMSG_ECONNRESET) {
+    tool_error("connection %u from %s port %u failed after %" PRIu64 " message%s: %s",
+               c->number, c->peer, c->peer_port, c->received, TOOL_S(c->received),
+               ibmsg_strerror(reason));
+    g.failed = 1;
+  } else {
+    tool_info(g.quiet, "connection %u closed after %" PRIu64 " message%s", c->number,
+              c->received, TOOL_S(c->received));
+  }
+  for (struct conn **p = &g.conns; *p != NULL; p = &(*p)->next) {
+    if (*p == c) {
+      *p = c->next;
+      break;
+    }
+  }
+  free(c); /* ibmsg never touches the socket after this callback */
+
+  if (g.limit > 0 && g.accepted == g.limit && g.conns == NULL && !g.stopping) {
+    if (g.count > 0 && g.received < g.count) {
+      tool_error("all %u connections closed after %" PRIu64 " of %" PRIu64 " messages",
+                 g.limit, g.received, g.count);
+      g.failed = 1;
+    }
+    stop_all();
+  }
+}
+
+static int parse_args(int argc, char **argv) {
+  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_VERSION };
+  static const struct option options[] = {
+      {"count", required_argument, NULL, 'n'},
+      {"size", required_argument, NULL, 's'},
+      {"connections", required_argument, NULL, 'c'},
+      {"verify", no_argument, NULL, OPT_VERIFY},
+      {"max-size", required_argument, NULL, OPT_MAX_SIZE},
+      {"quiet", no_argument, NULL, 'q'},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, OPT_VERSION},
+      {NULL, 0, NULL, 0}};
+  uint64_t v;
+  int opt;
+
+  g.port = TOOL_DEFAULT_PORT;
+  g.max_size = TOOL_DEFAULT_MAX_SIZE;
+  opterr = 0; /* we print our own one-line errors */
+  while ((opt = getopt_long(argc, argv, ":n:s:c:qh", options, NULL)) != -1) {
+    switch (opt) {
+    case 'n':
+      if (tool_parse_uint("-n", optarg, 0, UINT64_MAX / 2, &g.count) != 0)
+        return -1;
+      break;
+    case 's':
+      if (tool_parse_size("-s", optarg, 0, INT32_MAX, &g.size) != 0)
+        return -1;
+      g.check_size = 1;
+      break;
+    case 'c':
+      if (tool_parse_uint("-c", optarg, 0, 65536, &v) != 0)
+        return -1;
+      g.limit = (unsigned)v;
+      break;
+    case OPT_VERIFY: g.verify = 1; break;
+    case OPT_MAX_SIZE:
+      if (tool_parse_size("--max-size", optarg, 1, INT32_MAX, &g.max_size) != 0)
+        return -1;
+      break;
+    case 'q': g.quiet = 1; break;
+    case 'h': fputs(usage_text, stdout); exit(TOOL_EXIT_OK);
+    case OPT_VERSION: tool_print_version(); exit(TOOL_EXIT_OK);
+    case ':': tool_usage_error("option %s needs a value", tool_bad_option(argv)); return -1;
+    default: tool_usage_error("unknown option %s", tool_bad_option(argv)); return -1;
+    }
+  }
+  if (optind >= argc) {
+    tool_usage_error("no IP address given");
+    return -1;
+  }
+  g.ip = argv[optind++];
+  if (optind < argc && tool_parse_port(argv[optind++], 1, &g.port) != 0)
+    return -1;
+  if (optind < argc) {
+    tool_usage_error("unexpected argument '%s'", argv[optind]);
+    return -1;
+  }
+  if (g.check_size && g.max_size < g.size)
+    g.max_size = g.size;
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  char extra[160], addr[64];
+  unsigned short port;
+  int rc;
+
+  tool_name = "ibmsg-recv";
+  setvbuf(stdout, NULL, _IOLBF, 0); /* a script waiting for "listening" sees it at once */
+  if (parse_args(argc, argv) != 0)
+    return TOOL_EXIT_USAGE;
+  tool_catch_signals();
+  tool_progress_init(&g.progress, g.quiet);
+
+  rc = ibmsg_init_event_loop(&g.loop);
+  if (rc != IBMSG_OK) {
+    tool_error("cannot create the event loop: %s", ibmsg_strerror(rc));
+    return TOOL_EXIT_FAILURE;
+  }
+  g.loop.connection_request = on_request;
+  g.loop.connection_established = on_established;
+  g.loop.message_received = on_received;
+  g.loop.connection_closed = on_closed;
+  if (tool_setopt_int(&g.loop, IBMSG_OPT_MAX_MSG_SIZE, "the maximum message size",
+                      (int)g.max_size) != 0) {
+    ibmsg_destroy_event_loop(&g.loop);
+    return TOOL_EXIT_FAILURE;
+  }
+  rc = ibmsg_listen(&g.loop, &g.listener, g.ip, g.port,
+                    g.limit > 0 ? (int)g.limit : MAX_OPEN_CONNECTIONS);
+  if (rc != IBMSG_OK) {
+    tool_error("cannot listen on %s port %u: %s", g.ip, g.port, ibmsg_strerror(rc));
+    ibmsg_destroy_event_loop(&g.loop);
+    return TOOL_EXIT_FAILURE;
+  }
+  g.listening = 1;
+  if (ibmsg_socket_local_address(&g.listener, addr, sizeof addr, &port) != IBMSG_OK) {
+    snprintf(addr, sizeof addr, "%s", g.ip);
+    port = g.port;
+  }
+  tool_info(g.quiet, "listening on %s port %u", addr, port);
+
+  /* Run until the listener and every connection have closed; the callbacks do the work. */
+  while (g.listening || g.conns != NULL) {
+    rc = ibmsg_dispatch_event_loop_timeout(&g.loop, TOOL_TICK_MS);
+    if (rc != IBMSG_OK) {
+      tool_error("event loop failed: %s", ibmsg_strerror(rc));
+      g.failed = 1;
+      break; /* cannot wait for the sockets without a loop */
+    }
+    if (tool_stop && !g.stopping) {
+      /* The usual way to end a run without -n; with -n it ended too early. */
+      if (g.count > 0) {
+        tool_error("interrupted after %" PRIu64 " of %" PRIu64 " messages", g.received, g.count);
+        g.failed = 1;
+      }
+      stop_all();
+    }
+    tool_progress_update(&g.progress, g.received, g.bytes);
+  }
+
+  snprintf(extra, sizeof extra, "%u connection%s%s", g.accepted, g.accepted == 1 ? "" : "s",
+           !g.verify ? "" : g.bad_messages == 0 ? ", payload verified" : ", VERIFY FAILED");
+  tool_print_summary("received", g.received, g.bytes,
+                     g.received > 0 ? g.t_end - g.t_start : 0.0, extra);
+  if (g.bad_messages > 0) {
+    tool_error("%" PRIu64 " of %" PRIu64 " messages failed the check", g.bad_messages,
+               g.received);
+    g.failed = 1;
+  }
+
+  if (!g.listening && g.conns == NULL) {
+    rc = ibmsg_destroy_event_loop(&g.loop);
+    if (rc != IBMSG_OK) {
+      tool_error("cannot destroy the event loop: %s", ibmsg_strerror(rc));
+      g.failed = 1;
+    }
+  }
+  return g.failed ? TOOL_EXIT_FAILURE : TOOL_EXIT_OK;
+}

@@ -1,0 +1,357 @@
+/*
+ * ibmsg-send - send messages to ibmsg-recv and report the throughput.
+ *
+ *   ibmsg-send [OPTIONS] IP [PORT]
+ *
+ * How it uses ibmsg: one event loop; -c connections opened with ibmsg_connect(); on each, the
+ * send buffers are taken from the socket's pool once (ibmsg_alloc_msg) and posted again from
+ * their message_sent callback, so that up to IBMSG_OPT_SEND_DEPTH messages are in flight per
+ * connection. When every message of a connection is confirmed, the connection is closed with
+ * ibmsg_disconnect(); the tool ends when every socket's connection_closed has come.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ibmsg.h>
+
+#include "tool.h"
+
+static const char usage_text[] =
+    "Usage: ibmsg-send [OPTIONS] IP [PORT]\n"
+    "Send messages to ibmsg-recv listening at IP and PORT (default 12345) over\n"
+    "RDMA and report the throughput.\n"
+    "\n"
+    "Options:\n"
+    "  -n, --count COUNT     send COUNT messages in total (default 1000)\n"
+    "  -s, --size SIZE       bytes per message, 0 allowed (default 4096)\n"
+    "  -c, --connections N   open N connections and spread the messages over\n"
+    "                        them (default 1)\n"
+    "      --verify          fill each message with a pattern ibmsg-recv --verify\n"
+    "                        checks\n"
+    "      --max-size BYTES  largest message size to offer (default 65536, and\n"
+    "                        at least SIZE)\n"
+    "  -q, --quiet           print only the summary and errors\n"
+    "  -h, --help            print this help and exit\n"
+    "      --version         print the version and exit\n"
+    "\n"
+    "SIZE and BYTES may end in K, M or G (times 1024, 1024^2, 1024^3).\n"
+    "Exit status: 0 if every message was delivered, 1 on an error, 2 on bad usage.\n";
+
+/* One connection: its socket, the messages it is to send and its send buffers. The socket is
+ * embedded so that the callbacks find the connection from the socket pointer they get. */
+struct conn {
+  ibmsg_socket socket;
+  uint32_t index;
+  uint64_t to_send;   /* this connection's share of COUNT */
+  uint64_t posted;    /* also the sequence number of the next message */
+  uint64_t confirmed; /* message_sent with IBMSG_OK */
+  int established;
+  int closing;        /* we called ibmsg_disconnect() */
+  int open;           /* set up and its connection_closed has not come yet */
+  struct tool_sendpool pool;
+};
+
+static struct {
+  const char *ip;
+  unsigned short port;
+  uint64_t count;
+  uint64_t size;
+  uint64_t max_size;
+  uint32_t nconns;
+  int verify;
+  int quiet;
+
+  ibmsg_event_loop loop;
+  struct conn *conns;
+  uint32_t open;       /* sockets whose connection_closed has not come */
+  int stopping;        /* no more posts: an error, a signal, or done */
+  int failed;          /* exit with 1 */
+  uint64_t confirmed;  /* over all connections */
+  double t_start;      /* first connection established */
+  double t_end;        /* last message confirmed */
+  struct tool_progress progress;
+} g;
+
+static void stop_all(void);
+
+/* Posts as many of the connection's messages as it has buffers for. Runs when the connection is
+ * established and after each message_sent, so the pipeline stays full without any polling. */
+static void pump(struct conn *c) {
+  while (!g.stopping && c->posted < c->to_send) {
+    ibmsg_buffer *msg;
+    int rc = tool_sendpool_get(&c->pool, (size_t)g.size, &msg);
+    if (rc == IBMSG_EAGAIN)
+      return; /* every buffer is in flight: a message_sent will call us again */
+    if (rc != IBMSG_OK) {
+      tool_error("connection %" PRIu32 ": cannot allocate a %" PRIu64 "-byte message: %s",
+                 c->index, g.size, ibmsg_strerror(rc));
+      g.failed = 1;
+      stop_all();
+      return;
+    }
+    tool_payload_fill(msg->data, msg->size, c->index, c->posted, g.verify);
+    rc = ibmsg_post_send(&c->socket, msg);
+    if (rc == IBMSG_EAGAIN) {
+      /* The send queue is full; nothing was sent. Keep the buffer for the next try. */
+      tool_sendpool_put(&c->pool, msg);
+      return;
+    }
+    if (rc != IBMSG_OK) {
+      tool_sendpool_put(&c->pool, msg);
+      tool_error("connection %" PRIu32 ": cannot send message %" PRIu64 ": %s", c->index,
+                 c->posted, ibmsg_strerror(rc));
+      g.failed = 1;
+      stop_all();
+      return;
+    }
+    c->posted++;
+  }
+}
+
+/* Closes a connection once nothing more is to be sent on it. */
+static void finish(struct conn *c) {
+  int rc;
+  c->closing = 1;
+  tool_sendpool_release(&c->pool);
+  rc = ibmsg_disconnect(&c->socket);
+  if (rc != IBMSG_OK && rc != IBMSG_ESTATE) /* ESTATE: it is closing already */
+    tool_error("connection %" PRIu32 ": cannot disconnect: %s", c->index, ibmsg_strerror(rc));
+}
+
+static void stop_all(void) {
+  if (g.stopping)
+    return;
+  g.stopping = 1;
+  for (uint32_t i = 0; i < g.nconns; i++)
+    if (g.conns[i].open)
+      finish(&g.conns[i]);
+}
+
+static void on_established(ibmsg_socket *socket) {
+  struct conn *c = socket->user_data;
+  size_t max = ibmsg_socket_max_msg_size(socket);
+
+  c->established = 1;
+  if (g.t_start == 0)
+    g.t_start = tool_now();
+  tool_info(g.quiet, "connection %" PRIu32 " to %s port %u (%s)", c->index, g.ip, g.port,
+            ibmsg_socket_device(socket) ? ibmsg_socket_device(socket) : "?");
+  if (g.size > max) {
+    tool_error("%" PRIu64 "-byte messages do not fit: the connection's maximum message size is "
+               "%zu (start ibmsg-recv with --max-size %" PRIu64 ")", g.size, max, g.size);
+    g.failed = 1;
+    stop_all();
+    return;
+  }
+  if (c->to_send == 0)
+    finish(c);
+  else
+    pump(c);
+}
+
+static void on_sent(ibmsg_socket *socket, ibmsg_buffer *msg, int status) {
+  struct conn *c = socket->user_data;
+
+  tool_sendpool_put(&c->pool, msg);
+  if (status == IBMSG_ECANCELED)
+    return; /* the connection is closing: connection_closed tells why */
+  if (status != IBMSG_OK) {
+    if (!g.failed)
+      tool_error("connection %" PRIu32 ": a message was not delivered: %s", c->index,
+                 ibmsg_strerror(status));
+    g.failed = 1;
+    stop_all();
+    return;
+  }
+  c->confirmed++;
+  g.confirmed++;
+  g.t_end = tool_now();
+  tool_progress_update(&g.progress, g.confirmed, g.confirmed * g.size);
+  if (c->confirmed == c->to_send)
+    finish(c);
+  else
+    pump(c);
+}
+
+static void on_closed(ibmsg_socket *socket, int reason) {
+  struct conn *c = socket->user_data;
+
+  c->open = 0;
+  g.open--;
+  tool_sendpool_release(&c->pool);
+  if (c->confirmed == c->to_send && (reason == IBMSG_OK || reason == IBMSG_ECONNRESET))
+    return; /* all delivered; who hung up first does not matter */
+  if (c->closing)
+    return; /* we closed it early because of an error or a signal, which was reported */
+
+  if (!c->established) {
+    if (reason == IBMSG_EREJECTED && socket->reject_reason[0] != '\0')
+      tool_error("cannot connect to %s port %u: %s: %s", g.ip, g.port, ibmsg_strerror(reason),
+                 socket->reject_reason);
+    else
+      tool_error("cannot connect to %s port %u: %s", g.ip, g.port, ibmsg_strerror(reason));
+  } else {
+    tool_error("connection %" PRIu32 " closed after %" PRIu64 " of %" PRIu64 " messages: %s",
+               c->index, c->confirmed, c->to_send, ibmsg_strerror(reason));
+  }
+  g.failed = 1;
+  stop_all();
+}
+
+static int parse_args(int argc, char **argv) {
+  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_VERSION };
+  static const struct option options[] = {
+      {"count", required_argument, NULL, 'n'},
+      {"size", required_argument, NULL, 's'},
+      {"connections", required_argument, NULL, 'c'},
+      {"verify", no_argument, NULL, OPT_VERIFY},
+      {"max-size", required_argument, NULL, OPT_MAX_SIZE},
+      {"quiet", no_argument, NULL, 'q'},
+      {"help", no_argument, NULL, 'h'},
+      {"version", no_argument, NULL, OPT_VERSION},
+      {NULL, 0, NULL, 0}};
+  uint64_t v;
+  int opt;
+
+  g.port = TOOL_DEFAULT_PORT;
+  g.count = 1000;
+  g.size = 4096;
+  g.max_size = TOOL_DEFAULT_MAX_SIZE;
+  g.nconns = 1;
+  opterr = 0; /* we print our own one-line errors */
+  while ((opt = getopt_long(argc, argv, ":n:s:c:qh", options, NULL)) != -1) {
+    switch (opt) {
+    case 'n':
+      if (tool_parse_uint("-n", optarg, 0, UINT64_MAX / 2, &g.count) != 0)
+        return -1;
+      break;
+    case 's':
+      if (tool_parse_size("-s", optarg, 0, INT32_MAX, &g.size) != 0)
+        return -1;
+      break;
+    case 'c':
+      if (tool_parse_uint("-c", optarg, 1, 65536, &v) != 0)
+        return -1;
+      g.nconns = (uint32_t)v;
+      break;
+    case OPT_VERIFY: g.verify = 1; break;
+    case OPT_MAX_SIZE:
+      if (tool_parse_size("--max-size", optarg, 1, INT32_MAX, &g.max_size) != 0)
+        return -1;
+      break;
+    case 'q': g.quiet = 1; break;
+    case 'h': fputs(usage_text, stdout); exit(TOOL_EXIT_OK);
+    case OPT_VERSION: tool_print_version(); exit(TOOL_EXIT_OK);
+    case ':': tool_usage_error("option %s needs a value", tool_bad_option(argv)); return -1;
+    default: tool_usage_error("unknown option %s", tool_bad_option(argv)); return -1;
+    }
+  }
+  if (optind >= argc) {
+    tool_usage_error("no IP address given");
+    return -1;
+  }
+  g.ip = argv[optind++];
+  if (optind < argc && tool_parse_port(argv[optind++], 0, &g.port) != 0)
+    return -1;
+  if (optind < argc) {
+    tool_usage_error("unexpected argument '%s'", argv[optind]);
+    return -1;
+  }
+  if (g.max_size < g.size)
+    g.max_size = g.size; /* the sender's side of the maximum; ibmsg-recv needs it too */
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int rc;
+  char extra[128];
+
+  tool_name = "ibmsg-send";
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  if (parse_args(argc, argv) != 0)
+    return TOOL_EXIT_USAGE;
+  tool_catch_signals();
+  tool_progress_init(&g.progress, g.quiet);
+
+  rc = ibmsg_init_event_loop(&g.loop);
+  if (rc != IBMSG_OK) {
+    tool_error("cannot create the event loop: %s", ibmsg_strerror(rc));
+    return TOOL_EXIT_FAILURE;
+  }
+  g.loop.connection_established = on_established;
+  g.loop.message_sent = on_sent;
+  g.loop.connection_closed = on_closed;
+  if (tool_setopt_int(&g.loop, IBMSG_OPT_MAX_MSG_SIZE, "the maximum message size",
+                      (int)g.max_size) != 0) {
+    ibmsg_destroy_event_loop(&g.loop);
+    return TOOL_EXIT_FAILURE;
+  }
+
+  g.conns = calloc(g.nconns, sizeof *g.conns);
+  if (g.conns == NULL) {
+    tool_error("out of memory for %" PRIu32 " connections", g.nconns);
+    ibmsg_destroy_event_loop(&g.loop);
+    return TOOL_EXIT_FAILURE;
+  }
+  for (uint32_t i = 0; i < g.nconns && !g.stopping; i++) {
+    struct conn *c = &g.conns[i];
+    c->index = i;
+    /* An equal share of COUNT each; each connection numbers its own messages from 0. */
+    c->to_send = g.count / g.nconns + (i < g.count % g.nconns ? 1 : 0);
+    rc = tool_sendpool_init(&c->pool, &c->socket, &g.loop);
+    if (rc != IBMSG_OK) {
+      tool_error("cannot make the send buffer list: %s", ibmsg_strerror(rc));
+      g.failed = 1;
+      stop_all();
+      break;
+    }
+    rc = ibmsg_connect(&g.loop, &c->socket, g.ip, g.port);
+    if (rc != IBMSG_OK) {
+      tool_error("cannot connect to %s port %u: %s", g.ip, g.port, ibmsg_strerror(rc));
+      g.failed = 1;
+      stop_all();
+      break;
+    }
+    c->socket.user_data = c;
+    c->open = 1;
+    g.open++;
+  }
+
+  /* Run until every socket has closed; the callbacks do the work. */
+  while (g.open > 0) {
+    rc = ibmsg_dispatch_event_loop_timeout(&g.loop, TOOL_TICK_MS);
+    if (rc != IBMSG_OK) {
+      tool_error("event loop failed: %s", ibmsg_strerror(rc));
+      g.failed = 1;
+      break; /* cannot wait for the sockets without a loop */
+    }
+    if (tool_stop && !g.stopping) {
+      tool_error("interrupted after %" PRIu64 " of %" PRIu64 " messages", g.confirmed, g.count);
+      g.failed = 1;
+      stop_all();
+    }
+    tool_progress_update(&g.progress, g.confirmed, g.confirmed * g.size);
+  }
+  snprintf(extra, sizeof extra, "%" PRIu32 " connection%s, %" PRIu64 "-byte messages%s",
+           g.nconns, g.nconns == 1 ? "" : "s", g.size, g.verify ? ", with --verify pattern" : "");
+  /* Without a connection the error line said it all. */
+  if (g.t_start != 0)
+    tool_print_summary("sent", g.confirmed, g.confirmed * g.size,
+                       g.confirmed > 0 ? g.t_end - g.t_start : 0.0, extra);
+
+  if (g.open == 0) {
+    rc = ibmsg_destroy_event_loop(&g.loop);
+    if (rc != IBMSG_OK) {
+      tool_error("cannot destroy the event loop: %s", ibmsg_strerror(rc));
+      g.failed = 1;
+    }
+  }
+  for (uint32_t i = 0; i < g.nconns; i++)
+    tool_sendpool_destroy(&g.conns[i].pool);
+  free(g.conns);
+  return g.failed ? TOOL_EXIT_FAILURE : TOOL_EXIT_OK;
+}

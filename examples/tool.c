@@ -1,0 +1,431 @@
+/*
+ * tool.c - helpers shared by the command-line tools (see tool.h).
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "tool.h"
+
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+const char *tool_name = "ibmsg";
+volatile sig_atomic_t tool_stop = 0;
+
+/* The progress line on the screen, if any: erased before any other line is printed. */
+static struct tool_progress *active_progress;
+
+static void clear_progress(void) {
+  if (active_progress != NULL)
+    tool_progress_clear(active_progress);
+}
+
+/* ---- messages to the user ------------------------------------------------------------------ */
+
+void tool_error(const char *fmt, ...) {
+  va_list ap;
+  clear_progress();
+  fflush(stdout); /* keep the order of stdout and stderr when both go to one place */
+  fprintf(stderr, "%s: error: ", tool_name);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+}
+
+void tool_usage_error(const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "%s: error: ", tool_name);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, " (try '%s --help')\n", tool_name);
+}
+
+void tool_info(int quiet, const char *fmt, ...) {
+  va_list ap;
+  if (quiet)
+    return;
+  clear_progress();
+  printf("%s: ", tool_name);
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  putchar('\n');
+}
+
+void tool_print_version(void) {
+  printf("%s %d.%d.%d (libibmsg %s)\n", tool_name, IBMSG_VERSION_MAJOR, IBMSG_VERSION_MINOR,
+         IBMSG_VERSION_PATCH, ibmsg_version_string());
+}
+
+/* ---- option values ------------------------------------------------------------------------- */
+
+/* Parses digits and an optional suffix; strtoull alone would accept "-1", " 5" and "5x". */
+static int parse_number(const char *option, const char *arg, int allow_suffix, uint64_t min,
+                        uint64_t max, uint64_t *value) {
+  const char *p = arg;
+  uint64_t v = 0, mult = 1;
+
+  if (*p < '0' || *p > '9') {
+    tool_usage_error("%s: '%s' is not a number", option, arg);
+    return -1;
+  }
+  for (; *p >= '0' && *p <= '9'; p++) {
+    unsigned d = (unsigned)(*p - '0');
+    if (v > (UINT64_MAX - d) / 10) {
+      tool_usage_error("%s: '%s' is too large", option, arg);
+      return -1;
+    }
+    v = v * 10 + d;
+  }
+  if (allow_suffix && *p != '\0' && p[1] == '\0') {
+    switch (*p) {
+    case 'k': case 'K': mult = UINT64_C(1) << 10; p++; break;
+    case 'm': case 'M': mult = UINT64_C(1) << 20; p++; break;
+    case 'g': case 'G': mult = UINT64_C(1) << 30; p++; break;
+    default: break;
+    }
+  }
+  if (*p != '\0') {
+    tool_usage_error("%s: '%s' is not a number%s", option, arg,
+                     allow_suffix ? " (a suffix may be K, M or G)" : "");
+    return -1;
+  }
+  if (v > UINT64_MAX / mult) {
+    tool_usage_error("%s: '%s' is too large", option, arg);
+    return -1;
+  }
+  v *= mult;
+  if (v < min || v > max) {
+    tool_usage_error("%s: %s is out of range (%" PRIu64 "..%" PRIu64 ")", option, arg, min, max);
+    return -1;
+  }
+  *value = v;
+  return 0;
+}
+
+int tool_parse_uint(const char *option, const char *arg, uint64_t min, uint64_t max,
+                    uint64_t *value) {
+  return parse_number(option, arg, 0, min, max, value);
+}
+
+int tool_parse_size(const char *option, const char *arg, uint64_t min, uint64_t max,
+                    uint64_t *value) {
+  return parse_number(option, arg, 1, min, max, value);
+}
+
+int tool_parse_port(const char *arg, int allow_zero, unsigned short *port) {
+  uint64_t v;
+  if (parse_number("PORT", arg, 0, allow_zero ? 0 : 1, 65535, &v) != 0)
+    return -1;
+  *port = (unsigned short)v;
+  return 0;
+}
+
+const char *tool_bad_option(char **argv) {
+  static char buf[3];
+  const char *word = argv[optind - 1];
+  /* A long option is reported as written; for a short one getopt saves the letter in optopt,
+   * since the word may hold several ("-qx"). */
+  if (strncmp(word, "--", 2) != 0 && optopt > ' ' && optopt < 127) {
+    buf[0] = '-';
+    buf[1] = (char)optopt;
+    buf[2] = '\0';
+    return buf;
+  }
+  return word;
+}
+
+int tool_setopt_int(ibmsg_event_loop *loop, int option, const char *what, int value) {
+  int rc = ibmsg_setopt(loop, option, &value, sizeof value);
+  if (rc != IBMSG_OK) {
+    tool_error("cannot set %s to %d: %s", what, value, ibmsg_strerror(rc));
+    return -1;
+  }
+  return 0;
+}
+
+/* ---- signals and time ---------------------------------------------------------------------- */
+
+static time_t first_signal; /* CLOCK_MONOTONIC seconds of the signal that set tool_stop */
+
+static void on_signal(int sig) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now); /* async-signal-safe */
+  if (!tool_stop) {
+    first_signal = now.tv_sec;
+    tool_stop = 1;
+  } else if (now.tv_sec - first_signal >= 2) {
+    /* A second ^C, well after the first: the orderly shutdown seems stuck, so die. One that
+     * comes at once is the same signal delivered twice (timeout(1) signals the process and
+     * its group), not a second request. */
+    signal(sig, SIG_DFL);
+    raise(sig);
+  }
+}
+
+void tool_catch_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0; /* no SA_RESTART: a blocked epoll_wait should return at once */
+  sigaction(SIGINT, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+double tool_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- summary and progress ------------------------------------------------------------------ */
+
+void tool_print_summary(const char *verb, uint64_t messages, uint64_t bytes, double seconds,
+                        const char *extra) {
+  double mbps = seconds > 0 ? (double)bytes / seconds / 1e6 : 0.0;
+  double rate = seconds > 0 ? (double)messages / seconds : 0.0;
+  clear_progress();
+  printf("%s: %s %" PRIu64 " message%s, %" PRIu64 " bytes in %.3f s: %.2f MB/s, %.0f msg/s",
+         tool_name, verb, messages, TOOL_S(messages), bytes, seconds, mbps, rate);
+  if (extra != NULL && *extra != '\0')
+    printf(" (%s)", extra);
+  putchar('\n');
+  fflush(stdout);
+}
+
+void tool_progress_init(struct tool_progress *p, int quiet) {
+  memset(p, 0, sizeof *p);
+  p->enabled = !quiet && isatty(STDERR_FILENO);
+  p->last = tool_now();
+  active_progress = p;
+}
+
+void tool_progress_update(struct tool_progress *p, uint64_t messages, uint64_t bytes) {
+  double now, dt;
+  if (!p->enabled || messages == 0) /* nothing to show while waiting for a peer */
+    return;
+  now = tool_now();
+  dt = now - p->last;
+  if (dt < 1.0)
+    return;
+  /* The rate over the last interval: what is happening now, not the average so far. The
+   * trailing blanks erase the end of a longer earlier line. */
+  fprintf(stderr, "\r%s: %" PRIu64 " messages, %.1f MB, %.2f MB/s, %.0f msg/s    ", tool_name,
+          messages, (double)bytes / 1e6, (double)(bytes - p->last_bytes) / dt / 1e6,
+          (double)(messages - p->last_msgs) / dt);
+  fflush(stderr);
+  p->shown = 1;
+  p->last = now;
+  p->last_msgs = messages;
+  p->last_bytes = bytes;
+}
+
+void tool_progress_clear(struct tool_progress *p) {
+  if (!p->shown)
+    return;
+  fprintf(stderr, "\r%79s\r", "");
+  fflush(stderr);
+  p->shown = 0;
+}
+
+/* ---- --verify payload ---------------------------------------------------------------------- */
+
+/* splitmix64's output function: consecutive inputs give unrelated outputs, cheaply. */
+static uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * UINT64_C(0xbf58476d1ce4e5b9);
+  z = (z ^ (z >> 27)) * UINT64_C(0x94d049bb133111eb);
+  return z ^ (z >> 31);
+}
+
+#define GOLDEN UINT64_C(0x9e3779b97f4a7c15)
+
+static void put_le(unsigned char *p, uint64_t v, int n) {
+  for (int i = 0; i < n; i++)
+    p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t get_le(const unsigned char *p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; i++)
+    v |= (uint64_t)p[i] << (8 * i);
+  return v;
+}
+
+static void make_header(unsigned char h[TOOL_PAYLOAD_HEADER], size_t size, uint32_t conn,
+                        uint64_t seq) {
+  put_le(h, seq, 8);
+  put_le(h + 8, conn, 4);
+  put_le(h + 12, (uint32_t)size, 4);
+}
+
+static uint64_t seed_of(uint32_t conn, uint64_t seq) {
+  return mix64(((uint64_t)conn << 40) ^ seq ^ UINT64_C(0x1b5d2a6c3f4e8091));
+}
+
+void tool_payload_fill(void *data, size_t size, uint32_t conn, uint64_t seq, int full) {
+  unsigned char *p = data, h[TOOL_PAYLOAD_HEADER];
+  size_t n = size < TOOL_PAYLOAD_HEADER ? size : TOOL_PAYLOAD_HEADER;
+  uint64_t x;
+
+  make_header(h, size, conn, seq);
+  memcpy(p, h, n);
+  if (!full || size <= TOOL_PAYLOAD_HEADER)
+    return;
+  x = seed_of(conn, seq);
+  for (size_t off = TOOL_PAYLOAD_HEADER; off < size; off += 8) {
+    size_t left = size - off;
+    x += GOLDEN;
+    put_le(p + off, mix64(x), left < 8 ? (int)left : 8);
+  }
+}
+
+int tool_payload_check(const void *data, size_t size, uint64_t seq, int64_t *conn, char *why,
+                       size_t why_len) {
+  const unsigned char *p = data;
+  unsigned char h[TOOL_PAYLOAD_HEADER];
+  size_t n = size < TOOL_PAYLOAD_HEADER ? size : TOOL_PAYLOAD_HEADER;
+  uint64_t x;
+
+  if (size >= 8 && get_le(p, 8) != seq) {
+    snprintf(why, why_len, "got message number %" PRIu64 " where %" PRIu64
+             " was due (lost, repeated or reordered)", get_le(p, 8), seq);
+    return -1;
+  }
+  if (size >= 12) {
+    int64_t c = (int64_t)get_le(p + 8, 4);
+    if (*conn < 0)
+      *conn = c;
+    else if (c != *conn) {
+      snprintf(why, why_len, "message %" PRIu64 " says it is from connection %" PRId64
+               ", earlier ones said %" PRId64, seq, c, *conn);
+      return -1;
+    }
+  }
+  if (size >= 16 && get_le(p + 12, 4) != (uint32_t)size) {
+    snprintf(why, why_len, "message %" PRIu64 " has %zu bytes but was sent with %" PRIu64, seq,
+             size, get_le(p + 12, 4));
+    return -1;
+  }
+  /* What is left: the bytes of a header cut short, which the checks above could not take as a
+   * whole, and the pseudo-random part. */
+  make_header(h, size, *conn < 0 ? 0 : (uint32_t)*conn, seq);
+  for (size_t i = 0; i < n; i++) {
+    if (i >= 8 && i < 12 && *conn < 0)
+      continue; /* a 9..11-byte message carries part of a connection number we do not know */
+    if (p[i] != h[i]) {
+      snprintf(why, why_len, "message %" PRIu64 ": byte %zu is 0x%02x, expected 0x%02x", seq, i,
+               p[i], h[i]);
+      return -1;
+    }
+  }
+  if (size <= TOOL_PAYLOAD_HEADER)
+    return 0;
+  x = seed_of((uint32_t)*conn, seq);
+  for (size_t off = TOOL_PAYLOAD_HEADER; off < size; off += 8) {
+    size_t left = size - off;
+    int len = left < 8 ? (int)left : 8;
+    uint64_t want, got;
+    x += GOLDEN;
+    want = mix64(x);
+    got = get_le(p + off, len);
+    if (len < 8)
+      want &= (UINT64_C(1) << (8 * len)) - 1;
+    if (got != want) {
+      int i = 0;
+      while (((got >> (8 * i)) & 0xff) == ((want >> (8 * i)) & 0xff))
+        i++;
+      snprintf(why, why_len, "message %" PRIu64 ": byte %zu is 0x%02x, expected 0x%02x", seq,
+               off + (size_t)i, (unsigned)((got >> (8 * i)) & 0xff),
+               (unsigned)((want >> (8 * i)) & 0xff));
+      return -1;
+    }
+  }
+  return 0;
+}
+
+/* ---- send buffers ---------------------------------------------------------------------------- */
+
+int tool_sendpool_init(struct tool_sendpool *pool, ibmsg_socket *socket, ibmsg_event_loop *loop) {
+  int depth = 0;
+  size_t len = sizeof depth;
+  int rc;
+
+  memset(pool, 0, sizeof *pool);
+  pool->socket = socket;
+  rc = ibmsg_getopt(loop, IBMSG_OPT_SEND_DEPTH, &depth, &len);
+  if (rc != IBMSG_OK)
+    return rc;
+  if (depth < 1)
+    depth = 1;
+  pool->capacity = (size_t)depth;
+  pool->slots = calloc(pool->capacity, sizeof *pool->slots);
+  pool->idle = calloc(pool->capacity, sizeof *pool->idle);
+  if (pool->slots == NULL || pool->idle == NULL) {
+    tool_sendpool_destroy(pool);
+    return IBMSG_ENOMEM;
+  }
+  return IBMSG_OK;
+}
+
+int tool_sendpool_get(struct tool_sendpool *pool, size_t size, ibmsg_buffer **msg) {
+  ibmsg_buffer *m;
+  int rc;
+
+  if (pool->nidle > 0) {
+    m = pool->idle[--pool->nidle];
+    /* The buffer holds the connection's maximum size, so only the length changes. */
+    if (size > ibmsg_socket_max_msg_size(pool->socket)) {
+      pool->idle[pool->nidle++] = m;
+      return IBMSG_EMSGSIZE;
+    }
+    m->size = size;
+    *msg = m;
+    return IBMSG_OK;
+  }
+  if (pool->released || pool->allocated == pool->capacity)
+    return IBMSG_EAGAIN;
+  m = &pool->slots[pool->allocated];
+  rc = ibmsg_alloc_msg(m, pool->socket, size);
+  if (rc != IBMSG_OK)
+    return rc;
+  pool->allocated++;
+  pool->live++;
+  *msg = m;
+  return IBMSG_OK;
+}
+
+void tool_sendpool_put(struct tool_sendpool *pool, ibmsg_buffer *msg) {
+  if (pool->released) {
+    if (ibmsg_free_msg(msg) == IBMSG_OK)
+      pool->live--;
+    return;
+  }
+  pool->idle[pool->nidle++] = msg;
+}
+
+size_t tool_sendpool_busy(const struct tool_sendpool *pool) {
+  return pool->live - pool->nidle;
+}
+
+void tool_sendpool_release(struct tool_sendpool *pool) {
+  pool->released = 1;
+  while (pool->nidle > 0) {
+    if (ibmsg_free_msg(pool->idle[--pool->nidle]) == IBMSG_OK)
+      pool->live--;
+  }
+}
+
+void tool_sendpool_destroy(struct tool_sendpool *pool) {
+  free(pool->slots);
+  free(pool->idle);
+  pool->slots = NULL;
+  pool->idle = NULL;
+  pool->capacity = pool->allocated = pool->live = pool->nidle = 0;
+}

@@ -1,0 +1,162 @@
+/*
+ * tool.h - helpers shared by the command-line tools ibmsg-send, ibmsg-recv and ibmsg-perf.
+ *
+ * Nothing here is part of the ibmsg API: it is the plumbing every tool needs (messages to the
+ * user, option values, time, the summary and progress lines, the --verify payload, a free list
+ * of send buffers) kept in one place so that each tool's own file shows only how it uses ibmsg.
+ */
+#ifndef IBMSG_TOOL_H
+#define IBMSG_TOOL_H
+
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <ibmsg.h>
+
+#define TOOL_DEFAULT_PORT 12345
+#define TOOL_DEFAULT_MAX_SIZE 65536
+/* How long one dispatch may wait: short enough that a SIGINT or the progress line is handled
+ * promptly, long enough that an idle tool does not spin. */
+#define TOOL_TICK_MS 200
+
+/* Exit statuses, the same for every tool. */
+#define TOOL_EXIT_OK 0
+#define TOOL_EXIT_FAILURE 1
+#define TOOL_EXIT_USAGE 2
+
+#if defined(__GNUC__)
+#define TOOL_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define TOOL_PRINTF(f, a)
+#endif
+
+/* ---- messages to the user ------------------------------------------------------------------ */
+
+/** "s" unless n is 1: "1 message", "2 messages". */
+#define TOOL_S(n) ((n) == 1 ? "" : "s")
+
+/** The tool's name, used as the prefix of every line it prints ("ibmsg-send"). */
+extern const char *tool_name;
+
+/** Prints "NAME: error: ...". */
+void tool_error(const char *fmt, ...) TOOL_PRINTF(1, 2);
+/** Prints "NAME: error: ... (try 'NAME --help')" for a bad command line. */
+void tool_usage_error(const char *fmt, ...) TOOL_PRINTF(1, 2);
+/** Prints "NAME: ..." on stdout unless quiet (information, not results). */
+void tool_info(int quiet, const char *fmt, ...) TOOL_PRINTF(2, 3);
+/** Prints "NAME X.Y.Z (libibmsg X.Y.Z)": the version built against and the one linked. */
+void tool_print_version(void);
+
+/* ---- option values: each returns 0, or prints one line and returns -1 ---------------------- */
+
+/** A decimal integer in [min, max]. */
+int tool_parse_uint(const char *option, const char *arg, uint64_t min, uint64_t max,
+                    uint64_t *value);
+/** A size in bytes in [min, max]: a decimal integer, optionally followed by K, M or G
+ *  (times 1024, 1024^2, 1024^3). */
+int tool_parse_size(const char *option, const char *arg, uint64_t min, uint64_t max,
+                    uint64_t *value);
+/** A port number: 1..65535, or also 0 when allow_zero (a listener picks any free port). */
+int tool_parse_port(const char *arg, int allow_zero, unsigned short *port);
+/** The option getopt_long() just stumbled on ('?' or ':'), as the user wrote it. */
+const char *tool_bad_option(char **argv);
+/** Sets an int option of the loop; prints what failed. */
+int tool_setopt_int(ibmsg_event_loop *loop, int option, const char *what, int value);
+
+/* ---- signals and time ---------------------------------------------------------------------- */
+
+/** Set by SIGINT and SIGTERM once tool_catch_signals() ran. Another signal two or more seconds
+ *  later kills the tool, in case its orderly shutdown is what hangs. */
+extern volatile sig_atomic_t tool_stop;
+void tool_catch_signals(void);
+
+/** Seconds on CLOCK_MONOTONIC: for intervals only. */
+double tool_now(void);
+
+/* ---- summary and progress ------------------------------------------------------------------ */
+
+/** The line every tool ends with:
+ *  "NAME: VERB N messages, B bytes in S s: X MB/s, Y msg/s (EXTRA)". MB is 10^6 bytes. */
+void tool_print_summary(const char *verb, uint64_t messages, uint64_t bytes, double seconds,
+                        const char *extra);
+
+/** A progress line on stderr, rewritten in place (\r) about once a second, only when stderr is a
+ *  terminal and the tool is not quiet. tool_error(), tool_info() and tool_print_summary() erase
+ *  it first. */
+struct tool_progress {
+  int enabled;
+  int shown;          /* a line is on the screen and must be erased before other output */
+  double last;        /* when the line was last written */
+  uint64_t last_msgs; /* the counts then, for the current rate */
+  uint64_t last_bytes;
+};
+void tool_progress_init(struct tool_progress *p, int quiet);
+/** Rewrites the line if a second has passed since the last time. Cheap enough to call per
+ *  message. */
+void tool_progress_update(struct tool_progress *p, uint64_t messages, uint64_t bytes);
+/** Erases the line. */
+void tool_progress_clear(struct tool_progress *p);
+
+/* ---- --verify payload ---------------------------------------------------------------------- */
+
+/*
+ * Message number SEQ of connection CONN carries the first SIZE bytes of this stream:
+ *   bytes 0..7    SEQ, little-endian
+ *   bytes 8..11   CONN, little-endian
+ *   bytes 12..15  SIZE (low 32 bits), little-endian
+ *   bytes 16..    pseudo-random bytes seeded from (CONN, SEQ)
+ * so any lost, repeated, reordered, truncated or damaged message shows, for every size (a
+ * message shorter than 16 bytes carries only part of the header). The receiver learns CONN from
+ * the first message of a connection and checks that it never changes.
+ */
+#define TOOL_PAYLOAD_HEADER 16
+
+/** Writes the payload of message seq of connection conn; with full == 0 only the header, which
+ *  costs nothing but still numbers the messages. */
+void tool_payload_fill(void *data, size_t size, uint32_t conn, uint64_t seq, int full);
+/** Checks a received message that should be message seq of its connection. *conn is the
+ *  sender's connection number, or -1 until a message long enough to carry it came (then it is
+ *  learned). Returns 0, or -1 with what is wrong in why. */
+int tool_payload_check(const void *data, size_t size, uint64_t seq, int64_t *conn, char *why,
+                       size_t why_len);
+
+/* ---- send buffers ---------------------------------------------------------------------------- */
+
+/*
+ * A free list of send buffers for one connection. ibmsg_alloc_msg() hands out at most
+ * IBMSG_OPT_SEND_DEPTH registered buffers per connection; the fast way to send is to allocate
+ * them once and post each again from its message_sent callback, instead of freeing and
+ * reallocating. The ibmsg_buffer structs live here because each must keep its address from
+ * ibmsg_alloc_msg() until ibmsg_free_msg().
+ */
+struct tool_sendpool {
+  ibmsg_socket *socket;
+  ibmsg_buffer *slots; /* slots[0..allocated) went through ibmsg_alloc_msg() */
+  size_t allocated;
+  size_t capacity; /* IBMSG_OPT_SEND_DEPTH when the pool was made */
+  size_t live;     /* allocated and not yet freed */
+  ibmsg_buffer **idle;
+  size_t nidle;  /* live, and neither posted nor in the application's hands */
+  int released;  /* tool_sendpool_release() ran: buffers that come back are freed */
+};
+
+/** Prepares an empty pool for socket (no buffer is allocated yet). */
+int tool_sendpool_init(struct tool_sendpool *pool, ibmsg_socket *socket, ibmsg_event_loop *loop);
+/** A buffer for a size-byte message: an idle one, or a new one from ibmsg_alloc_msg(). Returns
+ *  IBMSG_OK, IBMSG_EAGAIN when every buffer is posted (retry after a message_sent), or the
+ *  error of ibmsg_alloc_msg(). */
+int tool_sendpool_get(struct tool_sendpool *pool, size_t size, ibmsg_buffer **msg);
+/** Gives back a buffer the library returned (message_sent) or that could not be posted; after
+ *  tool_sendpool_release() it is freed instead. */
+void tool_sendpool_put(struct tool_sendpool *pool, ibmsg_buffer *msg);
+/** How many buffers are out (posted, or taken and not put back). */
+size_t tool_sendpool_busy(const struct tool_sendpool *pool);
+/** Frees every idle buffer with ibmsg_free_msg(), and from now on each one that is put back.
+ *  Call it when no more messages will be posted (at the latest from connection_closed). */
+void tool_sendpool_release(struct tool_sendpool *pool);
+/** Frees the pool's own memory; every buffer must have been released. */
+void tool_sendpool_destroy(struct tool_sendpool *pool);
+
+#endif /* IBMSG_TOOL_H */

@@ -1,0 +1,173 @@
+/* test_foreign_loop.c - driving ibmsg from another event loop: poll(2) on ibmsg_event_loop_fd()
+ * with ibmsg_event_loop_timeout() and ibmsg_event_loop_process(), and the application's own libev
+ * loop (ev_loop_new and ev_default_loop) run with ev_run(EVRUN_ONCE). */
+#define _POSIX_C_SOURCE 200809L
+
+#include "harness.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+
+#include <ev.h>
+
+#define MESSAGES 1000
+
+struct driver {
+  struct ev_loop *ev; /* the application's libev loop, or NULL for poll(2) */
+  ev_timer tick;      /* keeps ev_run(EVRUN_ONCE) from blocking longer than a tick */
+  int own_ev;         /* created with ev_loop_new: destroy it afterwards */
+  int readable;       /* poll(2) found the fd readable */
+  int processed;      /* ibmsg_event_loop_process() calls */
+};
+
+/* One step of an application loop built on poll(2): wait for the fd, at most as long as ibmsg's
+ * own timeout says, and process only when the fd is readable or that timeout has expired. */
+static int poll_step(h_ctx *ctx, int max_wait_ms) {
+  struct driver *d = ctx->data;
+  struct pollfd p;
+  int fd = ibmsg_event_loop_fd(&ctx->loop);
+  int t = ibmsg_event_loop_timeout(&ctx->loop);
+  int wait = (t < 0 || t > max_wait_ms) ? max_wait_ms : t;
+  int n;
+
+  if (fd < 0) return IBMSG_EINVAL;
+  if (t < -1) h_note_error(ctx, "ibmsg_event_loop_timeout returned %d", t);
+  p.fd = fd;
+  p.events = POLLIN;
+  p.revents = 0;
+  n = poll(&p, 1, wait);
+  if (n < 0) return errno == EINTR ? IBMSG_OK : IBMSG_ESYS;
+  if (n > 0) d->readable++;
+  if (n > 0 || (t >= 0 && t <= max_wait_ms)) {
+    d->processed++;
+    return ibmsg_event_loop_process(&ctx->loop);
+  }
+  return IBMSG_OK;
+}
+
+static int ev_step(h_ctx *ctx, int max_wait_ms) {
+  struct driver *d = ctx->data;
+  (void)max_wait_ms; /* the tick timer bounds the wait */
+  ev_run(d->ev, EVRUN_ONCE);
+  return IBMSG_OK;
+}
+
+static void tick(struct ev_loop *ev, ev_timer *w, int revents) {
+  (void)ev;
+  (void)w;
+  (void)revents;
+}
+
+static int setup_poll(void **state) {
+  struct driver *d;
+  h_ctx *ctx;
+
+  if (h_setup(state) != 0) return -1;
+  ctx = *state;
+  d = calloc(1, sizeof *d);
+  if (!d) return -1;
+  ctx->data = d;
+  ctx->step = poll_step;
+  return 0;
+}
+
+static int setup_ev(void **state, struct ev_loop *ev, int own_ev) {
+  struct driver *d = calloc(1, sizeof *d);
+  h_ctx *ctx;
+
+  h_watchdog(H_WATCHDOG_S);
+  if (!d || !ev) {
+    free(d);
+    return -1;
+  }
+  d->ev = ev;
+  d->own_ev = own_ev;
+  ev_timer_init(&d->tick, tick, 0.02, 0.02);
+  ev_timer_start(ev, &d->tick);
+  *state = ctx = h_ctx_create(ev);
+  ctx->data = d;
+  ctx->step = ev_step;
+  return 0;
+}
+
+static int setup_ev_new(void **state) { return setup_ev(state, ev_loop_new(EVFLAG_AUTO), 1); }
+static int setup_ev_default(void **state) { return setup_ev(state, ev_default_loop(0), 0); }
+
+static int teardown_driver(void **state) {
+  h_ctx *ctx = *state;
+  struct driver *d = ctx ? ctx->data : NULL;
+  int rc = h_teardown(state); /* still drives the loop through d */
+  if (d && d->ev) {
+    ev_timer_stop(d->ev, &d->tick);
+    if (d->own_ev) ev_loop_destroy(d->ev);
+  }
+  free(d);
+  return rc;
+}
+
+static void connect_and_exchange(h_ctx *ctx) {
+  h_conn *client, *server;
+
+  h_pair(ctx, &client, &server);
+  client->verify = server->verify = 1;
+  h_stream_start(client, MESSAGES, 256, 32);
+  h_stream_start(server, MESSAGES, 256, 32);
+  H_RUN_UNTIL(ctx, client->received == MESSAGES && server->received == MESSAGES &&
+                       h_stream_done(client) && h_stream_done(server),
+              120000);
+  H_ASSERT_EQ(client->sent_ok, MESSAGES, "message_sent(IBMSG_OK) callbacks of the client");
+  H_ASSERT_EQ(server->sent_ok, MESSAGES, "message_sent(IBMSG_OK) callbacks of the server");
+}
+
+static void poll_on_loop_fd_drives_connection_and_messages(void **state) {
+  h_ctx *ctx = *state;
+  struct driver *d = ctx->data;
+
+  H_CHECK(ibmsg_event_loop_fd(&ctx->loop) >= 0, "ibmsg_event_loop_fd returned %d",
+          ibmsg_event_loop_fd(&ctx->loop));
+  connect_and_exchange(ctx);
+  print_message("poll: fd readable %d times, %d process calls\n", d->readable, d->processed);
+  H_CHECK(d->readable > 0, "the loop fd never became readable: ibmsg ran only on its timeouts");
+  h_finish(ctx);
+}
+
+static void application_ev_loop_new_drives_connection_and_messages(void **state) {
+  connect_and_exchange(*state);
+  h_finish(*state);
+}
+
+static void application_default_ev_loop_drives_connection_and_messages(void **state) {
+  connect_and_exchange(*state);
+  h_finish(*state);
+}
+
+static void destroy_leaves_no_watcher_on_application_loop(void **state) {
+  h_ctx *ctx = *state;
+  struct driver *d = ctx->data;
+  int active;
+
+  connect_and_exchange(ctx);
+  h_finish(ctx); /* ibmsg_destroy_event_loop */
+  ev_timer_stop(d->ev, &d->tick);
+  active = ev_run(d->ev, EVRUN_NOWAIT);
+  H_ASSERT_EQ(active, 0, "active watchers left on the application's libev loop after "
+                         "ibmsg_destroy_event_loop");
+  ev_timer_start(d->ev, &d->tick); /* the application's loop still works */
+  ev_run(d->ev, EVRUN_ONCE);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(poll_on_loop_fd_drives_connection_and_messages, setup_poll,
+                                      teardown_driver),
+      cmocka_unit_test_setup_teardown(application_ev_loop_new_drives_connection_and_messages,
+                                      setup_ev_new, teardown_driver),
+      cmocka_unit_test_setup_teardown(application_default_ev_loop_drives_connection_and_messages,
+                                      setup_ev_default, teardown_driver),
+      cmocka_unit_test_setup_teardown(destroy_leaves_no_watcher_on_application_loop, setup_ev_new,
+                                      teardown_driver),
+  };
+  h_init(argc, argv);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
