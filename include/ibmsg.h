@@ -123,7 +123,8 @@ struct ibmsg__request;
 
 /** Socket status (the `status` field of ibmsg_socket). */
 enum ibmsg_socket_status {
-  IBMSG_UNCONNECTED,      /**< not set up, or closed in an orderly way (either side disconnected) */
+  IBMSG_UNCONNECTED,      /**< not set up, resolving the address after ibmsg_connect(), or closed
+                               in an orderly way (either side disconnected) */
   IBMSG_ADDRESS_RESOLVED, /**< ibmsg_connect(): the address resolved to an RDMA device */
   IBMSG_ROUTE_RESOLVED,   /**< connecting: route known, connection request sent (or accepted) */
   IBMSG_CONNECTED,        /**< messages may be posted */
@@ -145,7 +146,7 @@ enum ibmsg_buffer_status {
 enum ibmsg_request_status {
   IBMSG_UNDECIDED, /**< neither accepted nor rejected yet: rejected when the callback returns */
   IBMSG_ACCEPTED,  /**< ibmsg_accept() succeeded */
-  IBMSG_REJECTED   /**< ibmsg_reject() was called, or ibmsg_accept() failed */
+  IBMSG_REJECTED   /**< ibmsg_reject() was called, or ibmsg_accept() failed setting up */
 };
 
 typedef struct ibmsg_event_loop ibmsg_event_loop;
@@ -182,7 +183,8 @@ struct ibmsg_socket {
 };
 
 /** An incoming connection. Valid only during the connection_request callback, which must call
- *  ibmsg_accept() or ibmsg_reject(); a request left undecided is rejected. */
+ *  ibmsg_accept() or ibmsg_reject(); a request left undecided (also after a failed
+ *  ibmsg_accept()) is rejected when the callback returns. */
 struct ibmsg_connection_request {
   enum ibmsg_request_status status; /**< ro */
   ibmsg_socket *listener;           /**< ro: the listening socket the request came to */
@@ -205,7 +207,7 @@ typedef void (*ibmsg_message_sent_cb)(ibmsg_socket *socket, ibmsg_buffer *msg, i
 typedef void (*ibmsg_connection_closed_cb)(ibmsg_socket *socket, int reason);
 
 /**
- * The event loop. The application owns the struct and sets the callbacks after
+ * The event loop. The application owns the struct and sets the callbacks and user_data after
  * ibmsg_init_event_loop(), which sets them all to NULL (no callback).
  */
 struct ibmsg_event_loop {
@@ -227,10 +229,12 @@ IBMSG_EXPORT int ibmsg_init_event_loop(ibmsg_event_loop *loop);
 /** Initializes a loop whose watchers run on the application's libev loop `ev`; the application
  *  runs `ev` itself (ev_run) and keeps it alive until ibmsg_destroy_event_loop(). */
 IBMSG_EXPORT int ibmsg_init_event_loop_ev(ibmsg_event_loop *loop, struct ev_loop *ev);
-/** Frees the loop. Fails with IBMSG_EBUSY while a socket is open (not yet closed) or a message
- *  is still allocated or lent; then nothing is freed. */
+/** Frees the loop. Fails with IBMSG_EBUSY while a socket is open (not yet closed), a message
+ *  is still allocated or lent, or when called from one of the loop's callbacks; then nothing is
+ *  freed. */
 IBMSG_EXPORT int ibmsg_destroy_event_loop(ibmsg_event_loop *loop);
-/** Waits for at least one event, processes all that are ready (running callbacks), returns. */
+/** Waits for at least one event, processes all that are ready (running callbacks), returns.
+ *  IBMSG_EBUSY when called from one of the loop's own callbacks (the loop does not nest). */
 IBMSG_EXPORT int ibmsg_dispatch_event_loop(ibmsg_event_loop *loop);
 /** Like ibmsg_dispatch_event_loop() but waits at most timeout_ms (0: do not wait). */
 IBMSG_EXPORT int ibmsg_dispatch_event_loop_timeout(ibmsg_event_loop *loop, int timeout_ms);
@@ -328,6 +332,8 @@ IBMSG_EXPORT int ibmsg_free_msg(ibmsg_buffer *msg);
 /* ---------------------------------------------------------------------------------------------
  * Names of the original ibmsg, kept so that programs written for it compile unchanged.
  * ------------------------------------------------------------------------------------------ */
+/** The default maximum message size (IBMSG_OPT_MAX_MSG_SIZE); the original's fixed limit. */
+#define IBMSG_MAX_MSGSIZE (65536)
 #define IBMSG_FCNTL_FAILED IBMSG_ESYS
 #define IBMSG_GETADDRINFO_FAILED IBMSG_ENOADDR
 #define IBMSG_CREATE_ID_FAILED IBMSG_ESYS

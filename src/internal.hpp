@@ -78,7 +78,8 @@ struct ibmsg__socket {
   ibv_qp *qp = nullptr;
   Pool *send_pool = nullptr;
   Pool *recv_pool = nullptr;
-  uint32_t max_msg = 0;      // min of both sides' maximum
+  uint32_t max_msg = 0;      // min of both sides' maximum, once have_peer
+  bool have_peer = false;    // the peer's hello is known
   uint32_t max_inline = 0;
   Credits credits;
   Slot *queue_head = nullptr, *queue_tail = nullptr;  // posted, waiting for credits
@@ -115,6 +116,7 @@ struct ibmsg__loop {
   Socket *pending_head = nullptr, *pending_tail = nullptr;
   uint32_t live_pools = 0;            // pools not yet destroyed (some may be orphaned)
   int epfd = -1;                      // for ibmsg_event_loop_fd
+  int depth = 0;                      // > 0 while a watcher callback runs (no re-entry)
   Options opts;
 };
 

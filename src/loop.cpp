@@ -31,14 +31,18 @@ void epoll_watch(Loop *loop, int fd) {
 void on_cm_readable(struct ev_loop *, ev_io *w, int) {
   Loop *loop = static_cast<Loop *>(w->data);
   rdma_cm_event *ev;
+  ++loop->depth;
   while (rdma_get_cm_event(loop->cm, &ev) == 0) on_cm_event(loop, ev);
+  --loop->depth;
 }
 
 // All completion-channel events until EAGAIN, acked per CQ and re-armed, then every CQ that
 // signalled is polled until empty (re-arm before polling: nothing slips between the two).
 void on_channel_readable(struct ev_loop *, ev_io *w, int) {
   Device *dev = static_cast<Device *>(w->data);
+  Loop *loop = dev->loop;
   Socket *ready = nullptr;
+  ++loop->depth;
   ibv_cq *cq;
   void *ctx;
   while (ibv_get_cq_event(dev->channel, &cq, &ctx) == 0) {
@@ -61,10 +65,12 @@ void on_channel_readable(struct ev_loop *, ev_io *w, int) {
     s->cq_ready = false;
     drain_cq(s);
   }
+  --loop->depth;
 }
 
 void on_idle(struct ev_loop *ev, ev_idle *w, int) {
   Loop *loop = static_cast<Loop *>(w->data);
+  ++loop->depth;
   // Teardowns queued by API calls; a closed callback may queue more, which run next round.
   Socket *list = loop->pending_head;
   loop->pending_head = loop->pending_tail = nullptr;
@@ -75,6 +81,7 @@ void on_idle(struct ev_loop *ev, ev_idle *w, int) {
     teardown(s);
   }
   if (!loop->pending_head) ev_idle_stop(ev, w);
+  --loop->depth;
 }
 
 void on_wakeup(struct ev_loop *, ev_timer *, int) {}
@@ -144,6 +151,9 @@ void schedule_close(Socket *s, int reason) {
 }
 
 int loop_run(Loop *loop, int flags, double timeout_s) {
+  // Running the loop from inside one of its callbacks would tear sockets down under the feet of
+  // the callback's caller.
+  if (loop->depth) return IBMSG_EBUSY;
   if (timeout_s > 0) {
     ev_timer_set(&loop->wakeup, timeout_s, 0.);
     ev_timer_start(loop->ev, &loop->wakeup);
@@ -204,7 +214,7 @@ int ibmsg_init_event_loop_ev(ibmsg_event_loop *loop, struct ev_loop *ev) {
 int ibmsg_destroy_event_loop(ibmsg_event_loop *pub) {
   Loop *loop = loop_of(pub);
   if (!loop) return IBMSG_EINVAL;
-  if (loop->sockets || loop->pending_head || loop->live_pools) return IBMSG_EBUSY;
+  if (loop->depth || loop->sockets || loop->pending_head || loop->live_pools) return IBMSG_EBUSY;
   ev_io_stop(loop->ev, &loop->cm_watcher);
   ev_idle_stop(loop->ev, &loop->idle);
   ev_timer_stop(loop->ev, &loop->wakeup);

@@ -111,6 +111,7 @@ void set_peer(Socket *s, const wire::Hello &h) {
   s->credits.init(h.recv_depth, h.ctrl_depth, uint32_t(s->opts.recv_depth));
   s->max_msg = h.max_msg_size < uint32_t(s->opts.max_msg_size) ? h.max_msg_size
                                                                  : uint32_t(s->opts.max_msg_size);
+  s->have_peer = true;
 }
 
 // --- sending ---
@@ -364,8 +365,11 @@ void on_disconnected(Socket *s) {
 
 void on_connect_timeout(struct ev_loop *, ev_timer *w, int) {
   Socket *s = static_cast<Socket *>(w->data);
+  Loop *loop = s->loop;
   s->timer_active = false;
+  ++loop->depth;
   if (s->state != State::Connected && s->state != State::Closing) close_now(s, IBMSG_ETIMEDOUT);
+  --loop->depth;
 }
 
 void on_cm_event(Loop *loop, rdma_cm_event *ev) {
@@ -628,7 +632,7 @@ int socket_disconnect(Socket *s) {
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
   if (s->listener) return IBMSG_ESTATE;
   if (!state_has_buffers(s->state)) return IBMSG_ENOTCONN;
-  if (size > size_t(s->opts.max_msg_size) || (s->max_msg && size > s->max_msg))
+  if (size > size_t(s->opts.max_msg_size) || (s->have_peer && size > s->max_msg))
     return IBMSG_EMSGSIZE;
   Slot *slot = pool_get(s->send_pool);
   if (!slot) return IBMSG_EAGAIN;

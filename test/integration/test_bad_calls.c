@@ -352,6 +352,38 @@ static void accept_twice_on_one_request_fails(void **state) {
   h_finish(ctx);
 }
 
+struct reentry {
+  int dispatch, dispatch_timeout, process, destroy;
+};
+
+static void reenter_loop(h_ctx *ctx, ibmsg_connection_request *request) {
+  struct reentry *r = ctx->data;
+  r->dispatch = ibmsg_dispatch_event_loop(&ctx->loop);
+  r->dispatch_timeout = ibmsg_dispatch_event_loop_timeout(&ctx->loop, 0);
+  r->process = ibmsg_event_loop_process(&ctx->loop);
+  r->destroy = ibmsg_destroy_event_loop(&ctx->loop);
+  h_accept(ctx, request);
+}
+
+static void running_or_destroying_the_loop_inside_a_callback_returns_ebusy(void **state) {
+  h_ctx *ctx = *state;
+  struct reentry r = {-1, -1, -1, -1};
+  h_conn *c;
+
+  ctx->data = &r;
+  ctx->on_request = reenter_loop;
+  h_listen(ctx, ctx->addr, 4);
+  c = h_connect(ctx, ctx->addr, ctx->port);
+  H_RUN_UNTIL(ctx, (c->established && ctx->servers[0].established) || c->closed, H_TIMEOUT_MS);
+  ctx->on_request = NULL;
+  H_ASSERT_CODE(r.dispatch, IBMSG_EBUSY);
+  H_ASSERT_CODE(r.dispatch_timeout, IBMSG_EBUSY);
+  H_ASSERT_CODE(r.process, IBMSG_EBUSY);
+  H_ASSERT_CODE(r.destroy, IBMSG_EBUSY);
+  H_CHECK(c->established && !c->closed, "the connection did not survive the re-entry attempts");
+  h_finish(ctx);
+}
+
 /* --- options ------------------------------------------------------------------------------- */
 
 static void setopt_rejects_unknown_options_wrong_lengths_and_bad_values(void **state) {
@@ -508,6 +540,7 @@ int main(int argc, char **argv) {
       H_TEST(posting_a_received_message_fails),
       H_TEST(post_of_message_from_another_socket_returns_einval),
       H_TEST(accept_twice_on_one_request_fails),
+      H_TEST(running_or_destroying_the_loop_inside_a_callback_returns_ebusy),
       H_TEST(setopt_rejects_unknown_options_wrong_lengths_and_bad_values),
       H_TEST(options_have_documented_defaults),
       H_TEST(setopt_values_read_back_with_getopt),
