@@ -10,7 +10,7 @@ BUILD ?= build
 CONFIGURE_FLAGS ?=
 # Debian packages the build and the tests need (the Soft-RoCE rig installs its own).
 DEPS = g++ make autoconf automake libtool pkg-config librdmacm-dev libibverbs-dev libev-dev \
-       libcmocka-dev mandoc
+       libcmocka-dev mandoc doxygen
 
 .DEFAULT_GOAL := all
 .PHONY: deps configure all check demo install uninstall distcheck dist clean distclean doc

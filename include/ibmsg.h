@@ -31,12 +31,17 @@
 #ifndef IBMSG_H
 #define IBMSG_H
 
+/** @file ibmsg.h
+ *  The public C API of ibmsg: reliable messages over RDMA with callbacks on one event loop.
+ *  See the comment at the top of this file, ibmsg(7) and the section 3 man pages. */
+
 #include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+/** Marks the exported functions (the library is built with -fvisibility=hidden). */
 #if defined(__GNUC__) && __GNUC__ >= 4
 #define IBMSG_EXPORT __attribute__((visibility("default")))
 #else
@@ -47,9 +52,9 @@ extern "C" {
  * Version
  * ------------------------------------------------------------------------------------------ */
 
-#define IBMSG_VERSION_MAJOR 1
-#define IBMSG_VERSION_MINOR 0
-#define IBMSG_VERSION_PATCH 0
+#define IBMSG_VERSION_MAJOR 1 /**< major version: changes break compatibility */
+#define IBMSG_VERSION_MINOR 0 /**< minor version: compatible additions */
+#define IBMSG_VERSION_PATCH 0 /**< patch level: fixes only */
 /** The version as one number, for compile-time checks: 10000 * major + 100 * minor + patch. */
 #define IBMSG_VERSION (IBMSG_VERSION_MAJOR * 10000 + IBMSG_VERSION_MINOR * 100 + IBMSG_VERSION_PATCH)
 
@@ -63,13 +68,10 @@ IBMSG_EXPORT const char *ibmsg_version_string(void);
  * ------------------------------------------------------------------------------------------ */
 
 /** Codes below this are errno values; ibmsg's own codes start at IBMSG_EBASE. */
-#define IBMSG_ERRNO_MAX 1000
-#define IBMSG_EBASE 1000
+#define IBMSG_ERRNO_MAX 1000 /**< codes below this are errno values */
+#define IBMSG_EBASE 1000     /**< the first of ibmsg's own codes */
 
-/*
- * X-macro of every code (name, value, text). The values of the errno-based codes are Linux's.
- * IBMSG_ERRNO_MAP(X) lists the errno-based codes, IBMSG_ERROR_MAP(X) ibmsg's own.
- */
+/** X-macro of the errno-based codes: X(name, value, text) for each; the values are Linux's. */
 #define IBMSG_ERRNO_MAP(X)                                                                        \
   X(EINVAL, 22, "invalid argument")                                                               \
   X(ENOMEM, 12, "out of memory")                                                                  \
@@ -88,6 +90,7 @@ IBMSG_EXPORT const char *ibmsg_version_string(void);
   X(EIO, 5, "RDMA transport error")                                                               \
   X(EPROTO, 71, "protocol error: the peer does not speak this version of ibmsg")
 
+/** X-macro of ibmsg's own codes: X(name, value, text) for each. */
 #define IBMSG_ERROR_MAP(X)                                                                        \
   X(EREJECTED, 1000, "connection rejected by the peer")                                           \
   X(ESTATE, 1001, "operation not allowed in the socket's current state")                          \
@@ -149,10 +152,10 @@ enum ibmsg_request_status {
   IBMSG_REJECTED   /**< ibmsg_reject() was called, or ibmsg_accept() failed setting up */
 };
 
-typedef struct ibmsg_event_loop ibmsg_event_loop;
-typedef struct ibmsg_socket ibmsg_socket;
-typedef struct ibmsg_buffer ibmsg_buffer;
-typedef struct ibmsg_connection_request ibmsg_connection_request;
+typedef struct ibmsg_event_loop ibmsg_event_loop;                 /**< see struct ibmsg_event_loop */
+typedef struct ibmsg_socket ibmsg_socket;                         /**< see struct ibmsg_socket */
+typedef struct ibmsg_buffer ibmsg_buffer;                         /**< see struct ibmsg_buffer */
+typedef struct ibmsg_connection_request ibmsg_connection_request; /**< see its struct */
 
 /**
  * One message. For sending, the application owns this struct (it may live on the stack) and
@@ -253,6 +256,7 @@ IBMSG_EXPORT int ibmsg_event_loop_timeout(ibmsg_event_loop *loop);
  * Options: loop-wide defaults for sockets set up afterwards
  * ------------------------------------------------------------------------------------------ */
 
+/** Options for ibmsg_setopt() and ibmsg_getopt(); the defaults are in parentheses. */
 enum ibmsg_option {
   IBMSG_OPT_RECV_DEPTH = 1,      /**< int: receive buffers per connection = credits the peer gets (32);
                                       credits return as the application frees received messages,
@@ -334,24 +338,24 @@ IBMSG_EXPORT int ibmsg_free_msg(ibmsg_buffer *msg);
  * ------------------------------------------------------------------------------------------ */
 /** The default maximum message size (IBMSG_OPT_MAX_MSG_SIZE); the original's fixed limit. */
 #define IBMSG_MAX_MSGSIZE (65536)
-#define IBMSG_FCNTL_FAILED IBMSG_ESYS
-#define IBMSG_GETADDRINFO_FAILED IBMSG_ENOADDR
-#define IBMSG_CREATE_ID_FAILED IBMSG_ESYS
-#define IBMSG_BIND_FAILED IBMSG_EADDRNOTAVAIL
-#define IBMSG_LISTEN_FAILED IBMSG_ESYS
-#define IBMSG_ADDRESS_RESOLUTION_FAILED IBMSG_EHOSTUNREACH
-#define IBMSG_FETCH_EVENT_FAILED IBMSG_ESYS
-#define IBMSG_ACK_EVENT_FAILED IBMSG_ESYS
-#define IBMSG_ALLOC_FAILED IBMSG_ENOMEM
-#define IBMSG_MEMORY_REGISTRATION_FAILED IBMSG_ESYS
-#define IBMSG_POST_SEND_FAILED IBMSG_EIO
-#define IBMSG_DISCONNECT_FAILED IBMSG_ESYS
-#define IBMSG_FREE_BUFFER_FAILED IBMSG_ENOTALLOC
-#define IBMSG_CREATE_QP_FAILED IBMSG_ESYS
-#define IBMSG_ACCEPT_FAILED IBMSG_ESYS
-#define IBMSG_EPOLL_FAILED IBMSG_ESYS
-#define IBMSG_EPOLL_ADD_FD_FAILED IBMSG_ESYS
-#define IBMSG_EPOLL_WAIT_FAILED IBMSG_ESYS
+#define IBMSG_FCNTL_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
+#define IBMSG_GETADDRINFO_FAILED IBMSG_ENOADDR /**< the original ibmsg name of IBMSG_ENOADDR */
+#define IBMSG_CREATE_ID_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
+#define IBMSG_BIND_FAILED IBMSG_EADDRNOTAVAIL /**< the original ibmsg name of IBMSG_EADDRNOTAVAIL */
+#define IBMSG_LISTEN_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
+#define IBMSG_ADDRESS_RESOLUTION_FAILED IBMSG_EHOSTUNREACH /**< the original ibmsg name of IBMSG_EHOSTUNREACH */
+#define IBMSG_FETCH_EVENT_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
+#define IBMSG_ACK_EVENT_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
+#define IBMSG_ALLOC_FAILED IBMSG_ENOMEM /**< the original ibmsg name of IBMSG_ENOMEM */
+#define IBMSG_MEMORY_REGISTRATION_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
+#define IBMSG_POST_SEND_FAILED IBMSG_EIO /**< the original ibmsg name of IBMSG_EIO */
+#define IBMSG_DISCONNECT_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
+#define IBMSG_FREE_BUFFER_FAILED IBMSG_ENOTALLOC /**< the original ibmsg name of IBMSG_ENOTALLOC */
+#define IBMSG_CREATE_QP_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
+#define IBMSG_ACCEPT_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
+#define IBMSG_EPOLL_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
+#define IBMSG_EPOLL_ADD_FD_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
+#define IBMSG_EPOLL_WAIT_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
 
 #ifdef __cplusplus
 }

@@ -57,6 +57,10 @@
 #ifndef IBMSG_HPP
 #define IBMSG_HPP
 
+/** @file ibmsg.hpp
+ *  Header-only C++17 wrapper of the ibmsg C API: move-only RAII classes, callbacks as lambdas,
+ *  errors as ibmsg::error. See the comment at the top of this file. */
+
 #include <chrono>
 #include <cstddef>
 #include <exception>

@@ -23,7 +23,11 @@ mount -t devtmpfs devtmpfs /newroot/dev
 mkdir -p /newroot/dev/pts /newroot/dev/shm 2>/dev/null
 mount -t devpts devpts /newroot/dev/pts
 mount -t tmpfs tmpfs /newroot/dev/shm
-mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
+# /tmp: the host's files stay visible (a checkout under /tmp must work), writes stay in the VM.
+mkdir -p /overlay && mount -t tmpfs tmpfs /overlay && mkdir -p /overlay/upper /overlay/work &&
+  chmod 1777 /overlay/upper &&
+  mount -t overlay overlay -o lowerdir=/newroot/tmp,upperdir=/overlay/upper,workdir=/overlay/work /newroot/tmp ||
+  mount -t tmpfs -o mode=1777 tmpfs /newroot/tmp
 mount -t tmpfs -o mode=755 tmpfs /newroot/run
 cwd=$(cat /share/cwd)
 if [ "$cwd" != / ]; then
