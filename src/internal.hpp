@@ -85,7 +85,6 @@ struct ibmsg__socket {
   Slot *queue_head = nullptr, *queue_tail = nullptr;  // posted, waiting for credits
   uint32_t queue_len = 0;
   Slot *flight_head = nullptr, *flight_tail = nullptr;  // posted to the QP, in order
-  uint32_t ctrl_in_flight = 0;
   ev_timer connect_timer;
   bool timer_active = false;
 

@@ -177,9 +177,7 @@ void maybe_send_ctrl(Socket *s) {
   if (post_ctrl(s, wire::encode_imm(imm))) {
     s->credits = saved;
     schedule_close(s, IBMSG_EIO);
-    return;
   }
-  ++s->ctrl_in_flight;
 }
 
 void notify_sent(Socket *s, Slot *slot, int status) {
@@ -421,7 +419,6 @@ void drain_cq(Socket *s) {
     }
     for (int i = 0; i < n; ++i) {
       if (wc[i].wr_id == kCtrlWrId) {
-        --s->ctrl_in_flight;
         if (wc[i].status != IBV_WC_SUCCESS && s->state != State::Closing)
           schedule_close(s, wc[i].status == IBV_WC_WR_FLUSH_ERR ? IBMSG_ECONNRESET : IBMSG_EIO);
         continue;
