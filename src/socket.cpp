@@ -502,19 +502,29 @@ void teardown(Socket *s) {
 
 // --- API behind the C shims ---
 
+// A socket with its rdma_cm id on the loop's event channel (not yet linked into the loop).
+static Socket *new_socket(Loop *loop, ibmsg_socket *pub, int *err) {
+  Socket *s = new (std::nothrow) Socket();
+  if (!s) {
+    *err = IBMSG_ENOMEM;
+    return nullptr;
+  }
+  init_pub(pub, loop, s);
+  if (rdma_create_id(loop->cm, &s->id, s, RDMA_PS_TCP)) {
+    *err = errno == ENODEV || errno == ENOENT ? IBMSG_ENODEV : IBMSG_ESYS;
+    delete s;
+    return nullptr;
+  }
+  return s;
+}
+
 int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
                   int max_conn) {
   sockaddr_storage addr;
   int err = resolve(ip, port, true, &addr);
   if (err) return err;
-  Socket *s = new (std::nothrow) Socket();
-  if (!s) return IBMSG_ENOMEM;
-  init_pub(pub, loop, s);
-  if (rdma_create_id(loop->cm, &s->id, s, RDMA_PS_TCP)) {
-    err = errno == ENODEV || errno == ENOENT ? IBMSG_ENODEV : IBMSG_ESYS;
-    delete s;
-    return err;
-  }
+  Socket *s = new_socket(loop, pub, &err);
+  if (!s) return err;
   if (rdma_bind_addr(s->id, reinterpret_cast<sockaddr *>(&addr))) {
     err = errno == EADDRINUSE ? IBMSG_EADDRINUSE : IBMSG_EADDRNOTAVAIL;
   } else if (s->id->verbs && !device_matches(s, s->id->verbs)) {
@@ -541,14 +551,8 @@ int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short
   if (err) return err;
   bool have_src = loop->opts.source_addr[0] != '\0';
   if (have_src && (err = resolve(loop->opts.source_addr, 0, false, &src))) return err;
-  Socket *s = new (std::nothrow) Socket();
-  if (!s) return IBMSG_ENOMEM;
-  init_pub(pub, loop, s);
-  if (rdma_create_id(loop->cm, &s->id, s, RDMA_PS_TCP)) {
-    err = errno == ENODEV || errno == ENOENT ? IBMSG_ENODEV : IBMSG_ESYS;
-    delete s;
-    return err;
-  }
+  Socket *s = new_socket(loop, pub, &err);
+  if (!s) return err;
   if (rdma_resolve_addr(s->id, have_src ? reinterpret_cast<sockaddr *>(&src) : nullptr,
                         reinterpret_cast<sockaddr *>(&dst), s->opts.connect_timeout_ms)) {
     err = errno == EADDRNOTAVAIL || errno == EINVAL ? IBMSG_EADDRNOTAVAIL : from_errno(errno);
