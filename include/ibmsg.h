@@ -1,5 +1,8 @@
 /*
- * ibmsg.h - reliable messages over RDMA (InfiniBand, RoCE, iWARP) with callbacks on one event loop.
+ * ibmsg.h - reliable messages over RDMA (InfiniBand, RoCE) with callbacks on one event loop.
+ *
+ * Devices: InfiniBand and RoCE. Not iWARP: iWARP devices deliver no immediate data, on which
+ * ibmsg's flow-control credits ride; connections on an iWARP device fail with IBMSG_ENODEV.
  *
  * This header is the whole public C API of ibmsg. It compiles as C99 and as C++.
  *
@@ -27,6 +30,10 @@
  *
  * Threading: an ibmsg_event_loop and everything created on it belong to one thread at a time.
  * Different loops may run in different threads.
+ *
+ * ABI: every caller-allocated struct ends in reserved room (`reserved`), so that later minor
+ * versions add fields there without changing the struct's size; programs compiled against 1.x
+ * run with any later 1.y (soname libibmsg.so.1). Leave the reserved fields alone.
  */
 #ifndef IBMSG_H
 #define IBMSG_H
@@ -123,6 +130,7 @@ struct ibmsg__loop;
 struct ibmsg__socket;
 struct ibmsg__slot;
 struct ibmsg__request;
+struct ibmsg_options;
 
 /** Socket status (the `status` field of ibmsg_socket). */
 enum ibmsg_socket_status {
@@ -169,6 +177,7 @@ struct ibmsg_buffer {
   enum ibmsg_buffer_status status; /**< ro */
   void *user_data;                 /**< rw: the application's; ibmsg never reads it */
   struct ibmsg__slot *impl;        /**< private */
+  void *reserved[4];               /**< private: room for later versions */
 };
 
 /**
@@ -183,6 +192,7 @@ struct ibmsg_socket {
   int close_reason;                /**< ro: IBMSG_OK until closed, then the reason it closed */
   char reject_reason[132];         /**< ro: the peer's text when close_reason is IBMSG_EREJECTED */
   struct ibmsg__socket *impl;      /**< private */
+  void *reserved[4];               /**< private: room for later versions */
 };
 
 /** An incoming connection. Valid only during the connection_request callback, which must call
@@ -195,6 +205,7 @@ struct ibmsg_connection_request {
   const char *peer_address;         /**< ro: numeric address of the peer, e.g. "169.254.7.1" */
   unsigned short peer_port;         /**< ro */
   struct ibmsg__request *impl;      /**< private */
+  void *reserved[4];                /**< private: room for later versions */
 };
 
 /** Called for each incoming connection on a listening socket. */
@@ -221,6 +232,7 @@ struct ibmsg_event_loop {
   ibmsg_connection_closed_cb connection_closed;           /**< rw */
   void *user_data;                                        /**< rw: the application's */
   struct ibmsg__loop *impl;                               /**< private */
+  void *reserved[4];                                      /**< private: room for later versions */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -253,7 +265,7 @@ IBMSG_EXPORT int ibmsg_event_loop_process(ibmsg_event_loop *loop);
 IBMSG_EXPORT int ibmsg_event_loop_timeout(ibmsg_event_loop *loop);
 
 /* ---------------------------------------------------------------------------------------------
- * Options: loop-wide defaults for sockets set up afterwards
+ * Options: loop-wide defaults for sockets set up afterwards, and option sets for one socket
  * ------------------------------------------------------------------------------------------ */
 
 /** Options for ibmsg_setopt() and ibmsg_getopt(); the defaults are in parentheses. */
@@ -263,7 +275,7 @@ enum ibmsg_option {
                                       at the latest when half of them are owed */
   IBMSG_OPT_SEND_DEPTH = 2,      /**< int: send buffers per connection for ibmsg_alloc_msg (32) */
   IBMSG_OPT_SEND_QUEUE = 3,      /**< int: posted messages queued waiting for credits (32) */
-  IBMSG_OPT_MAX_MSG_SIZE = 4,    /**< int: largest message in bytes (65536) */
+  IBMSG_OPT_MAX_MSG_SIZE = 4,    /**< int: largest message in bytes, at least 1 (65536) */
   IBMSG_OPT_CONNECT_TIMEOUT = 5, /**< int: ms for ibmsg_connect() or ibmsg_accept() to reach CONNECTED (5000) */
   IBMSG_OPT_RNR_RETRY = 6,       /**< int 0..7: RNR retries (7); credits make RNR impossible */
   IBMSG_OPT_SOURCE_ADDR = 7,     /**< string: local address ibmsg_connect() binds to ("": any) */
@@ -278,29 +290,59 @@ IBMSG_EXPORT int ibmsg_setopt(ibmsg_event_loop *loop, int option, const void *va
  *  are NUL-terminated when the buffer has room). */
 IBMSG_EXPORT int ibmsg_getopt(ibmsg_event_loop *loop, int option, void *value, size_t *len);
 
+/** A set of option values for one socket, passed to ibmsg_listen_opts(), ibmsg_connect_opts()
+ *  or ibmsg_accept_opts(). Opaque; the socket copies it, so it may be freed or changed at once. */
+typedef struct ibmsg_options ibmsg_options;
+/** A new option set holding the loop's current defaults (the built-in defaults if loop is NULL).
+ *  NULL if out of memory or loop is not a valid loop. Free it with ibmsg_options_free(). */
+IBMSG_EXPORT ibmsg_options *ibmsg_options_new(ibmsg_event_loop *loop);
+/** Frees an option set (NULL is ignored). */
+IBMSG_EXPORT void ibmsg_options_free(ibmsg_options *opts);
+/** Like ibmsg_setopt() on an option set. */
+IBMSG_EXPORT int ibmsg_options_set(ibmsg_options *opts, int option, const void *value, size_t len);
+/** Like ibmsg_getopt() on an option set. */
+IBMSG_EXPORT int ibmsg_options_get(const ibmsg_options *opts, int option, void *value, size_t *len);
+
 /* ---------------------------------------------------------------------------------------------
  * Sockets
  * ------------------------------------------------------------------------------------------ */
 
 /** Listens on ip (IPv4, IPv6 or host name; NULL or "" for all addresses) and port (0: any free
  *  port, see ibmsg_socket_local_address()). At most max_connections accepted connections from this
- *  listener are open at once (requests beyond that are rejected). Closed with ibmsg_disconnect(). */
+ *  listener are open at once (requests beyond that are rejected). Closed with ibmsg_disconnect().
+ *  IBMSG_ESTATE if socket is still an open socket (its connection_closed has not run yet). */
 IBMSG_EXPORT int ibmsg_listen(ibmsg_event_loop *loop, ibmsg_socket *socket, const char *ip,
                               unsigned short port, int max_connections);
+/** ibmsg_listen() with the options in opts (NULL: the loop's) instead of the loop's defaults; the
+ *  connections the listener accepts take the listener's options unless ibmsg_accept_opts() says
+ *  otherwise. */
+IBMSG_EXPORT int ibmsg_listen_opts(ibmsg_event_loop *loop, ibmsg_socket *socket, const char *ip,
+                                   unsigned short port, int max_connections,
+                                   const ibmsg_options *opts);
 /** Starts connecting to ip (IPv4, IPv6 or host name) and port. Returns at once; the socket goes
  *  through ADDRESS_RESOLVED and ROUTE_RESOLVED to CONNECTED (connection_established), or to
- *  ERROR (connection_closed with the reason) within IBMSG_OPT_CONNECT_TIMEOUT. */
+ *  ERROR (connection_closed with the reason) within IBMSG_OPT_CONNECT_TIMEOUT. IBMSG_ESTATE if
+ *  socket is still an open socket. */
 IBMSG_EXPORT int ibmsg_connect(ibmsg_event_loop *loop, ibmsg_socket *socket, const char *ip,
                                unsigned short port);
+/** ibmsg_connect() with the options in opts (NULL: the loop's). */
+IBMSG_EXPORT int ibmsg_connect_opts(ibmsg_event_loop *loop, ibmsg_socket *socket, const char *ip,
+                                    unsigned short port, const ibmsg_options *opts);
 /** Accepts a request inside the connection_request callback; socket becomes the connection
- *  (status IBMSG_ROUTE_RESOLVED, then IBMSG_CONNECTED with connection_established). */
+ *  (status IBMSG_ROUTE_RESOLVED, then IBMSG_CONNECTED with connection_established).
+ *  IBMSG_ECONNRESET if the peer went away before it could be accepted; IBMSG_ESTATE if socket is
+ *  still an open socket or the request was decided already. */
 IBMSG_EXPORT int ibmsg_accept(ibmsg_connection_request *request, ibmsg_socket *socket);
+/** ibmsg_accept() with the options in opts (NULL: the listener's) for the new connection. */
+IBMSG_EXPORT int ibmsg_accept_opts(ibmsg_connection_request *request, ibmsg_socket *socket,
+                                   const ibmsg_options *opts);
 /** Rejects a request inside the connection_request callback. The peer's socket closes with
  *  IBMSG_EREJECTED and reason (at most 128 bytes, may be NULL) in its reject_reason field. */
 IBMSG_EXPORT int ibmsg_reject(ibmsg_connection_request *request, const char *reason);
 /** Closes a socket: a listener stops listening, a connection disconnects (messages still queued
  *  or in flight get message_sent with IBMSG_ECANCELED), a connect in progress stops. The
- *  connection_closed callback follows from the loop. IBMSG_ESTATE if already closing. */
+ *  connection_closed callback follows from the loop. IBMSG_ESTATE if already closing;
+ *  IBMSG_ENOTCONN once closed, including inside the socket's own connection_closed callback. */
 IBMSG_EXPORT int ibmsg_disconnect(ibmsg_socket *socket);
 /** Writes the socket's local address (numeric) into buf and its port into *port (either may be
  *  NULL). For a listener bound to port 0, this is the port picked. */

@@ -1,7 +1,9 @@
-// The C API: argument checks, then the core. Nothing here throws or aborts.
+// The C API: every extern "C" entry point of libibmsg. Each validates its handles and arguments,
+// then calls the core; nothing here throws or aborts.
 #include <arpa/inet.h>
 
 #include <cstring>
+#include <new>
 
 #include "internal.hpp"
 
@@ -18,6 +20,11 @@ Socket *socket_of(const ibmsg_socket *pub) {
 bool valid_request(const ibmsg_connection_request *req) {
   return req && req->impl && req->impl->id && req->impl->listener &&
          req->impl->listener->magic == kSocketMagic;
+}
+
+const Options *options_of(const ibmsg_options *o, bool *bad) {
+  *bad = o && o->magic != kOptionsMagic;
+  return o && !*bad ? &o->opts : nullptr;
 }
 
 int format_address(const sockaddr *sa, char *buf, size_t len, unsigned short *port) {
@@ -46,23 +53,151 @@ int format_address(const sockaddr *sa, char *buf, size_t len, unsigned short *po
 
 extern "C" {
 
+// --- version and errors ---
+
+void ibmsg_version(int *major, int *minor, int *patch) {
+  if (major) *major = IBMSG_VERSION_MAJOR;
+  if (minor) *minor = IBMSG_VERSION_MINOR;
+  if (patch) *patch = IBMSG_VERSION_PATCH;
+}
+
+#define IBMSG__STR2(x) #x
+#define IBMSG__STR(x) IBMSG__STR2(x)
+const char *ibmsg_version_string(void) {
+  return IBMSG__STR(IBMSG_VERSION_MAJOR) "." IBMSG__STR(IBMSG_VERSION_MINOR) "." IBMSG__STR(
+      IBMSG_VERSION_PATCH);
+}
+
+const char *ibmsg_strerror(int code) { return error_text(code); }
+const char *ibmsg_err_name(int code) { return error_name(code); }
+
+// --- event loop ---
+
+int ibmsg_init_event_loop(ibmsg_event_loop *loop) {
+  if (!loop) return IBMSG_EINVAL;
+  return loop_init(loop, nullptr);
+}
+
+int ibmsg_init_event_loop_ev(ibmsg_event_loop *loop, struct ev_loop *ev) {
+  if (!loop || !ev) return IBMSG_EINVAL;
+  return loop_init(loop, ev);
+}
+
+int ibmsg_destroy_event_loop(ibmsg_event_loop *pub) {
+  Loop *loop = loop_of(pub);
+  if (!loop) return IBMSG_EINVAL;
+  return loop_destroy(loop);
+}
+
+int ibmsg_dispatch_event_loop(ibmsg_event_loop *pub) {
+  Loop *loop = loop_of(pub);
+  if (!loop) return IBMSG_EINVAL;
+  return loop_run(loop, EVRUN_ONCE, 0);
+}
+
+int ibmsg_dispatch_event_loop_timeout(ibmsg_event_loop *pub, int timeout_ms) {
+  Loop *loop = loop_of(pub);
+  if (!loop || timeout_ms < 0) return IBMSG_EINVAL;
+  if (timeout_ms == 0) return loop_run(loop, EVRUN_NOWAIT, 0);
+  return loop_run(loop, EVRUN_ONCE, timeout_ms / 1000.0);
+}
+
+int ibmsg_event_loop_fd(ibmsg_event_loop *pub) {
+  Loop *loop = loop_of(pub);
+  return loop ? loop_fd(loop) : -1;
+}
+
+int ibmsg_event_loop_process(ibmsg_event_loop *pub) {
+  Loop *loop = loop_of(pub);
+  if (!loop) return IBMSG_EINVAL;
+  return loop_run(loop, EVRUN_NOWAIT, 0);
+}
+
+int ibmsg_event_loop_timeout(ibmsg_event_loop *pub) {
+  Loop *loop = loop_of(pub);
+  return loop ? loop_timeout_ms(loop) : -1;
+}
+
+// --- options ---
+
+int ibmsg_setopt(ibmsg_event_loop *pub, int option, const void *value, size_t len) {
+  Loop *loop = loop_of(pub);
+  if (!loop) return IBMSG_EINVAL;
+  return options_set(&loop->opts, option, value, len);
+}
+
+int ibmsg_getopt(ibmsg_event_loop *pub, int option, void *value, size_t *len) {
+  Loop *loop = loop_of(pub);
+  if (!loop) return IBMSG_EINVAL;
+  return options_get(&loop->opts, option, value, len);
+}
+
+ibmsg_options *ibmsg_options_new(ibmsg_event_loop *pub) {
+  Loop *loop = loop_of(pub);
+  if (pub && !loop) return nullptr;
+  ibmsg_options *o = new (std::nothrow) ibmsg_options();
+  if (!o) return nullptr;
+  o->magic = kOptionsMagic;
+  if (loop) o->opts = loop->opts;
+  return o;
+}
+
+void ibmsg_options_free(ibmsg_options *o) {
+  if (!o || o->magic != kOptionsMagic) return;
+  o->magic = 0;
+  delete o;
+}
+
+int ibmsg_options_set(ibmsg_options *o, int option, const void *value, size_t len) {
+  if (!o || o->magic != kOptionsMagic) return IBMSG_EINVAL;
+  return options_set(&o->opts, option, value, len);
+}
+
+int ibmsg_options_get(const ibmsg_options *o, int option, void *value, size_t *len) {
+  if (!o || o->magic != kOptionsMagic) return IBMSG_EINVAL;
+  return options_get(&o->opts, option, value, len);
+}
+
+// --- sockets ---
+
+int ibmsg_listen_opts(ibmsg_event_loop *loop, ibmsg_socket *socket, const char *ip,
+                      unsigned short port, int max_connections, const ibmsg_options *opts) {
+  Loop *l = loop_of(loop);
+  bool bad;
+  const Options *o = options_of(opts, &bad);
+  if (!l || !socket || max_connections <= 0 || bad) return IBMSG_EINVAL;
+  return socket_listen(l, socket, ip, port, max_connections, o);
+}
+
 int ibmsg_listen(ibmsg_event_loop *loop, ibmsg_socket *socket, const char *ip,
                  unsigned short port, int max_connections) {
+  return ibmsg_listen_opts(loop, socket, ip, port, max_connections, nullptr);
+}
+
+int ibmsg_connect_opts(ibmsg_event_loop *loop, ibmsg_socket *socket, const char *ip,
+                       unsigned short port, const ibmsg_options *opts) {
   Loop *l = loop_of(loop);
-  if (!l || !socket || max_connections <= 0) return IBMSG_EINVAL;
-  return socket_listen(l, socket, ip, port, max_connections);
+  bool bad;
+  const Options *o = options_of(opts, &bad);
+  if (!l || !socket || !ip || !*ip || port == 0 || bad) return IBMSG_EINVAL;
+  return socket_connect(l, socket, ip, port, o);
 }
 
 int ibmsg_connect(ibmsg_event_loop *loop, ibmsg_socket *socket, const char *ip,
                   unsigned short port) {
-  Loop *l = loop_of(loop);
-  if (!l || !socket || !ip || !*ip || port == 0) return IBMSG_EINVAL;
-  return socket_connect(l, socket, ip, port);
+  return ibmsg_connect_opts(loop, socket, ip, port, nullptr);
+}
+
+int ibmsg_accept_opts(ibmsg_connection_request *request, ibmsg_socket *socket,
+                      const ibmsg_options *opts) {
+  bool bad;
+  const Options *o = options_of(opts, &bad);
+  if (!valid_request(request) || !socket || bad) return IBMSG_EINVAL;
+  return socket_accept(request, socket, o);
 }
 
 int ibmsg_accept(ibmsg_connection_request *request, ibmsg_socket *socket) {
-  if (!valid_request(request) || !socket) return IBMSG_EINVAL;
-  return socket_accept(request, socket);
+  return ibmsg_accept_opts(request, socket, nullptr);
 }
 
 int ibmsg_reject(ibmsg_connection_request *request, const char *reason) {
@@ -74,7 +209,9 @@ int ibmsg_disconnect(ibmsg_socket *socket) {
   if (!socket) return IBMSG_EINVAL;
   Socket *s = socket_of(socket);
   if (!s) return IBMSG_ENOTCONN;
-  return socket_disconnect(s);
+  if (s->state == State::Closing || s->state == State::Closed) return IBMSG_ESTATE;
+  socket_close(s, IBMSG_OK);
+  return IBMSG_OK;
 }
 
 int ibmsg_socket_local_address(const ibmsg_socket *socket, char *buf, size_t len,
@@ -82,7 +219,7 @@ int ibmsg_socket_local_address(const ibmsg_socket *socket, char *buf, size_t len
   if (!socket) return IBMSG_EINVAL;
   Socket *s = socket_of(socket);
   if (!s || !s->id) return IBMSG_ENOTCONN;
-  return format_address(rdma_get_local_addr(s->id), buf, len, port);
+  return format_address(tp::cm_local_addr(s->id), buf, len, port);
 }
 
 int ibmsg_socket_peer_address(const ibmsg_socket *socket, char *buf, size_t len,
@@ -90,13 +227,13 @@ int ibmsg_socket_peer_address(const ibmsg_socket *socket, char *buf, size_t len,
   if (!socket) return IBMSG_EINVAL;
   Socket *s = socket_of(socket);
   if (!s || !s->id || s->listener) return IBMSG_ENOTCONN;
-  return format_address(rdma_get_peer_addr(s->id), buf, len, port);
+  return format_address(tp::cm_peer_addr(s->id), buf, len, port);
 }
 
 const char *ibmsg_socket_device(const ibmsg_socket *socket) {
   Socket *s = socket_of(socket);
-  if (!s || !s->id || !s->id->verbs) return nullptr;
-  return ibv_get_device_name(s->id->verbs->device);
+  if (!s || !s->id) return nullptr;
+  return tp::cm_device_name(s->id);
 }
 
 size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket) {
@@ -104,6 +241,8 @@ size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket) {
   if (!s || s->listener) return 0;
   return s->have_peer ? s->max_msg : size_t(s->opts.max_msg_size);
 }
+
+// --- messages ---
 
 int ibmsg_alloc_msg(ibmsg_buffer *msg, ibmsg_socket *socket, size_t size) {
   if (!msg || !socket) return IBMSG_EINVAL;

@@ -11,6 +11,10 @@
 // reach half the depth, or when the peer has none left (everything is held by the application or
 // owed), so a peer never waits for credits that exist. Between two messages from the peer at most
 // three control messages are needed, hence kCtrlDepth = 4 and a control message never waits long.
+//
+// The receiver also counts the credits it granted: a peer that sends a data message without a
+// data credit (or a credit-only message without a control credit) breaks the protocol, and the
+// connection closes with IBMSG_EPROTO instead of the message taking a buffer it was not given.
 #pragma once
 #include <cstdint>
 
@@ -29,6 +33,8 @@ class Credits {
     depth_ = my_recv_depth;
     threshold_ = my_recv_depth / 2 ? my_recv_depth / 2 : 1;
     owed_ = owed_ctrl_ = held_ = 0;
+    granted_ = my_recv_depth;
+    granted_ctrl_ = kCtrlDepth;
   }
 
   // --- sending ---
@@ -51,7 +57,19 @@ class Credits {
   }
 
   // --- receiving ---
-  void on_data_received() { ++held_; }   // lent to the application
+  // A data message arrived: false if the peer had no data credit for it (a protocol violation).
+  bool on_data_arrived() {
+    if (granted_ == 0) return false;
+    --granted_;
+    ++held_;  // lent to the application
+    return true;
+  }
+  // A credit-only message arrived: false if the peer had no control credit for it.
+  bool on_ctrl_arrived() {
+    if (granted_ctrl_ == 0) return false;
+    --granted_ctrl_;
+    return true;
+  }
   void on_data_freed() {                 // the application freed it; the buffer is re-posted
     --held_;
     ++owed_;
@@ -70,15 +88,19 @@ class Credits {
   uint32_t owed() const { return owed_; }
   uint32_t owed_ctrl() const { return owed_ctrl_; }
   uint32_t held() const { return held_; }
+  uint32_t granted() const { return granted_; }
+  uint32_t granted_ctrl() const { return granted_ctrl_; }
 
  private:
   wire::Imm take_owed(bool ctrl) {
     wire::Imm imm;
-    imm.ctrl = ctrl;
+    imm.op = ctrl ? wire::Opcode::Credit : wire::Opcode::Data;
     imm.credits = owed_ > wire::kMaxCreditsPerMsg ? wire::kMaxCreditsPerMsg : owed_;
     imm.ctrl_credits = owed_ctrl_ > wire::kMaxCtrlCreditsPerMsg ? wire::kMaxCtrlCreditsPerMsg : owed_ctrl_;
     owed_ -= imm.credits;
     owed_ctrl_ -= imm.ctrl_credits;
+    granted_ += imm.credits;
+    granted_ctrl_ += imm.ctrl_credits;
     return imm;
   }
 
@@ -87,6 +109,8 @@ class Credits {
   uint32_t owed_ = 0;       // data credits to return to the peer
   uint32_t owed_ctrl_ = 0;  // control credits to return
   uint32_t held_ = 0;       // received messages lent to the application
+  uint32_t granted_ = 0;    // data messages the peer may still send us
+  uint32_t granted_ctrl_ = 0;  // control messages likewise
   uint32_t depth_ = 0;
   uint32_t threshold_ = 1;
 };

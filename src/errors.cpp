@@ -1,5 +1,9 @@
-// Error texts and names, and the version: one table for every code (see IBMSG_ERRNO_MAP).
+// Error texts and names from one table for every code (see IBMSG_ERRNO_MAP), and the count of
+// invalid state transitions.
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "internal.hpp"
@@ -10,25 +14,21 @@ IBMSG_ERRNO_MAP(IBMSG__CHECK_ERRNO)
 #undef IBMSG__CHECK_ERRNO
 
 namespace ibmsg {
-
-int from_errno(int e) {
-  switch (e) {
-#define IBMSG__PASS(name, value, text) case value:
-    IBMSG_ERRNO_MAP(IBMSG__PASS)
-#undef IBMSG__PASS
-    return e;
-    case ENOENT:
-    case ENXIO: return IBMSG_ENODEV;
-    case ENETUNREACH: return IBMSG_EHOSTUNREACH;
-    default: return IBMSG_ESYS;
-  }
+namespace {
+std::atomic<unsigned long> g_invalid_transitions{0};
 }
 
-}  // namespace ibmsg
+void note_invalid_transition(State from, Event ev) {
+  ++g_invalid_transitions;
+  // A bug in the core, never the application's fault: say so where a developer looks.
+  if (getenv("IBMSG_DEBUG"))
+    fprintf(stderr, "ibmsg: bug: invalid transition from %s (event %d)\n", state_name(from),
+            int(ev));
+}
 
-extern "C" {
+unsigned long invalid_transitions() { return g_invalid_transitions.load(); }
 
-const char *ibmsg_strerror(int code) {
+const char *error_text(int code) {
   switch (code) {
     case IBMSG_OK: return "success";
 #define IBMSG__TEXT(name, value, text) case value: return text;
@@ -41,7 +41,7 @@ const char *ibmsg_strerror(int code) {
   return "unknown ibmsg error code";
 }
 
-const char *ibmsg_err_name(int code) {
+const char *error_name(int code) {
   switch (code) {
     case IBMSG_OK: return "IBMSG_OK";
 #define IBMSG__NAME(name, value, text) case value: return "IBMSG_" #name;
@@ -52,17 +52,5 @@ const char *ibmsg_err_name(int code) {
   }
 }
 
-void ibmsg_version(int *major, int *minor, int *patch) {
-  if (major) *major = IBMSG_VERSION_MAJOR;
-  if (minor) *minor = IBMSG_VERSION_MINOR;
-  if (patch) *patch = IBMSG_VERSION_PATCH;
-}
+}  // namespace ibmsg
 
-#define IBMSG__STR2(x) #x
-#define IBMSG__STR(x) IBMSG__STR2(x)
-const char *ibmsg_version_string(void) {
-  return IBMSG__STR(IBMSG_VERSION_MAJOR) "." IBMSG__STR(IBMSG_VERSION_MINOR) "." IBMSG__STR(
-      IBMSG_VERSION_PATCH);
-}
-
-}  // extern "C"

@@ -1,17 +1,34 @@
-// Private structures of the core: the loop, its devices and its sockets.
-// Layering: api.cpp (argument checks) -> loop.cpp / socket.cpp (core) -> verbs.cpp (rdma-core).
+// Private structures of the core and who owns what.
+//
+// Layers (each calls only the one below it):
+//
+//   api.cpp            every extern "C" entry point: validate the handles, call the core
+//   ----------------------------------------------------------------------------------------
+//   core               loop.cpp      the loop: libev watchers, run, foreign-loop fd/timeout
+//                      timer.cpp     per-socket deadlines on the loop
+//                      options.cpp   option values, loop defaults and ibmsg_options sets
+//                      device.cpp    a loop's devices, reference-counted
+//                      memory.cpp    registered pools, owned by a device, lent to connections
+//                      setup.cpp     listen / connect / accept / reject, the connection's queues
+//                      cm.cpp        connection-manager events and the hello
+//                      datapath.cpp  send queue, in flight, completions, alloc / post / free
+//                      close.cpp     the one close path and the teardown
+//                      (pure logic: state.cpp, credits.hpp, wire.cpp, pool.cpp, list.hpp)
+//   ----------------------------------------------------------------------------------------
+//   transport/         the only code that calls rdma-core (transport.hpp); it knows no sockets.
+//                      test/fake/transport.cpp stands in for it in host-side tests.
 #pragma once
 #include <ev.h>
-#include <infiniband/verbs.h>
-#include <rdma/rdma_cma.h>
 
 #include <cstddef>
 #include <cstdint>
 
 #include "credits.hpp"
 #include "ibmsg.h"
+#include "list.hpp"
 #include "pool.hpp"
 #include "state.hpp"
+#include "transport/transport.hpp"
 #include "wire.hpp"
 
 struct ibmsg__loop;
@@ -20,8 +37,12 @@ namespace ibmsg {
 
 constexpr uint32_t kLoopMagic = 0x1b5910b0;
 constexpr uint32_t kSocketMagic = 0x1b550c4e;
-constexpr int kMaxDevices = 16;
+constexpr uint32_t kOptionsMagic = 0x1b5007a5;
 constexpr size_t kNameMax = 64;
+
+using Loop = ::ibmsg__loop;
+
+// --- options.cpp -----------------------------------------------------------------------------
 
 struct Options {
   int recv_depth = 32;
@@ -33,130 +54,202 @@ struct Options {
   char source_addr[kNameMax] = "";
   char device[kNameMax] = "";
 };
+int options_set(Options *o, int option, const void *value, size_t len);
+int options_get(const Options *o, int option, void *value, size_t *len);
 
-using Loop = ::ibmsg__loop;
+// --- timer.cpp -------------------------------------------------------------------------------
 
-// One RDMA device as used by one loop: its protection domain and a completion channel shared by
-// the CQs of all connections on the device.
+// A one-shot deadline on a loop; fn runs from the loop (with the re-entry guard held).
+struct Timer {
+  ev_timer w;
+  Loop *loop;
+  void (*fn)(Timer *);
+  void *data;
+  ListNode node;  // in the loop's list of running timers
+};
+void timer_init(Timer *t, Loop *loop, void (*fn)(Timer *), void *data);
+void timer_start(Timer *t, double seconds);
+void timer_stop(Timer *t);
+// Seconds until the first running timer of the loop fires, or -1 if none runs.
+double timers_next(Loop *loop);
+
+// --- device.cpp ------------------------------------------------------------------------------
+
+// An RDMA device as one loop uses it. Every connection on it and every pool registered on it
+// holds a reference; at zero the device is released (from the loop), so a removed device is not
+// held by an idle program.
 struct Device {
   Loop *loop;
-  ibv_context *ctx;
-  ibv_pd *pd;
-  ibv_comp_channel *channel;
+  tp::DeviceKey key;
+  tp::Device *tp;
   ev_io watcher;
+  int refs;
+  ListNode node;                        // in the loop's devices
+  List<Pool, &Pool::dev_node> pools;    // registered on this device
 };
+Device *device_get(Loop *loop, tp::DeviceKey key, int *err);  // takes a reference
+void device_put(Device *dev);
+// Releases the devices no one references any more (called from the loop).
+void devices_collect(Loop *loop);
+
+// --- memory.cpp ------------------------------------------------------------------------------
+
+// A pool of count slots of slot_size bytes, registered on dev for local access, lent to user.
+Pool *pool_acquire(Device *dev, Socket *user, bool recv, uint32_t count, size_t slot_size, int *err);
+// The user closed: slots it still posted are free again; the pool goes once no slot is out.
+void pool_disown(Pool *p);
+// A slot came back from the application (p->out dropped): frees an orphaned pool at zero.
+void pool_maybe_release(Pool *p);
 
 }  // namespace ibmsg
 
 struct ibmsg__socket {
-  using State = ibmsg::State;
-  using Options = ibmsg::Options;
-  using Credits = ibmsg::Credits;
-  using Device = ibmsg::Device;
-  using Pool = ibmsg::Pool;
-  using Slot = ibmsg::Slot;
   using Loop = ibmsg::Loop;
   using Socket = ::ibmsg__socket;
   uint32_t magic = ibmsg::kSocketMagic;
-  State state = State::Idle;
+  ibmsg::State state = ibmsg::State::Idle;
   bool listener = false;
+  bool was_connected = false;  // reached Connected (the peer must be told when it closes)
   ibmsg_socket *pub = nullptr;
   Loop *loop = nullptr;
-  rdma_cm_id *id = nullptr;
-  Options opts;
-  Socket *prev = nullptr, *next = nullptr;  // the loop's list of open sockets
+  ibmsg::tp::CmId *id = nullptr;
+  ibmsg::Options opts;
+  ibmsg::ListNode loop_node;     // the loop's open sockets
+  ibmsg::ListNode open_node;     // every open socket of the process (see socket_is_open)
 
-  // listener
-  int max_connections = 0;
-  int open_connections = 0;
   // accepted connection: its listener (nullptr once the listener closed)
   Socket *from_listener = nullptr;
+  ibmsg::ListNode listener_node;
+  // listener: its accepted connections that are still open
+  int max_connections = 0;
+  ibmsg::List<Socket, &Socket::listener_node> accepted;
 
   // connection
-  Device *dev = nullptr;
-  ibv_cq *cq = nullptr;
-  ibv_qp *qp = nullptr;
-  Pool *send_pool = nullptr;
-  Pool *recv_pool = nullptr;
+  ibmsg::Device *dev = nullptr;
+  ibmsg::tp::Cq *cq = nullptr;
+  bool has_qp = false;
+  ibmsg::Pool *send_pool = nullptr;
+  ibmsg::Pool *recv_pool = nullptr;
   uint32_t max_msg = 0;      // min of both sides' maximum, once have_peer
   bool have_peer = false;    // the peer's hello is known
+  uint32_t features = 0;     // feature bits both sides have
   uint32_t max_inline = 0;
-  Credits credits;
-  Slot *queue_head = nullptr, *queue_tail = nullptr;  // posted, waiting for credits
-  uint32_t queue_len = 0;
-  Slot *flight_head = nullptr, *flight_tail = nullptr;  // posted to the QP, in order
-  ev_timer connect_timer;
-  bool timer_active = false;
+  ibmsg::Credits credits;
+  ibmsg::List<ibmsg__slot, &ibmsg__slot::link> queue;   // posted, waiting for credits
+  ibmsg::List<ibmsg__slot, &ibmsg__slot::link> flight;  // posted to the QP, in order
+  ibmsg::tp::WorkCtx ctrl_wr{ibmsg::tp::Op::Ctrl, nullptr};
+  ibmsg::Timer connect_timer;
 
   // closing
   int close_reason = IBMSG_OK;
-  bool close_pending = false;  // queued for teardown in the loop's pending list
-  Socket *pending_next = nullptr;
-  bool cq_ready = false;       // in the device handler's ready list
-  Socket *ready_next = nullptr;
-  uint32_t cq_events = 0;      // CQ events read but not yet acked
+  ibmsg::ListNode close_node;  // in the loop's list of sockets due for teardown
 };
 
 struct ibmsg__loop {
-  using Options = ibmsg::Options;
-  using Device = ibmsg::Device;
   using Socket = ::ibmsg__socket;
   uint32_t magic = ibmsg::kLoopMagic;
   ibmsg_event_loop *pub = nullptr;
   struct ev_loop *ev = nullptr;
   bool own_ev = false;
-  rdma_event_channel *cm = nullptr;
+  ibmsg::tp::CmChannel *cm = nullptr;
   ev_io cm_watcher;
-  ev_idle idle;      // runs deferred teardowns
+  ev_idle idle;      // runs teardowns and releases devices
   ev_timer wakeup;   // bounds ibmsg_dispatch_event_loop_timeout
-  Device devices[ibmsg::kMaxDevices];
-  int ndevices = 0;
-  Socket *sockets = nullptr;          // open sockets
-  Socket *pending_head = nullptr, *pending_tail = nullptr;
-  uint32_t live_pools = 0;            // pools not yet destroyed (some may be orphaned)
-  int epfd = -1;                      // for ibmsg_event_loop_fd
-  int depth = 0;                      // > 0 while a watcher callback runs (no re-entry)
-  Options opts;
+  ibmsg::List<ibmsg::Device, &ibmsg::Device::node> devices;
+  bool devices_dirty = false;  // a device reached zero references
+  ibmsg::List<Socket, &Socket::loop_node> sockets;       // open sockets
+  ibmsg::List<Socket, &Socket::close_node> closing;      // due for teardown
+  ibmsg::List<ibmsg::Timer, &ibmsg::Timer::node> timers;  // running timers
+  int epfd = -1;     // for ibmsg_event_loop_fd
+  int depth = 0;     // > 0 while a watcher callback runs (no re-entry)
+  ibmsg::Options opts;
+};
+
+// An options set (ibmsg_options_new).
+struct ibmsg_options {
+  uint32_t magic;
+  ibmsg::Options opts;
 };
 
 // The private part of ibmsg_connection_request: lives on the stack while the
 // connection_request callback runs.
 struct ibmsg__request {
-  rdma_cm_id *id;
+  ibmsg::tp::CmId *id;
   ibmsg::wire::Hello hello;
   ibmsg__socket *listener;
 };
 
 namespace ibmsg {
 
+// Held while a watcher callback runs: the loop's API refuses to re-enter (IBMSG_EBUSY).
+struct LoopEntered {
+  explicit LoopEntered(Loop *l) : loop(l) { ++loop->depth; }
+  ~LoopEntered() { --loop->depth; }
+  LoopEntered(const LoopEntered &) = delete;
+  LoopEntered &operator=(const LoopEntered &) = delete;
+  Loop *loop;
+};
+
 // --- loop.cpp ---
 Loop *loop_of(ibmsg_event_loop *l);  // validated impl or nullptr
-Device *device_get(Loop *loop, ibv_context *ctx, int *err);
-void loop_link(Loop *loop, Socket *s);
-void loop_unlink(Loop *loop, Socket *s);
-// Queues s for teardown from the loop (never inside an API call) with the given reason.
-void schedule_close(Socket *s, int reason);
+int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev);
+int loop_destroy(Loop *loop);
 int loop_run(Loop *loop, int flags, double timeout_s);
+int loop_fd(Loop *loop);
+int loop_timeout_ms(Loop *loop);
+void loop_watch_fd(Loop *loop, int fd);  // for ibmsg_event_loop_fd
+void loop_kick(Loop *loop);              // run the idle work (teardowns, device release) soon
 
-// --- socket.cpp ---
-void on_cm_event(Loop *loop, rdma_cm_event *ev);
-void drain_cq(Socket *s);
-// Releases everything and runs the closed callback; s is freed on return.
-void teardown(Socket *s);
-int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port, int max_conn);
-int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port);
-int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub);
+// --- setup.cpp ---
+int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port, int max_conn,
+                  const Options *opts);
+int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
+                   const Options *opts);
+int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts);
 int socket_reject(ibmsg_connection_request *req, const char *reason);
-int socket_disconnect(Socket *s);
+// Whether pub is the struct of a socket that is open (not yet closed) on any loop.
+bool socket_is_open(const ibmsg_socket *pub);
+void socket_unregister(Socket *s);  // it closed
+// Creates the CQ, the QP, the pools and posts every receive buffer (s->dev, s->opts set).
+int conn_open(Socket *s);
+// Destroys the QP and the CQ (the pools stay until the application returned every buffer).
+void conn_close_queues(Socket *s);
+wire::Hello my_hello(const Socket *s);
+// The hello (encoded into hello) and the transport settings for connect and accept.
+void fill_conn_param(const Socket *s, tp::ConnParam *p, uint8_t *hello);
+// Adopts the peer's hello: credits, maximum size, common features.
+void set_peer(Socket *s, const wire::Hello &h);
+bool set_state(Socket *s, Event ev);
+
+// --- cm.cpp ---
+void on_cm_event(Loop *loop, const tp::CmEvent &ev);
+void on_connect_timeout(Timer *t);
+void reject_id(tp::CmId *id, const char *text);
+// The connection is up (CM event, or data that overtook it): connection_established.
+void establish(Socket *s);
+
+// --- datapath.cpp ---
+void on_cq_ready(void *cq_user, void *arg);  // for tp::device_take_events
+void drain_cq(Socket *s);
+// Completions of the flight and queue lists with IBMSG_ECANCELED (closing).
+void cancel_sends(Socket *s);
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
 int msg_post(Socket *s, ibmsg_buffer *msg);
 int msg_free(ibmsg_buffer *msg);
-// Deregisters and frees a pool no one holds any more.
-void pool_release(Pool *p);
-void on_connect_timeout(struct ev_loop *ev, ev_timer *w, int revents);
+
+// --- close.cpp ---
+// The one close path, for every cause: records the first reason, moves the socket to Closing
+// and queues its teardown, which runs from the loop (never inside an API call or a handler).
+// A socket already closing keeps its first reason.
+void socket_close(Socket *s, int reason);
+// Runs due teardowns: releases everything and calls each closed callback.
+void run_teardowns(Loop *loop);
 
 // --- errors.cpp ---
-// Maps an errno value from rdma-core to an ibmsg code.
-int from_errno(int e);
+// Counts transitions the state table refused: each one is a bug (tests check it stays 0).
+void note_invalid_transition(State from, Event ev);
+unsigned long invalid_transitions();
+const char *error_text(int code);
+const char *error_name(int code);
 
 }  // namespace ibmsg

@@ -35,10 +35,9 @@ Pool *pool_create(bool recv, uint32_t count, size_t slot_size) {
     s.msg = recv ? &s.own : nullptr;
     s.own.impl = &s;
     s.own.status = IBMSG_FREED;
-    if (!recv) {
-      s.next = p->free_list;
-      p->free_list = &s;
-    }
+    s.wr.op = recv ? tp::Op::Recv : tp::Op::Send;
+    s.wr.owner = &s;
+    if (!recv) p->free_list.push_back(&s);
   }
   return p;
 }
@@ -52,10 +51,8 @@ void pool_destroy(Pool *p) {
 }
 
 Slot *pool_get(Pool *p) {
-  Slot *s = p->free_list;
+  Slot *s = p->free_list.pop_front();
   if (!s) return nullptr;
-  p->free_list = s->next;
-  s->next = nullptr;
   s->state = SlotState::Allocated;
   ++p->out;
   return s;
@@ -64,8 +61,7 @@ Slot *pool_get(Pool *p) {
 void pool_put(Pool *p, Slot *s) {
   s->state = SlotState::Free;
   s->msg = nullptr;
-  s->next = p->free_list;
-  p->free_list = s;
+  p->free_list.push_front(s);
   --p->out;
 }
 

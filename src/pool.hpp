@@ -1,10 +1,13 @@
-// Message pools: one registered block of equal slots per connection and direction, so that the
-// send/receive path never allocates or registers memory.
+// Message pools (pure logic): one block of equal slots and their bookkeeping. memory.cpp registers
+// pools with a device and hands them to connections; the send/receive path never allocates or
+// registers memory.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
 #include "ibmsg.h"
+#include "list.hpp"
+#include "transport/transport.hpp"
 
 // The public header names the private types ibmsg__*; inside the core they have short names.
 struct ibmsg__socket;
@@ -15,6 +18,7 @@ namespace ibmsg {
 using Socket = ::ibmsg__socket;
 using Slot = ::ibmsg__slot;
 struct Pool;
+struct Device;
 
 enum class SlotState : uint8_t {
   Free,      // send: in the pool;            recv: not posted (connection closing)
@@ -36,7 +40,8 @@ struct ibmsg__slot {
   uint8_t *buf;
   ibmsg_buffer *msg;  // send: the application's struct; recv: &own
   ibmsg_buffer own;   // recv: the struct lent to the application
-  ibmsg__slot *next;  // free list, send queue or in-flight list
+  ibmsg::ListNode link;  // free list, send queue or in-flight list
+  ibmsg::tp::WorkCtx wr;  // what the transport hands back when its work request completes
 };
 
 namespace ibmsg {
@@ -49,10 +54,12 @@ struct Pool {
   uint8_t *mem;
   size_t bytes;
   Slot *slots;
-  Slot *free_list;     // send pools only
-  Socket *owner;       // nullptr once the connection closed (orphaned)
-  void *loop;          // Loop * that counts this pool as live
-  void *mr;            // struct ibv_mr *, managed by verbs.cpp
+  List<Slot, &Slot::link> free_list;  // send pools only
+  // Set by memory.cpp:
+  Device *dev;         // owns the pool and its registration
+  tp::Mr *mr;
+  Socket *user;        // the connection that uses it; nullptr once it closed
+  ListNode dev_node;   // in the device's list of pools
 };
 
 // nullptr on allocation failure. Memory is page-aligned; slots are slot_size apart (rounded up to

@@ -5,8 +5,7 @@
 namespace ibmsg::wire {
 namespace {
 
-constexpr uint32_t kCtrlBit = 1u << 24;
-constexpr uint32_t kReservedMask = 0xfe000000u;
+constexpr uint32_t kReservedMask = 0x0f000000u;
 constexpr uint8_t kKindHello = 1;
 constexpr uint8_t kKindReject = 2;
 
@@ -20,47 +19,58 @@ void put32(uint8_t *p, uint32_t v) {
 uint32_t get32(const uint8_t *p) {
   return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
 }
+// magic, major, minor, kind, flags (zero)
 void put_header(uint8_t *p, uint8_t kind) {
   put32(p, kMagic);
-  p[4] = uint8_t(kVersion);
-  p[5] = uint8_t(kVersion >> 8);
+  p[4] = kMajor;
+  p[5] = kMinor;
   p[6] = kind;
   p[7] = 0;
 }
-bool check_header(const uint8_t *p, uint8_t kind) {
-  return get32(p) == kMagic && (p[4] | p[5] << 8) == kVersion && p[6] == kind;
-}
+bool check_header(const uint8_t *p, uint8_t kind) { return get32(p) == kMagic && p[6] == kind; }
 
 }  // namespace
 
 uint32_t encode_imm(const Imm &imm) {
   uint32_t credits = imm.credits > kMaxCreditsPerMsg ? kMaxCreditsPerMsg : imm.credits;
   uint32_t ctrl = imm.ctrl_credits > kMaxCtrlCreditsPerMsg ? kMaxCtrlCreditsPerMsg : imm.ctrl_credits;
-  return credits | ctrl << 16 | (imm.ctrl ? kCtrlBit : 0);
+  return credits | ctrl << 16 | uint32_t(imm.op) << 28;
 }
 
 bool decode_imm(uint32_t value, Imm *out) {
   if (value & kReservedMask) return false;
   out->credits = value & 0xffff;
   out->ctrl_credits = (value >> 16) & 0xff;
-  out->ctrl = (value & kCtrlBit) != 0;
+  out->op = Opcode(value >> 28);
   return true;
 }
 
 void encode_hello(const Hello &h, uint8_t out[kHelloSize]) {
   put_header(out, kKindHello);
-  put32(out + 8, h.recv_depth);
-  put32(out + 12, h.ctrl_depth);
-  put32(out + 16, h.max_msg_size);
+  out[4] = h.major;
+  out[5] = h.minor;
+  put32(out + 8, h.features);
+  put32(out + 12, h.recv_depth);
+  put32(out + 16, h.ctrl_depth);
+  put32(out + 20, h.max_msg_size);
 }
 
-bool decode_hello(const void *data, size_t len, Hello *out) {
+HelloResult decode_hello(const void *data, size_t len, Hello *out) {
   auto p = static_cast<const uint8_t *>(data);
-  if (!p || len < kHelloSize || !check_header(p, kKindHello)) return false;
-  out->recv_depth = get32(p + 8);
-  out->ctrl_depth = get32(p + 12);
-  out->max_msg_size = get32(p + 16);
-  return out->recv_depth > 0 && out->ctrl_depth > 0;
+  if (!p || len < kRejectHeader || !check_header(p, kKindHello)) return HelloResult::NotIbmsg;
+  out->major = p[4];
+  out->minor = p[5];
+  // A later major may lay out the rest differently: only the version is read.
+  if (out->major != kMajor) return HelloResult::OtherMajor;
+  if (len < kHelloSize) return HelloResult::NotIbmsg;
+  out->features = get32(p + 8);
+  out->recv_depth = get32(p + 12);
+  out->ctrl_depth = get32(p + 16);
+  out->max_msg_size = get32(p + 20);
+  if (out->recv_depth == 0 || out->recv_depth > kMaxDepth) return HelloResult::Invalid;
+  if (out->ctrl_depth == 0 || out->ctrl_depth > kMaxCtrlDepth) return HelloResult::Invalid;
+  if (out->max_msg_size == 0) return HelloResult::Invalid;
+  return HelloResult::Ok;
 }
 
 size_t encode_reject(const char *text, uint8_t out[kRejectMaxSize]) {

@@ -1,13 +1,16 @@
-// Wire format: what travels between two ibmsg peers besides the payload.
+// Wire format: what travels between two ibmsg peers besides the payload (ibmsg(7), WIRE
+// PROTOCOL, says the same for users).
 //
-// Every message is an RDMA SEND with immediate data; the 32-bit immediate carries the credits
-// the sender returns and the message kind, so the payload needs no header and stays aligned:
+// Every message is an RDMA SEND with immediate data. The 32-bit immediate carries the message's
+// opcode and the credits the sender returns, so the payload needs no header and stays aligned:
 //   bits  0..15  data credits returned (receive buffers the sender re-posted since its last message)
 //   bits 16..23  control credits returned
-//   bit  24      CTRL: a credit-only message without payload
-//   bits 25..31  zero (reserved)
-// Connection set-up exchanges a Hello in the rdma_cm private data (connect and accept), and a
-// rejection carries a Reject with the reason text.
+//   bits 24..27  zero (reserved)
+//   bits 28..31  opcode: 0 data, 1 credit-only; 2..15 reserved (2 keepalive, 3 rendezvous,
+//                4 RDMA notice are set aside for the features that will use them)
+// Connection set-up exchanges a Hello in the rdma_cm private data (connect and accept): protocol
+// major/minor version and feature bits, and the receive depths and maximum size; a rejection
+// carries a Reject with the reason text. Multi-byte fields are little-endian.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -17,33 +20,62 @@ namespace ibmsg::wire {
 constexpr uint32_t kMaxCreditsPerMsg = 0xffff;
 constexpr uint32_t kMaxCtrlCreditsPerMsg = 0xff;
 
+enum class Opcode : uint8_t {
+  Data = 0,        // a message with payload, spends a data credit
+  Credit = 1,      // credit-only, no payload, spends a control credit
+  Keepalive = 2,   // reserved
+  Rendezvous = 3,  // reserved
+  RdmaNotice = 4,  // reserved
+};
+constexpr uint8_t kOpcodeCount = 16;
+
 struct Imm {
+  Opcode op = Opcode::Data;
   uint32_t credits = 0;       // data credits returned
   uint32_t ctrl_credits = 0;  // control credits returned
-  bool ctrl = false;          // credit-only message
 };
 
-// Host-order immediate value; the caller converts with htonl/ntohl at the verbs boundary.
+// Host-order immediate value; the transport converts to network order.
 uint32_t encode_imm(const Imm &imm);
-// false if reserved bits are set (a peer that is not ibmsg, or a newer protocol).
+// false if reserved bits are set. Any opcode decodes; whether it is allowed on a connection
+// depends on the features both sides agreed on.
 bool decode_imm(uint32_t value, Imm *out);
 
 constexpr uint32_t kMagic = 0x49424d53;  // "IBMS"
-constexpr uint16_t kVersion = 1;
+// The protocol version: peers with the same major connect, using the features both have; a
+// different major is refused with a reject text naming both versions.
+constexpr uint8_t kMajor = 1;
+constexpr uint8_t kMinor = 0;
+// Feature bits of the hello (none yet: the bits are for the next minor versions).
+constexpr uint32_t kFeatures = 0;
+
+// Limits a hello must respect to make sense.
+constexpr uint32_t kMaxDepth = 65535;     // data credits fit 16 bits
+constexpr uint32_t kMaxCtrlDepth = 255;   // control credits fit 8 bits
 
 // Sent with rdma_connect() and rdma_accept(). Fits the 56 bytes an IB/RoCE REQ leaves for
 // private data.
 struct Hello {
+  uint8_t major = kMajor;
+  uint8_t minor = kMinor;
+  uint32_t features = kFeatures;
   uint32_t recv_depth = 0;    // data credits the receiver of this hello starts with
   uint32_t ctrl_depth = 0;    // control credits likewise
   uint32_t max_msg_size = 0;  // largest message the sender of this hello can receive
 };
-constexpr size_t kHelloSize = 20;
+constexpr size_t kHelloSize = 24;
 void encode_hello(const Hello &h, uint8_t out[kHelloSize]);
-// false if the data is not an ibmsg hello of this version (or too short).
-bool decode_hello(const void *data, size_t len, Hello *out);
 
-// Sent with rdma_reject(); the text is what the peer sees in ibmsg_socket.reject_reason.
+enum class HelloResult {
+  Ok,
+  NotIbmsg,    // no ibmsg magic, wrong kind or too short
+  OtherMajor,  // an ibmsg peer of an incompatible protocol version (major and minor are filled in)
+  Invalid,     // fields that make no sense: a zero depth or maximum size, depths beyond the limits
+};
+HelloResult decode_hello(const void *data, size_t len, Hello *out);
+
+// Sent with rdma_reject(); the text is what the peer sees in ibmsg_socket.reject_reason. Its
+// header carries any version: a peer of another major still reads the text.
 constexpr size_t kRejectTextMax = 128;
 constexpr size_t kRejectHeader = 8;
 constexpr size_t kRejectMaxSize = kRejectHeader + kRejectTextMax;  // within the 148 bytes of a REJ

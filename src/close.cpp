@@ -1,0 +1,63 @@
+// The one close path. Whatever closes a socket (ibmsg_disconnect, the peer, an error, a timeout,
+// the device going away) calls socket_close(); the teardown then runs from the loop, delivers
+// what already completed, cancels the rest, releases everything and calls connection_closed
+// exactly once, last.
+#include "internal.hpp"
+
+namespace ibmsg {
+namespace {
+
+Event close_event(const Socket *s) {
+  if (s->close_reason == IBMSG_OK) return Event::Disconnect;
+  if (s->close_reason == IBMSG_ECONNRESET && s->state == State::Connected)
+    return Event::PeerDisconnected;
+  return Event::Failed;
+}
+
+void teardown(Socket *s) {
+  Loop *loop = s->loop;
+  timer_stop(&s->connect_timer);
+  // What already completed is delivered (data received, sends confirmed) before anything is
+  // canceled; callbacks may run here, and may call the API (posting now fails: closing).
+  drain_cq(s);
+  if (s->was_connected && s->id) tp::cm_disconnect(s->id);
+  conn_close_queues(s);
+  cancel_sends(s);
+  pool_disown(s->send_pool);
+  pool_disown(s->recv_pool);
+  s->send_pool = s->recv_pool = nullptr;
+  if (s->id) tp::cm_id_destroy(s->id);
+  s->id = nullptr;
+  while (Socket *c = s->accepted.pop_front()) c->from_listener = nullptr;
+  if (s->from_listener) s->from_listener->accepted.remove(s);
+  if (s->dev) device_put(s->dev);
+  loop->sockets.remove(s);
+  socket_unregister(s);
+
+  ibmsg_socket *pub = s->pub;
+  int reason = s->close_reason;
+  set_state(s, Event::TornDown);
+  pub->close_reason = reason;
+  pub->impl = nullptr;
+  s->magic = 0;
+  delete s;
+  // Last: after the callback the application may free pub; nothing here touches it again.
+  if (auto cb = loop->pub->connection_closed) cb(pub, reason);
+}
+
+}  // namespace
+
+void socket_close(Socket *s, int reason) {
+  if (s->state == State::Closing || s->state == State::Closed) return;
+  s->close_reason = reason;
+  set_state(s, close_event(s));
+  s->loop->closing.push_back(s);
+  loop_kick(s->loop);
+}
+
+void run_teardowns(Loop *loop) {
+  // A closed callback may close more sockets: they run in this round too.
+  while (Socket *s = loop->closing.pop_front()) teardown(s);
+}
+
+}  // namespace ibmsg

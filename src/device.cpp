@@ -1,0 +1,83 @@
+// A loop's RDMA devices: opened on the first connection that uses one, watched for completions,
+// and released once no connection and no pool references them any more, so that an idle program
+// never keeps a removed device from going away.
+#include <new>
+
+#include "internal.hpp"
+
+namespace ibmsg {
+namespace {
+
+// Every completion-channel event is read, acked and its CQ re-armed before any CQ is polled
+// (transport), so nothing that completes between the two is missed.
+void on_channel_readable(struct ev_loop *, ev_io *w, int) {
+  Device *dev = static_cast<Device *>(w->data);
+  LoopEntered entered(dev->loop);
+  tp::device_take_events(dev->tp, on_cq_ready, nullptr);
+}
+
+void release(Device *dev) {
+  Loop *loop = dev->loop;
+  ev_io_stop(loop->ev, &dev->watcher);
+  tp::device_close(dev->tp);
+  loop->devices.remove(dev);
+  delete dev;
+}
+
+}  // namespace
+
+Device *device_get(Loop *loop, tp::DeviceKey key, int *err) {
+  for (Device *d = loop->devices.front(); d; d = loop->devices.next(d)) {
+    if (d->key == key) {
+      ++d->refs;
+      return d;
+    }
+  }
+  Device *dev = new (std::nothrow) Device();
+  if (!dev) {
+    *err = IBMSG_ENOMEM;
+    return nullptr;
+  }
+  *err = tp::device_open(key, &dev->tp);
+  if (*err) {
+    delete dev;
+    return nullptr;
+  }
+  if (tp::device_info(dev->tp).iwarp) {
+    // iWARP devices deliver no immediate data, and the credits ride on it (ibmsg(7)).
+    tp::device_close(dev->tp);
+    delete dev;
+    *err = IBMSG_ENODEV;
+    return nullptr;
+  }
+  dev->loop = loop;
+  dev->key = key;
+  dev->refs = 1;
+  int fd = tp::device_fd(dev->tp);
+  ev_io_init(&dev->watcher, on_channel_readable, fd, EV_READ);
+  dev->watcher.data = dev;
+  ev_io_start(loop->ev, &dev->watcher);
+  loop_watch_fd(loop, fd);
+  loop->devices.push_back(dev);
+  return dev;
+}
+
+void device_put(Device *dev) {
+  if (--dev->refs > 0) return;
+  // Released from the loop: the last reference may go inside one of the device's own callbacks.
+  dev->loop->devices_dirty = true;
+  loop_kick(dev->loop);
+}
+
+void devices_collect(Loop *loop) {
+  if (!loop->devices_dirty) return;
+  loop->devices_dirty = false;
+  Device *d = loop->devices.front();
+  while (d) {
+    Device *next = loop->devices.next(d);
+    if (d->refs == 0) release(d);
+    d = next;
+  }
+}
+
+}  // namespace ibmsg

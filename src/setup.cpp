@@ -1,0 +1,271 @@
+// Connection set-up: name resolution, listen / connect / accept / reject, and the resources of a
+// connection (CQ, QP, pools, posted receive buffers).
+#include <arpa/inet.h>
+#include <netdb.h>
+
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <new>
+
+#include "internal.hpp"
+
+namespace ibmsg {
+namespace {
+
+// Every open socket of the process, so that listen/connect/accept refuse a struct that is still
+// an open socket (on any loop) instead of orphaning it. Not on the data path.
+std::mutex open_lock;
+List<Socket, &Socket::open_node> open_sockets;
+
+void register_open(Socket *s) {
+  std::lock_guard<std::mutex> g(open_lock);
+  open_sockets.push_back(s);
+}
+
+int resolve(const char *host, unsigned short port, bool passive, sockaddr_storage *out) {
+  memset(out, 0, sizeof *out);
+  if (!host || !*host) {
+    if (!passive) return IBMSG_EINVAL;
+    // All addresses: the IPv6 wildcard also takes IPv4 connections.
+    auto *a = reinterpret_cast<sockaddr_in6 *>(out);
+    a->sin6_family = AF_INET6;
+    a->sin6_addr = in6addr_any;
+    a->sin6_port = htons(port);
+    return IBMSG_OK;
+  }
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV | (passive ? AI_PASSIVE : 0);
+  char service[8];
+  snprintf(service, sizeof service, "%u", unsigned(port));
+  if (getaddrinfo(host, service, &hints, &res) != 0 || !res) return IBMSG_ENOADDR;
+  memcpy(out, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  return IBMSG_OK;
+}
+
+// A new socket for pub on loop (not yet open: nothing to tear down if set-up fails).
+Socket *new_socket(Loop *loop, ibmsg_socket *pub, const Options *opts) {
+  Socket *s = new (std::nothrow) Socket();
+  if (!s) return nullptr;
+  // user_data is the application's: left as it is.
+  pub->status = IBMSG_UNCONNECTED;
+  pub->loop = loop->pub;
+  pub->close_reason = IBMSG_OK;
+  pub->reject_reason[0] = '\0';
+  pub->impl = nullptr;
+  memset(pub->reserved, 0, sizeof pub->reserved);
+  s->pub = pub;
+  s->loop = loop;
+  s->opts = opts ? *opts : loop->opts;
+  s->ctrl_wr.owner = s;
+  timer_init(&s->connect_timer, loop, on_connect_timeout, s);
+  return s;
+}
+
+// The set-up succeeded: from here on the socket closes only through socket_close().
+void open_socket(Socket *s, Event ev) {
+  s->loop->sockets.push_back(s);
+  register_open(s);
+  set_state(s, ev);
+  s->pub->impl = s;
+}
+
+bool device_matches(const Socket *s) {
+  if (!s->opts.device[0]) return true;
+  const char *name = tp::cm_device_name(s->id);
+  return name && strcmp(name, s->opts.device) == 0;
+}
+
+Pool *make_pool(Socket *s, bool recv, uint32_t count, int *err) {
+  return pool_acquire(s->dev, s, recv, count, size_t(s->opts.max_msg_size), err);
+}
+
+}  // namespace
+
+void fill_conn_param(const Socket *s, tp::ConnParam *p, uint8_t *hello) {
+  wire::encode_hello(my_hello(s), hello);
+  p->pdata = hello;
+  p->plen = wire::kHelloSize;
+  p->retry_count = 7;
+  p->rnr_retry_count = uint8_t(s->opts.rnr_retry);
+  p->responder_resources = 0;  // two-sided messages only: no RDMA reads or atomics yet
+  p->initiator_depth = 0;
+}
+
+bool set_state(Socket *s, Event ev) {
+  State next;
+  if (!transition(s->state, ev, &next)) {
+    note_invalid_transition(s->state, ev);
+    return false;
+  }
+  s->state = next;
+  s->pub->status = public_status(next, s->close_reason);
+  return true;
+}
+
+bool socket_is_open(const ibmsg_socket *pub) {
+  std::lock_guard<std::mutex> g(open_lock);
+  for (Socket *s = open_sockets.front(); s; s = open_sockets.next(s))
+    if (s->pub == pub) return true;
+  return false;
+}
+
+void socket_unregister(Socket *s) {
+  std::lock_guard<std::mutex> g(open_lock);
+  open_sockets.remove(s);
+}
+
+wire::Hello my_hello(const Socket *s) {
+  wire::Hello h;
+  h.recv_depth = uint32_t(s->opts.recv_depth);
+  h.ctrl_depth = kCtrlDepth;
+  h.max_msg_size = uint32_t(s->opts.max_msg_size);
+  return h;
+}
+
+void set_peer(Socket *s, const wire::Hello &h) {
+  s->credits.init(h.recv_depth, h.ctrl_depth, uint32_t(s->opts.recv_depth));
+  uint32_t mine = uint32_t(s->opts.max_msg_size);
+  s->max_msg = h.max_msg_size < mine ? h.max_msg_size : mine;
+  s->features = h.features & wire::kFeatures;
+  s->have_peer = true;
+}
+
+int conn_open(Socket *s) {
+  const uint32_t recv_slots = uint32_t(s->opts.recv_depth) + kCtrlDepth;
+  const uint32_t send_wrs = uint32_t(s->opts.send_depth) + kCtrlDepth;
+  const tp::DeviceInfo &info = tp::device_info(s->dev->tp);
+  if (recv_slots > info.max_qp_wr || send_wrs > info.max_qp_wr) return IBMSG_EINVAL;
+  int err = tp::cq_create(s->dev->tp, recv_slots + send_wrs, s, &s->cq);
+  if (err) return err;
+  // Small messages go inline (no DMA read of the payload) where the device offers it.
+  tp::QpCaps caps{send_wrs, recv_slots, 256};
+  err = tp::qp_create(s->id, s->dev->tp, s->cq, &caps);
+  if (!err) {
+    s->has_qp = true;
+    s->max_inline = caps.max_inline;
+    s->send_pool = make_pool(s, false, uint32_t(s->opts.send_depth), &err);
+  }
+  if (!err) s->recv_pool = make_pool(s, true, recv_slots, &err);
+  for (uint32_t i = 0; !err && i < recv_slots; ++i) {
+    Slot *slot = &s->recv_pool->slots[i];
+    err = tp::post_recv(s->id, &slot->wr, slot->buf, uint32_t(s->recv_pool->slot_size),
+                        s->recv_pool->mr);
+    if (!err) slot->state = SlotState::Posted;
+  }
+  if (!err) return IBMSG_OK;
+  conn_close_queues(s);
+  pool_disown(s->send_pool);
+  pool_disown(s->recv_pool);
+  s->send_pool = s->recv_pool = nullptr;
+  return err;
+}
+
+void conn_close_queues(Socket *s) {
+  if (s->has_qp) tp::qp_destroy(s->id);
+  s->has_qp = false;
+  if (s->cq) tp::cq_destroy(s->cq);
+  s->cq = nullptr;
+}
+
+int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
+                  int max_conn, const Options *opts) {
+  if (socket_is_open(pub)) return IBMSG_ESTATE;
+  sockaddr_storage addr;
+  int err = resolve(ip, port, true, &addr);
+  if (err) return err;
+  Socket *s = new_socket(loop, pub, opts);
+  if (!s) return IBMSG_ENOMEM;
+  err = tp::cm_id_create(loop->cm, s, &s->id);
+  if (!err) err = tp::cm_bind(s->id, reinterpret_cast<sockaddr *>(&addr));
+  if (!err && tp::cm_device(s->id) && !device_matches(s)) err = IBMSG_ENODEV;
+  if (!err) err = tp::cm_listen(s->id, max_conn);
+  if (err) {
+    if (s->id) tp::cm_id_destroy(s->id);
+    delete s;
+    return err;
+  }
+  s->listener = true;
+  s->max_connections = max_conn;
+  open_socket(s, Event::Listen);
+  return IBMSG_OK;
+}
+
+int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
+                   const Options *opts) {
+  if (socket_is_open(pub)) return IBMSG_ESTATE;
+  const Options &o = opts ? *opts : loop->opts;
+  sockaddr_storage dst, src;
+  int err = resolve(ip, port, false, &dst);
+  if (err) return err;
+  bool have_src = o.source_addr[0] != '\0';
+  if (have_src && (err = resolve(o.source_addr, 0, false, &src))) return err;
+  Socket *s = new_socket(loop, pub, opts);
+  if (!s) return IBMSG_ENOMEM;
+  err = tp::cm_id_create(loop->cm, s, &s->id);
+  if (!err)
+    err = tp::cm_resolve_addr(s->id, have_src ? reinterpret_cast<sockaddr *>(&src) : nullptr,
+                              reinterpret_cast<sockaddr *>(&dst), s->opts.connect_timeout_ms);
+  if (err) {
+    if (s->id) tp::cm_id_destroy(s->id);
+    delete s;
+    return err;
+  }
+  open_socket(s, Event::Connect);
+  timer_start(&s->connect_timer, s->opts.connect_timeout_ms / 1000.0);
+  return IBMSG_OK;
+}
+
+int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts) {
+  ibmsg__request *r = req->impl;
+  if (req->status != IBMSG_UNDECIDED) return IBMSG_ESTATE;
+  if (socket_is_open(pub)) return IBMSG_ESTATE;
+  Socket *l = r->listener;
+  Socket *s = new_socket(l->loop, pub, opts ? opts : &l->opts);
+  if (!s) return IBMSG_ENOMEM;
+  s->id = r->id;
+  int err = device_matches(s) ? IBMSG_OK : IBMSG_ENODEV;
+  if (!err) s->dev = device_get(l->loop, tp::cm_device(s->id), &err);
+  if (!err) err = conn_open(s);
+  if (!err) {
+    set_peer(s, r->hello);
+    tp::cm_id_set_user(s->id, s);
+    tp::ConnParam param;
+    uint8_t hello[wire::kHelloSize];
+    fill_conn_param(s, &param, hello);
+    err = tp::cm_accept(s->id, param);
+    if (err) {
+      // The peer went away during the handshake (its request is void), or the device failed.
+      conn_close_queues(s);
+      pool_disown(s->send_pool);
+      pool_disown(s->recv_pool);
+    }
+  }
+  if (err) {
+    if (s->dev) device_put(s->dev);
+    req->status = IBMSG_REJECTED;
+    reject_id(r->id, "the server could not set up the connection");
+    delete s;
+    return err;
+  }
+  s->from_listener = l;
+  l->accepted.push_back(s);
+  open_socket(s, Event::Accept);
+  // A client that vanishes before the handshake ends must not hold the socket (and one of the
+  // listener's max_connections) forever.
+  timer_start(&s->connect_timer, s->opts.connect_timeout_ms / 1000.0);
+  req->status = IBMSG_ACCEPTED;
+  return IBMSG_OK;
+}
+
+int socket_reject(ibmsg_connection_request *req, const char *reason) {
+  if (req->status != IBMSG_UNDECIDED) return IBMSG_ESTATE;
+  req->status = IBMSG_REJECTED;
+  reject_id(req->impl->id, reason ? reason : "");
+  return IBMSG_OK;
+}
+
+}  // namespace ibmsg

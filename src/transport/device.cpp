@@ -1,0 +1,176 @@
+// rdma-core: a device's protection domain and completion channel, completion queues, memory
+// registration.
+#include <arpa/inet.h>
+#include <fcntl.h>
+
+#include <cstdio>
+#include <new>
+
+#include "transport/verbs.hpp"
+
+namespace ibmsg::tp {
+
+struct Device {
+  ibv_context *ctx;
+  ibv_pd *pd;
+  ibv_comp_channel *channel;
+  DeviceInfo info;
+};
+
+struct Cq {
+  ibv_cq *cq;
+  void *user;
+  unsigned events;   // channel events read but not yet acked
+  Cq *ready_next;    // in device_take_events' list of CQs that signalled
+};
+
+struct Mr {
+  ibv_mr *mr;
+};
+
+namespace {
+
+int set_nonblocking(int fd) {
+  int flags = fcntl(fd, F_GETFL);
+  return flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 ? -1 : 0;
+}
+
+}  // namespace
+
+int device_open(DeviceKey key, Device **out) {
+  auto *ctx = static_cast<ibv_context *>(const_cast<void *>(key));
+  if (!ctx) return IBMSG_ENODEV;
+  Device *d = new (std::nothrow) Device();
+  if (!d) return IBMSG_ENOMEM;
+  d->ctx = ctx;
+  ibv_device_attr attr;
+  if (ibv_query_device(ctx, &attr)) {
+    delete d;
+    return IBMSG_ENODEV;
+  }
+  snprintf(d->info.name, sizeof d->info.name, "%s", ibv_get_device_name(ctx->device));
+  d->info.iwarp = ctx->device->transport_type == IBV_TRANSPORT_IWARP;
+  d->info.max_qp_wr = uint32_t(attr.max_qp_wr);
+  d->info.max_cqe = uint32_t(attr.max_cqe);
+  d->pd = ibv_alloc_pd(ctx);
+  if (!d->pd) {
+    delete d;
+    return alloc_error();
+  }
+  d->channel = ibv_create_comp_channel(ctx);
+  if (!d->channel || set_nonblocking(d->channel->fd)) {
+    if (d->channel) ibv_destroy_comp_channel(d->channel);
+    ibv_dealloc_pd(d->pd);
+    delete d;
+    return IBMSG_ESYS;
+  }
+  *out = d;
+  return IBMSG_OK;
+}
+
+void device_close(Device *d) {
+  ibv_destroy_comp_channel(d->channel);
+  ibv_dealloc_pd(d->pd);
+  delete d;
+}
+
+int device_fd(const Device *d) { return d->channel->fd; }
+const DeviceInfo &device_info(const Device *d) { return d->info; }
+
+void device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void *arg) {
+  Cq *list = nullptr;
+  ibv_cq *cq;
+  void *ctx;
+  while (ibv_get_cq_event(d->channel, &cq, &ctx) == 0) {
+    Cq *c = static_cast<Cq *>(ctx);
+    if (c->events++ == 0) {
+      c->ready_next = list;
+      list = c;
+    }
+  }
+  for (Cq *c = list; c; c = c->ready_next) {
+    ibv_ack_cq_events(c->cq, c->events);
+    c->events = 0;
+    ibv_req_notify_cq(c->cq, 0);
+  }
+  // The callbacks may destroy no CQ of this list (teardowns run later, from the loop).
+  while (list) {
+    Cq *c = list;
+    list = c->ready_next;
+    ready(c->user, arg);
+  }
+}
+
+int cq_create(Device *d, uint32_t depth, void *user, Cq **out) {
+  Cq *c = new (std::nothrow) Cq();
+  if (!c) return IBMSG_ENOMEM;
+  c->user = user;
+  c->cq = ibv_create_cq(d->ctx, int(depth), c, d->channel, 0);
+  if (!c->cq) {
+    int err = alloc_error();
+    delete c;
+    return err;
+  }
+  if (ibv_req_notify_cq(c->cq, 0)) {
+    ibv_destroy_cq(c->cq);
+    delete c;
+    return IBMSG_ESYS;
+  }
+  *out = c;
+  return IBMSG_OK;
+}
+
+void cq_destroy(Cq *c) {
+  if (c->events) ibv_ack_cq_events(c->cq, c->events);
+  ibv_destroy_cq(c->cq);
+  delete c;
+}
+
+int cq_poll(Cq *c, Completion *out, int max) {
+  ibv_wc wc[32];
+  if (max > 32) max = 32;
+  int n = ibv_poll_cq(c->cq, max, wc);
+  for (int i = 0; i < n; ++i) {
+    Completion &o = out[i];
+    o.ctx = reinterpret_cast<WorkCtx *>(uintptr_t(wc[i].wr_id));
+    o.status = wc[i].status == IBV_WC_SUCCESS        ? WcStatus::Ok
+               : wc[i].status == IBV_WC_WR_FLUSH_ERR ? WcStatus::Flushed
+                                                     : WcStatus::Failed;
+    o.has_imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) != 0;
+    o.imm = o.has_imm ? ntohl(wc[i].imm_data) : 0;
+    o.len = wc[i].byte_len;
+  }
+  return n;
+}
+
+int mr_register(Device *d, void *addr, size_t len, unsigned access, Mr **out) {
+  int flags = IBV_ACCESS_LOCAL_WRITE;
+  if (access & kRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
+  if (access & kRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE;
+  if (access & kRemoteAtomic) flags |= IBV_ACCESS_REMOTE_ATOMIC;
+  Mr *m = new (std::nothrow) Mr();
+  if (!m) return IBMSG_ENOMEM;
+  m->mr = ibv_reg_mr(d->pd, addr, len, flags);
+  if (!m->mr) {
+    int err = alloc_error();
+    delete m;
+    return err;
+  }
+  *out = m;
+  return IBMSG_OK;
+}
+
+void mr_deregister(Mr *m) {
+  if (!m) return;
+  ibv_dereg_mr(m->mr);
+  delete m;
+}
+
+uint32_t mr_lkey(const Mr *m) { return m->mr->lkey; }
+uint32_t mr_rkey(const Mr *m) { return m->mr->rkey; }
+
+// For qp.cpp: the verbs objects behind the handles.
+ibv_pd *device_pd(Device *d) { return d->pd; }
+ibv_cq *cq_verbs(Cq *c) { return c->cq; }
+
+}  // namespace ibmsg::tp

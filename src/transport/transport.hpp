@@ -1,0 +1,190 @@
+// The transport layer: the only code that calls rdma-core (libibverbs, librdmacm).
+//
+// It knows nothing of sockets, credits or messages. The core sees opaque handles and typed
+// results: CM events copied out and already acknowledged, completions tagged with the WorkCtx the
+// core posted. Two implementations link against the same declarations: src/transport/*.cpp
+// (rdma-core) and test/fake/transport.cpp (in-process, for host-side tests of the core).
+//
+// Every function that can fail returns 0 or an ibmsg error code (IBMSG_*).
+#pragma once
+#include <sys/socket.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ibmsg::tp {
+
+// --- work requests and completions ------------------------------------------------------------
+
+// What a work request was for. The core embeds a WorkCtx in the object a work request belongs to
+// (a buffer slot, a connection's control context) and gets it back in the completion; the values
+// past Ctrl are reserved for one-sided operations, keepalive and rendezvous.
+enum class Op : uint8_t {
+  Recv,        // a receive buffer
+  Send,        // a data message
+  Ctrl,        // a credit-only message
+  RdmaWrite,
+  RdmaRead,
+  WriteImm,
+  Atomic,
+  Keepalive,
+  Rendezvous,
+};
+
+struct WorkCtx {
+  Op op;
+  void *owner;  // the core's object (a slot, a connection)
+};
+
+enum class WcStatus : uint8_t {
+  Ok,
+  Flushed,  // the queue pair went to the error state first (closing)
+  Failed,   // a transport error (retries exceeded, remote access, ...)
+};
+
+struct Completion {
+  WorkCtx *ctx;
+  WcStatus status;
+  bool has_imm;
+  uint32_t imm;   // host byte order
+  uint32_t len;   // bytes received (receives only)
+};
+
+// --- devices --------------------------------------------------------------------------------
+
+// An opaque key naming an RDMA device as a CM id found it (equal keys: the same device).
+using DeviceKey = const void *;
+
+struct DeviceInfo {
+  char name[64];
+  bool iwarp;            // iWARP delivers no immediate data: ibmsg cannot run on it
+  uint32_t max_qp_wr;    // largest queue a QP may have
+  uint32_t max_cqe;
+};
+
+// A device as used by one loop: its protection domain and a completion channel (one fd) shared
+// by the completion queues created on it.
+struct Device;
+int device_open(DeviceKey key, Device **out);
+// Everything created on the device (CQs, memory registrations) must be gone.
+void device_close(Device *dev);
+int device_fd(const Device *dev);  // non-blocking; readable when a CQ on the device signalled
+const DeviceInfo &device_info(const Device *dev);
+// Reads every pending completion-channel event, acknowledges it, re-arms its CQ and calls
+// ready(cq_user, arg) once per CQ that signalled. Poll each such CQ after this returns: a
+// completion that arrived before the re-arm is then still found.
+void device_take_events(Device *dev, void (*ready)(void *cq_user, void *arg), void *arg);
+
+// --- completion queues ----------------------------------------------------------------------
+
+struct Cq;
+// An armed CQ with room for depth completions; user comes back from device_take_events().
+int cq_create(Device *dev, uint32_t depth, void *user, Cq **out);
+void cq_destroy(Cq *cq);
+// Up to max completions; returns their number, or a negative value on a device error.
+int cq_poll(Cq *cq, Completion *out, int max);
+
+// --- memory ---------------------------------------------------------------------------------
+
+enum Access : unsigned {
+  kLocal = 0,                 // local read and write
+  kRemoteRead = 1u << 0,
+  kRemoteWrite = 1u << 1,
+  kRemoteAtomic = 1u << 2,
+};
+
+struct Mr;
+int mr_register(Device *dev, void *addr, size_t len, unsigned access, Mr **out);
+void mr_deregister(Mr *mr);
+uint32_t mr_lkey(const Mr *mr);
+uint32_t mr_rkey(const Mr *mr);
+
+// --- connection manager ---------------------------------------------------------------------
+
+struct CmChannel;  // the event channel of one loop
+struct CmId;       // one listening or connecting endpoint
+
+int cm_channel_create(CmChannel **out);
+void cm_channel_destroy(CmChannel *ch);
+int cm_channel_fd(const CmChannel *ch);  // non-blocking
+
+enum class CmEventType : uint8_t {
+  AddrResolved,
+  AddrError,
+  RouteResolved,
+  RouteError,
+  ConnectRequest,
+  Established,
+  Rejected,
+  Unreachable,
+  ConnectError,
+  Disconnected,
+  DeviceRemoval,
+  Other,  // events ibmsg has no use for (TIMEWAIT_EXIT, ADDR_CHANGE, ...)
+};
+
+constexpr size_t kPrivateDataMax = 256;
+constexpr int kRejectConsumer = 28;  // status of a rejection the peer's application made
+
+struct CmEvent {
+  CmEventType type;
+  int status;          // the raw CM status (negative errno, or the IB reject reason)
+  CmId *id;            // for ConnectRequest: the new id (its user is the listener's until set)
+  CmId *listen_id;     // for ConnectRequest
+  uint8_t pdata[kPrivateDataMax];
+  size_t plen;
+};
+
+// One event, copied out and acknowledged (so destroying its id never waits). Returns 0, or
+// IBMSG_EAGAIN when there is none.
+int cm_get_event(CmChannel *ch, CmEvent *out);
+
+int cm_id_create(CmChannel *ch, void *user, CmId **out);
+void cm_id_destroy(CmId *id);  // destroys its QP too, if any
+void *cm_id_user(const CmId *id);
+void cm_id_set_user(CmId *id, void *user);
+
+int cm_bind(CmId *id, const sockaddr *addr);
+int cm_listen(CmId *id, int backlog);
+int cm_resolve_addr(CmId *id, const sockaddr *src, const sockaddr *dst, int timeout_ms);
+int cm_resolve_route(CmId *id, int timeout_ms);
+
+// What connect and accept carry: ibmsg's hello and the transport's retry settings.
+struct ConnParam {
+  const void *pdata;
+  uint8_t plen;
+  uint8_t retry_count;
+  uint8_t rnr_retry_count;
+  uint8_t responder_resources;  // RDMA reads/atomics the peer may have outstanding to us
+  uint8_t initiator_depth;      // ... and we to the peer
+};
+int cm_connect(CmId *id, const ConnParam &p);
+int cm_accept(CmId *id, const ConnParam &p);
+int cm_reject(CmId *id, const void *pdata, uint8_t plen);
+int cm_disconnect(CmId *id);
+
+// The device the id is bound to, or nullptr before address resolution (or for a wildcard
+// listener).
+DeviceKey cm_device(const CmId *id);
+const char *cm_device_name(const CmId *id);  // nullptr without a device
+const sockaddr *cm_local_addr(const CmId *id);
+const sockaddr *cm_peer_addr(const CmId *id);
+
+// --- queue pairs ----------------------------------------------------------------------------
+
+struct QpCaps {
+  uint32_t send_wrs;
+  uint32_t recv_wrs;
+  uint32_t max_inline;  // requested; the transport stores what the device granted
+};
+// A reliable-connected QP on the id, both queues completing on cq.
+int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps);
+void qp_destroy(CmId *id);
+
+int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr);
+// A SEND with immediate data (host byte order); len may be 0 (buf and mr are then unused).
+// Payloads up to the granted max_inline are sent inline.
+int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr,
+                  uint32_t imm, uint32_t max_inline);
+
+}  // namespace ibmsg::tp
