@@ -16,11 +16,28 @@ void on_channel_readable(struct ev_loop *, ev_io *w, int) {
   tp::device_take_events(dev->tp, on_cq_ready, nullptr);
 }
 
+constexpr int kRescans = 50;            // for 5 s: the kernel finishes the removal meanwhile
+constexpr double kRescanInterval = 0.1;
+
+void on_rescan(Timer *t) {
+  Loop *loop = t->loop;
+  tp::devices_rescan();
+  if (--loop->rescans_left > 0) timer_start(&loop->rescan, kRescanInterval);
+}
+
 void release(Device *dev) {
   Loop *loop = dev->loop;
   ev_io_stop(loop->ev, &dev->watcher);
   tp::device_close(dev->tp);
   loop->devices.remove(dev);
+  if (dev->removed) {
+    // rdma-core closes a removed device only once it notices it is gone from the device list,
+    // which the kernel updates while the removal goes on: look again for a while.
+    tp::devices_rescan();
+    if (!loop->rescan.fn) timer_init(&loop->rescan, loop, on_rescan, nullptr);
+    loop->rescans_left = kRescans;
+    timer_start(&loop->rescan, kRescanInterval);
+  }
   delete dev;
 }
 
@@ -67,6 +84,10 @@ void device_put(Device *dev) {
   // Released from the loop: the last reference may go inside one of the device's own callbacks.
   dev->loop->devices_dirty = true;
   loop_kick(dev->loop);
+}
+
+void devices_stop_rescans(Loop *loop) {
+  if (loop->rescan.fn) timer_stop(&loop->rescan);
 }
 
 void devices_collect(Loop *loop) {

@@ -84,6 +84,7 @@ struct Device {
   tp::Device *tp;
   ev_io watcher;
   int refs;
+  bool removed;                         // the device went away (a CM event said so)
   ListNode node;                        // in the loop's devices
   List<Pool, &Pool::dev_node> pools;    // registered on this device
 };
@@ -91,6 +92,8 @@ Device *device_get(Loop *loop, tp::DeviceKey key, int *err);  // takes a referen
 void device_put(Device *dev);
 // Releases the devices no one references any more (called from the loop).
 void devices_collect(Loop *loop);
+// Stops the rescans that follow the release of a removed device (the loop goes away).
+void devices_stop_rescans(Loop *loop);
 
 // --- memory.cpp ------------------------------------------------------------------------------
 
@@ -157,6 +160,8 @@ struct ibmsg__loop {
   ev_timer wakeup;   // bounds ibmsg_dispatch_event_loop_timeout
   ibmsg::List<ibmsg::Device, &ibmsg::Device::node> devices;
   bool devices_dirty = false;  // a device reached zero references
+  ibmsg::Timer rescan;         // after a removed device was released (device.cpp)
+  int rescans_left = 0;
   ibmsg::List<Socket, &Socket::loop_node> sockets;       // open sockets
   ibmsg::List<Socket, &Socket::close_node> closing;      // due for teardown
   ibmsg::List<ibmsg::Timer, &ibmsg::Timer::node> timers;  // running timers

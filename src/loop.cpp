@@ -97,6 +97,7 @@ int loop_destroy(Loop *loop) {
   if (loop->depth || !loop->sockets.empty() || !loop->closing.empty()) return IBMSG_EBUSY;
   devices_collect(loop);
   if (!loop->devices.empty()) return IBMSG_EBUSY;  // the application still holds messages
+  devices_stop_rescans(loop);
   ev_io_stop(loop->ev, &loop->cm_watcher);
   ev_idle_stop(loop->ev, &loop->idle);
   ev_timer_stop(loop->ev, &loop->wakeup);

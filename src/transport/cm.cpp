@@ -135,6 +135,11 @@ int cm_disconnect(CmId *id) { return rdma_disconnect(raw(id)) ? from_errno(errno
 
 DeviceKey cm_device(const CmId *id) { return id->verbs; }
 
+void devices_rescan() {
+  // librdmacm syncs its list here and closes the removed devices whose last id is gone.
+  if (ibv_context **list = rdma_get_devices(nullptr)) rdma_free_devices(list);
+}
+
 const char *cm_device_name(const CmId *id) {
   return id->verbs ? ibv_get_device_name(id->verbs->device) : nullptr;
 }

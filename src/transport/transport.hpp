@@ -75,6 +75,10 @@ const DeviceInfo &device_info(const Device *dev);
 // completion that arrived before the re-arm is then still found.
 void device_take_events(Device *dev, void (*ready)(void *cq_user, void *arg), void *arg);
 
+// rdma-core keeps a removed device open until it rescans its device list: this rescans, so that
+// a removed device nothing uses any more is closed and its removal can complete.
+void devices_rescan();
+
 // --- completion queues ----------------------------------------------------------------------
 
 struct Cq;

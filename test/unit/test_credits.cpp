@@ -24,19 +24,44 @@ namespace wire = ibmsg::wire;
 
 namespace {
 
-// Lends n received messages to the application and lets it free them again, so that n data
-// credits are owed to the peer (and none are held).
-void receive_and_free(Credits *c, uint32_t n) {
-  for (uint32_t i = 0; i < n; ++i) c->on_data_received();
-  for (uint32_t i = 0; i < n; ++i) c->on_data_freed();
-}
-
+// n data messages arrive from an honest peer and are lent to the application.
 void receive(Credits *c, uint32_t n) {
-  for (uint32_t i = 0; i < n; ++i) c->on_data_received();
+  for (uint32_t i = 0; i < n; ++i)
+    if (!c->on_data_arrived())
+      fail_msg("data message %u of %u refused: the peer had %u credits granted, %u held, %u owed",
+               i + 1, n, unsigned(c->granted()), unsigned(c->held()), unsigned(c->owed()));
 }
 
 void free_held(Credits *c, uint32_t n) {
   for (uint32_t i = 0; i < n; ++i) c->on_data_freed();
+}
+
+// Lends n received messages to the application and lets it free them again, so that n data
+// credits are owed to the peer (and none are held).
+void receive_and_free(Credits *c, uint32_t n) {
+  receive(c, n);
+  free_held(c, n);
+}
+
+// n credit-only messages arrive and their buffers are re-posted, so n control credits are owed.
+void receive_ctrl(Credits *c, uint32_t n) {
+  for (uint32_t i = 0; i < n; ++i) {
+    if (!c->on_ctrl_arrived())
+      fail_msg("control message %u of %u refused: the peer had %u control credits granted", i + 1,
+               n, unsigned(c->granted_ctrl()));
+    c->on_ctrl_received();
+  }
+}
+
+// The receiving side's invariant: every data receive buffer is granted to the peer, held by the
+// application or owed back.
+void assert_granted_held_owed_add_up(const Credits &c, uint32_t depth, const char *after) {
+  if (c.granted() + c.held() + c.owed() != depth)
+    fail_msg("after %s: granted %u + held %u + owed %u != recv depth %u", after,
+             unsigned(c.granted()), unsigned(c.held()), unsigned(c.owed()), unsigned(depth));
+  if (c.granted_ctrl() + c.owed_ctrl() != kCtrlDepth)
+    fail_msg("after %s: control credits granted %u + owed %u != %u", after,
+             unsigned(c.granted_ctrl()), unsigned(c.owed_ctrl()), unsigned(kCtrlDepth));
 }
 
 // --- initial credits ------------------------------------------------------------------------
@@ -52,14 +77,32 @@ void init_takes_data_and_ctrl_credits_from_the_peers_hello(void **) {
 
 void init_owes_nothing_and_holds_nothing(void **) {
   Credits c;
+  c.init(8, 4, 16);
   receive_and_free(&c, 3);  // left over from an earlier use of the object
-  c.on_ctrl_received();
+  receive_ctrl(&c, 1);
   receive(&c, 2);
   c.init(8, 4, 16);
   assert_int_equal(c.owed(), 0);
   assert_int_equal(c.owed_ctrl(), 0);
   assert_int_equal(c.held(), 0);
   assert_false(c.ctrl_needed());
+}
+
+void init_grants_the_peer_our_recv_depth_and_ctrl_depth(void **) {
+  Credits c;
+  c.init(8, 2, 16);
+  assert_int_equal(c.granted(), 16);              // what we posted, not the peer's recv_depth
+  assert_int_equal(c.granted_ctrl(), kCtrlDepth);  // what we posted, not the peer's ctrl_depth
+}
+
+void init_resets_the_granted_credits(void **) {
+  Credits c;
+  c.init(8, 4, 16);
+  receive(&c, 5);
+  receive_ctrl(&c, 2);
+  c.init(8, 4, 16);
+  assert_int_equal(c.granted(), 16);
+  assert_int_equal(c.granted_ctrl(), kCtrlDepth);
 }
 
 void init_depth_does_not_change_what_we_may_send(void **) {
@@ -84,7 +127,7 @@ void take_data_spends_one_data_credit(void **) {
   wire::Imm imm = c.take_data();
   assert_int_equal(c.data(), 7);
   assert_int_equal(c.ctrl(), 4);  // a data message must not spend a control credit
-  assert_false(imm.ctrl);         // a data message must not be marked credit-only
+  assert_true(imm.op == wire::Opcode::Data);  // a data message must not be marked credit-only
 }
 
 void take_data_until_none_left_stops_sending(void **) {
@@ -105,7 +148,7 @@ void take_ctrl_spends_one_ctrl_credit_and_marks_the_message(void **) {
   wire::Imm imm = c.take_ctrl();
   assert_int_equal(c.ctrl(), 3);
   assert_int_equal(c.data(), 8);  // a control message must not spend a data credit
-  assert_true(imm.ctrl);          // the receiver must see it is credit-only
+  assert_true(imm.op == wire::Opcode::Credit);  // the receiver must see it is credit-only
 }
 
 void take_with_nothing_owed_carries_no_credits(void **) {
@@ -120,8 +163,7 @@ void take_data_carries_owed_credits_and_resets_them(void **) {
   Credits c;
   c.init(8, 4, 16);
   receive_and_free(&c, 3);
-  c.on_ctrl_received();
-  c.on_ctrl_received();
+  receive_ctrl(&c, 2);
   wire::Imm imm = c.take_data();
   assert_int_equal(imm.credits, 3);       // every freed buffer goes back
   assert_int_equal(imm.ctrl_credits, 2);  // every consumed control buffer goes back
@@ -136,7 +178,7 @@ void take_ctrl_carries_owed_credits_and_resets_them(void **) {
   Credits c;
   c.init(8, 4, 16);
   receive_and_free(&c, 5);
-  c.on_ctrl_received();
+  receive_ctrl(&c, 1);
   wire::Imm imm = c.take_ctrl();
   assert_int_equal(imm.credits, 5);
   assert_int_equal(imm.ctrl_credits, 1);
@@ -208,6 +250,130 @@ void received_ctrl_is_owed_at_once(void **) {
   assert_int_equal(c.owed(), 0);  // nor does it owe a data credit
 }
 
+// --- arrivals against granted credits ---------------------------------------------------------
+
+void data_arrival_is_refused_once_the_granted_credits_are_used_up(void **) {
+  Credits c;
+  c.init(8, 4, 3);
+  receive(&c, 3);
+  assert_int_equal(c.granted(), 0);
+  assert_false(c.on_data_arrived());  // a fourth message without a credit breaks the protocol
+}
+
+void refused_data_arrival_changes_nothing(void **) {
+  Credits c;
+  c.init(8, 4, 2);
+  receive(&c, 2);
+  assert_false(c.on_data_arrived());
+  assert_int_equal(c.granted(), 0);
+  assert_int_equal(c.held(), 2);  // the message is not lent to the application
+  assert_int_equal(c.owed(), 0);
+}
+
+void data_arrival_is_allowed_again_after_take_data_returned_credits(void **) {
+  Credits c;
+  c.init(8, 4, 2);
+  receive(&c, 2);
+  free_held(&c, 1);
+  assert_false(c.on_data_arrived());  // freed but not yet returned: the peer does not know
+  wire::Imm imm = c.take_data();
+  assert_int_equal(imm.credits, 1);
+  assert_int_equal(c.granted(), 1);
+  assert_true(c.on_data_arrived());
+  assert_false(c.on_data_arrived());  // exactly the one returned credit, no more
+}
+
+void data_arrival_is_allowed_again_after_take_ctrl_returned_credits(void **) {
+  Credits c;
+  c.init(8, 4, 2);
+  receive_and_free(&c, 2);
+  assert_false(c.on_data_arrived());
+  wire::Imm imm = c.take_ctrl();
+  assert_int_equal(imm.credits, 2);
+  assert_int_equal(c.granted(), 2);
+  assert_true(c.on_data_arrived());
+  assert_true(c.on_data_arrived());
+  assert_false(c.on_data_arrived());
+}
+
+void ctrl_arrival_is_refused_once_the_granted_ctrl_credits_are_used_up(void **) {
+  Credits c;
+  c.init(8, 4, 16);
+  receive_ctrl(&c, kCtrlDepth);
+  assert_int_equal(c.granted_ctrl(), 0);
+  assert_false(c.on_ctrl_arrived());
+  assert_int_equal(c.granted_ctrl(), 0);  // refused: nothing changes
+  assert_int_equal(c.owed_ctrl(), kCtrlDepth);
+}
+
+void ctrl_arrival_is_allowed_again_after_take_data_returned_ctrl_credits(void **) {
+  Credits c;
+  c.init(8, 4, 16);
+  receive_ctrl(&c, kCtrlDepth);
+  wire::Imm imm = c.take_data();
+  assert_int_equal(imm.ctrl_credits, kCtrlDepth);
+  assert_int_equal(c.granted_ctrl(), kCtrlDepth);
+  for (uint32_t i = 0; i < kCtrlDepth; ++i)
+    if (!c.on_ctrl_arrived()) fail_msg("control message %u refused after %u were returned", i + 1,
+                                       unsigned(kCtrlDepth));
+  assert_false(c.on_ctrl_arrived());
+}
+
+void ctrl_arrival_is_allowed_again_after_take_ctrl_returned_ctrl_credits(void **) {
+  Credits c;
+  c.init(8, 4, 16);
+  receive_ctrl(&c, kCtrlDepth);
+  assert_false(c.on_ctrl_arrived());
+  wire::Imm imm = c.take_ctrl();
+  assert_int_equal(imm.ctrl_credits, kCtrlDepth);
+  assert_true(c.on_ctrl_arrived());
+}
+
+void data_and_ctrl_arrivals_spend_separate_credits(void **) {
+  Credits c;
+  c.init(8, 4, 2);
+  receive(&c, 2);
+  assert_int_equal(c.granted_ctrl(), kCtrlDepth);  // data arrivals leave control credits alone
+  assert_true(c.on_ctrl_arrived());  // a credit-only message may still come
+  assert_int_equal(c.granted(), 0);  // and it spends no data credit
+}
+
+void granted_grows_by_exactly_the_credits_a_message_returned(void **) {
+  // The per-message cap: credits still owed are not granted yet.
+  const uint32_t depth = wire::kMaxCreditsPerMsg + 100;
+  Credits c;
+  c.init(8, 4, depth);
+  receive_and_free(&c, depth);
+  c.take_data();
+  assert_int_equal(c.granted(), wire::kMaxCreditsPerMsg);
+  c.take_data();
+  assert_int_equal(c.granted(), depth);
+}
+
+void granted_held_and_owed_always_add_up_to_the_recv_depth(void **) {
+  const uint32_t depth = 5;
+  Credits c;
+  c.init(8, 4, depth);
+  assert_granted_held_owed_add_up(c, depth, "init");
+  receive(&c, 3);
+  assert_granted_held_owed_add_up(c, depth, "3 arrivals");
+  free_held(&c, 2);
+  assert_granted_held_owed_add_up(c, depth, "2 frees");
+  receive_ctrl(&c, 3);
+  assert_granted_held_owed_add_up(c, depth, "3 control arrivals");
+  c.take_data();
+  assert_granted_held_owed_add_up(c, depth, "take_data");
+  receive(&c, 4);
+  assert_granted_held_owed_add_up(c, depth, "4 more arrivals");
+  assert_false(c.on_data_arrived());
+  assert_granted_held_owed_add_up(c, depth, "a refused arrival");
+  free_held(&c, 5);
+  assert_granted_held_owed_add_up(c, depth, "5 frees");
+  c.take_ctrl();
+  assert_granted_held_owed_add_up(c, depth, "take_ctrl");
+  assert_int_equal(c.granted(), depth);  // everything freed and returned
+}
+
 // --- when to send a control message -----------------------------------------------------------
 
 void ctrl_not_needed_when_nothing_is_owed(void **) {
@@ -221,7 +387,7 @@ void ctrl_not_needed_when_nothing_is_owed(void **) {
 void ctrl_not_needed_for_owed_ctrl_credits_alone(void **) {
   Credits c;
   c.init(8, 4, 16);
-  for (uint32_t i = 0; i < kCtrlDepth; ++i) c.on_ctrl_received();
+  receive_ctrl(&c, kCtrlDepth);
   // Control credits only travel on messages sent for other reasons; answering a control message
   // with a control message would ping-pong forever.
   assert_false(c.ctrl_needed());
@@ -316,10 +482,11 @@ void owed_ctrl_credits_are_capped_per_message_and_the_rest_kept(void **) {
 // posted buffers (recv_depth + kCtrlDepth, as the library posts). Messages travel in order (an RC
 // QP) through a simulated wire with random latency. The receiver re-posts a control buffer at once
 // and a data buffer when its application frees the message; applications post and free at random
-// with hold patterns that change every round. The send policy is the library's (socket.cpp): send
+// with hold patterns that change every round. The send policy is the library's (datapath.cpp): send
 // at once when nothing is queued and a data credit is left, otherwise queue; after every received
 // message flush the queue, then send a control message if one is needed; after every free send a
-// control message if one is needed.
+// control message if one is needed. As the library does, the receiver checks every arrival against
+// the credits it granted (on_data_arrived / on_ctrl_arrived), which an honest peer never trips.
 
 struct Msg {
   wire::Imm imm;
@@ -351,6 +518,8 @@ struct SimResult {
   Violations ctrl_starved;    // a control message was needed and no control credit left
   Violations ctrl_overdrawn;  // more than kCtrlDepth control credits in a peer's hands
   Violations accounting;      // the conservation of buffers and credits broke
+  Violations unearned;        // on_data_arrived / on_ctrl_arrived refused a message (no credit)
+  Violations granted;         // granted + held + owed != recv depth, or != what the peer may send
   Violations deadlocks;       // a drain ended with messages queued or a peer without credits
   Violations undelivered;     // a drain ended with data sent but never received
   unsigned long data_msgs = 0, ctrl_msgs = 0;  // messages sent
@@ -512,14 +681,22 @@ class Sim {
       return;
     }
     --to->posted;
-    to->credits.on_returned(m.imm);
-    if (m.imm.ctrl) {
+    const char *t = to == &a_ ? "A" : "B";
+    if (m.imm.op == wire::Opcode::Credit) {
+      if (!to->credits.on_ctrl_arrived())
+        violation(&r_->unearned, "step %lu: peer %s refused a control message: %u control "
+                  "credits granted", r_->steps, t, unsigned(to->credits.granted_ctrl()));
+      to->credits.on_returned(m.imm);
       ++to->posted;  // control buffers are re-posted at once
       to->credits.on_ctrl_received();
     } else {
+      if (!to->credits.on_data_arrived())
+        violation(&r_->unearned, "step %lu: peer %s refused a data message: %u credits granted, "
+                  "%u held, %u owed", r_->steps, t, unsigned(to->credits.granted()),
+                  unsigned(to->credits.held()), unsigned(to->credits.owed()));
+      to->credits.on_returned(m.imm);
       ++to->held;
       ++to->data_received;
-      to->credits.on_data_received();
     }
     flush_queue(to);
     maybe_send_ctrl(to);
@@ -531,7 +708,7 @@ class Sim {
   void check_direction(Peer *from, Peer *to) {
     const std::deque<Msg> &forward = wire_to(to), &back = wire_to(from);
     uint64_t data_msgs = 0, ctrl_msgs = 0, data_back = 0, ctrl_back = 0;
-    for (const Msg &m : forward) (m.imm.ctrl ? ctrl_msgs : data_msgs) += 1;
+    for (const Msg &m : forward) (m.imm.op == wire::Opcode::Credit ? ctrl_msgs : data_msgs) += 1;
     for (const Msg &m : back) {
       data_back += m.imm.credits;
       ctrl_back += m.imm.ctrl_credits;
@@ -547,6 +724,24 @@ class Sim {
                 r_->steps, f, t, (unsigned long long)data, unsigned(to->recv_depth),
                 (unsigned long long)ctrl, unsigned(kCtrlDepth), unsigned(to->credits.held()),
                 unsigned(to->held), unsigned(to->posted));
+    // What `to` believes it granted must be what `from` may still send: its credits, plus the
+    // messages already on their way (they were sent on a credit), plus the credits on their way
+    // back to it.
+    const Credits &c = to->credits;
+    if (c.granted() + c.held() + c.owed() != to->recv_depth ||
+        c.granted_ctrl() + c.owed_ctrl() != kCtrlDepth ||
+        c.granted() != from->credits.data() + data_msgs + data_back ||
+        c.granted_ctrl() != from->credits.ctrl() + ctrl_msgs + ctrl_back)
+      violation(&r_->granted,
+                "step %lu, %s -> %s: %s granted %u + held %u + owed %u (depth %u), control "
+                "granted %u + owed %u (depth %u); %s has %u + %u credits, %llu + %llu on the wire, "
+                "%llu + %llu on the way back",
+                r_->steps, f, t, t, unsigned(c.granted()), unsigned(c.held()), unsigned(c.owed()),
+                unsigned(to->recv_depth), unsigned(c.granted_ctrl()), unsigned(c.owed_ctrl()),
+                unsigned(kCtrlDepth), f, unsigned(from->credits.data()),
+                unsigned(from->credits.ctrl()), (unsigned long long)data_msgs,
+                (unsigned long long)ctrl_msgs, (unsigned long long)data_back,
+                (unsigned long long)ctrl_back);
     if (from->credits.ctrl() > kCtrlDepth)
       violation(&r_->ctrl_overdrawn, "step %lu: peer %s holds %u control credits, more than the %u "
                 "the peer posted", r_->steps, f, unsigned(from->credits.ctrl()),
@@ -593,7 +788,7 @@ void merge(Violations *total, const Violations &v, const SimConfig &cfg) {
 }
 
 // Runs every configuration and adds up what went wrong.
-SimResult simulate_all() {
+SimResult simulate_all_configs() {
   SimResult total;
   for (const SimConfig &cfg : kConfigs) {
     SimResult r;
@@ -607,6 +802,8 @@ SimResult simulate_all() {
     merge(&total.ctrl_starved, r.ctrl_starved, cfg);
     merge(&total.ctrl_overdrawn, r.ctrl_overdrawn, cfg);
     merge(&total.accounting, r.accounting, cfg);
+    merge(&total.unearned, r.unearned, cfg);
+    merge(&total.granted, r.granted, cfg);
     merge(&total.deadlocks, r.deadlocks, cfg);
     merge(&total.undelivered, r.undelivered, cfg);
     total.data_msgs += r.data_msgs;
@@ -617,6 +814,12 @@ SimResult simulate_all() {
   return total;
 }
 
+// The simulation is deterministic (fixed seeds): run it once and let every test read the result.
+const SimResult &simulate_all() {
+  static const SimResult result = simulate_all_configs();
+  return result;
+}
+
 // Prints what went wrong before the assertion fails, which only shows the count.
 void report(const SimResult &r, const Violations &v, const char *what) {
   if (v.count)
@@ -624,7 +827,7 @@ void report(const SimResult &r, const Violations &v, const char *what) {
 }
 
 void simulation_never_sends_without_a_posted_receive_buffer(void **) {
-  SimResult r = simulate_all();
+  const SimResult &r = simulate_all();
   report(r, r.sent_unbacked, "a peer sent without a spare receive buffer at the other end");
   report(r, r.rnr, "a message arrived with no receive buffer posted (RNR)");
   assert_int_equal(r.sent_unbacked.count, 0);
@@ -632,13 +835,13 @@ void simulation_never_sends_without_a_posted_receive_buffer(void **) {
 }
 
 void simulation_never_creates_or_loses_credits(void **) {
-  SimResult r = simulate_all();
+  const SimResult &r = simulate_all();
   report(r, r.accounting, "buffers and credits did not add up");
   assert_int_equal(r.accounting.count, 0);
 }
 
 void simulation_control_messages_need_at_most_ctrl_depth_credits(void **) {
-  SimResult r = simulate_all();
+  const SimResult &r = simulate_all();
   report(r, r.ctrl_starved,
          "a control message was needed while all control credits were in flight");
   report(r, r.ctrl_overdrawn, "a peer held more control credits than the other side posted");
@@ -647,17 +850,25 @@ void simulation_control_messages_need_at_most_ctrl_depth_credits(void **) {
 }
 
 void simulation_never_deadlocks_once_the_applications_free_everything(void **) {
-  SimResult r = simulate_all();
+  const SimResult &r = simulate_all();
   report(r, r.deadlocks, "the peers waited for each other after everything was freed");
   report(r, r.undelivered, "data was sent but never received");
   assert_int_equal(r.deadlocks.count, 0);
   assert_int_equal(r.undelivered.count, 0);
 }
 
+void simulation_never_receives_a_message_it_granted_no_credit_for(void **) {
+  const SimResult &r = simulate_all();
+  report(r, r.unearned, "a receiver refused a message of an honest peer for lack of a credit");
+  report(r, r.granted, "the granted credits did not match the peer's or the recv depth");
+  assert_int_equal(r.unearned.count, 0);
+  assert_int_equal(r.granted.count, 0);
+}
+
 void simulation_reaches_starvation_and_sends_control_messages(void **) {
   // Guards the tests above against passing because the simulation never got anywhere near the
   // cases they are about.
-  SimResult r = simulate_all();
+  const SimResult &r = simulate_all();
   print_message("%lu steps: %lu data and %lu control messages, %lu starved steps, %lu drains\n",
                 r.steps, r.data_msgs, r.ctrl_msgs, r.starved, r.drains);
   assert_true(r.data_msgs > 100000);  // data messages exchanged
@@ -672,6 +883,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(init_takes_data_and_ctrl_credits_from_the_peers_hello),
       cmocka_unit_test(init_owes_nothing_and_holds_nothing),
+      cmocka_unit_test(init_grants_the_peer_our_recv_depth_and_ctrl_depth),
+      cmocka_unit_test(init_resets_the_granted_credits),
       cmocka_unit_test(init_depth_does_not_change_what_we_may_send),
       cmocka_unit_test(zero_credits_allow_no_send),
       cmocka_unit_test(take_data_spends_one_data_credit),
@@ -686,6 +899,16 @@ int main(void) {
       cmocka_unit_test(received_data_is_held_until_freed_then_owed),
       cmocka_unit_test(dropped_data_is_not_owed),
       cmocka_unit_test(received_ctrl_is_owed_at_once),
+      cmocka_unit_test(data_arrival_is_refused_once_the_granted_credits_are_used_up),
+      cmocka_unit_test(refused_data_arrival_changes_nothing),
+      cmocka_unit_test(data_arrival_is_allowed_again_after_take_data_returned_credits),
+      cmocka_unit_test(data_arrival_is_allowed_again_after_take_ctrl_returned_credits),
+      cmocka_unit_test(ctrl_arrival_is_refused_once_the_granted_ctrl_credits_are_used_up),
+      cmocka_unit_test(ctrl_arrival_is_allowed_again_after_take_data_returned_ctrl_credits),
+      cmocka_unit_test(ctrl_arrival_is_allowed_again_after_take_ctrl_returned_ctrl_credits),
+      cmocka_unit_test(data_and_ctrl_arrivals_spend_separate_credits),
+      cmocka_unit_test(granted_grows_by_exactly_the_credits_a_message_returned),
+      cmocka_unit_test(granted_held_and_owed_always_add_up_to_the_recv_depth),
       cmocka_unit_test(ctrl_not_needed_when_nothing_is_owed),
       cmocka_unit_test(ctrl_not_needed_for_owed_ctrl_credits_alone),
       cmocka_unit_test(ctrl_not_needed_below_half_the_depth),
@@ -701,6 +924,7 @@ int main(void) {
       cmocka_unit_test(simulation_never_creates_or_loses_credits),
       cmocka_unit_test(simulation_control_messages_need_at_most_ctrl_depth_credits),
       cmocka_unit_test(simulation_never_deadlocks_once_the_applications_free_everything),
+      cmocka_unit_test(simulation_never_receives_a_message_it_granted_no_credit_for),
       cmocka_unit_test(simulation_reaches_starvation_and_sends_control_messages),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

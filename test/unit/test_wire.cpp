@@ -16,88 +16,160 @@ namespace wire = ibmsg::wire;
 
 namespace {
 
+// --- Imm ----------------------------------------------------------------------------------------
+
+unsigned op_value(wire::Opcode op) { return unsigned(op); }
+
 // Encodes imm, decodes the result and checks that every field survived.
-void assert_imm_round_trip(uint32_t credits, uint32_t ctrl_credits, bool ctrl) {
+void assert_imm_round_trip(uint32_t credits, uint32_t ctrl_credits, wire::Opcode op) {
   wire::Imm in;
   in.credits = credits;
   in.ctrl_credits = ctrl_credits;
-  in.ctrl = ctrl;
+  in.op = op;
   wire::Imm out;
   out.credits = 12345;  // must be overwritten
   out.ctrl_credits = 123;
-  out.ctrl = !ctrl;
+  out.op = wire::Opcode((op_value(op) + 1) % wire::kOpcodeCount);
   uint32_t v = wire::encode_imm(in);
   if (!wire::decode_imm(v, &out))
-    fail_msg("decode_imm rejected 0x%08x, encoded from credits %u, ctrl_credits %u, ctrl %d", v,
-             credits, ctrl_credits, ctrl);
-  assert_int_equal(out.credits, credits);
-  assert_int_equal(out.ctrl_credits, ctrl_credits);
-  assert_int_equal(out.ctrl, ctrl);
+    fail_msg("decode_imm rejected 0x%08x, encoded from credits %u, ctrl_credits %u, opcode %u", v,
+             credits, ctrl_credits, op_value(op));
+  if (out.credits != credits || out.ctrl_credits != ctrl_credits || out.op != op)
+    fail_msg("credits %u, ctrl_credits %u, opcode %u came back as %u, %u, %u (immediate 0x%08x)",
+             credits, ctrl_credits, op_value(op), out.credits, out.ctrl_credits, op_value(out.op),
+             v);
 }
 
-// --- Imm ----------------------------------------------------------------------------------------
+void imm_round_trips_zero(void **) { assert_imm_round_trip(0, 0, wire::Opcode::Data); }
 
-void imm_round_trips_zero(void **) { assert_imm_round_trip(0, 0, false); }
-
-void imm_round_trips_one_of_each(void **) { assert_imm_round_trip(1, 1, false); }
+void imm_round_trips_one_of_each(void **) { assert_imm_round_trip(1, 1, wire::Opcode::Data); }
 
 void imm_round_trips_max_credits(void **) {
-  assert_imm_round_trip(wire::kMaxCreditsPerMsg, wire::kMaxCtrlCreditsPerMsg, false);
+  assert_imm_round_trip(wire::kMaxCreditsPerMsg, wire::kMaxCtrlCreditsPerMsg, wire::Opcode::Data);
 }
 
-void imm_round_trips_the_ctrl_bit_alone(void **) { assert_imm_round_trip(0, 0, true); }
+void imm_round_trips_the_credit_opcode_alone(void **) {
+  assert_imm_round_trip(0, 0, wire::Opcode::Credit);
+}
 
 void imm_round_trips_everything_set(void **) {
-  assert_imm_round_trip(wire::kMaxCreditsPerMsg, wire::kMaxCtrlCreditsPerMsg, true);
+  assert_imm_round_trip(wire::kMaxCreditsPerMsg, wire::kMaxCtrlCreditsPerMsg, wire::Opcode(15));
 }
 
 void imm_round_trips_fields_independently(void **) {
   // Each field at its maximum with the others zero: no field may leak into another.
-  assert_imm_round_trip(wire::kMaxCreditsPerMsg, 0, false);
-  assert_imm_round_trip(0, wire::kMaxCtrlCreditsPerMsg, false);
-  assert_imm_round_trip(0x8000, 0x80, true);  // top bit of each field
+  assert_imm_round_trip(wire::kMaxCreditsPerMsg, 0, wire::Opcode::Data);
+  assert_imm_round_trip(0, wire::kMaxCtrlCreditsPerMsg, wire::Opcode::Data);
+  assert_imm_round_trip(0, 0, wire::Opcode(15));
+  assert_imm_round_trip(0x8000, 0x80, wire::Opcode(8));  // top bit of each field
+}
+
+void imm_round_trips_every_opcode(void **) {
+  // All 16 values decode, reserved ones too: whether an opcode is allowed is the core's decision.
+  for (unsigned op = 0; op < wire::kOpcodeCount; ++op) {
+    assert_imm_round_trip(0, 0, wire::Opcode(op));
+    assert_imm_round_trip(0x1234, 0x56, wire::Opcode(op));
+    assert_imm_round_trip(wire::kMaxCreditsPerMsg, wire::kMaxCtrlCreditsPerMsg, wire::Opcode(op));
+  }
+}
+
+void imm_opcode_count_covers_the_four_opcode_bits(void **) {
+  assert_int_equal(wire::kOpcodeCount, 16);
+}
+
+void imm_opcodes_have_their_documented_values(void **) {
+  // These numbers travel on the wire: renumbering them breaks every older peer.
+  assert_int_equal(op_value(wire::Opcode::Data), 0);
+  assert_int_equal(op_value(wire::Opcode::Credit), 1);
+  assert_int_equal(op_value(wire::Opcode::Keepalive), 2);
+  assert_int_equal(op_value(wire::Opcode::Rendezvous), 3);
+  assert_int_equal(op_value(wire::Opcode::RdmaNotice), 4);
+}
+
+void imm_default_is_a_data_message_returning_nothing(void **) {
+  wire::Imm imm;
+  assert_int_equal(wire::encode_imm(imm), 0);
+}
+
+// Encodes the fields and checks the exact immediate value.
+void assert_imm_encodes_to(uint32_t credits, uint32_t ctrl_credits, wire::Opcode op,
+                           uint32_t expected) {
+  wire::Imm imm;
+  imm.credits = credits;
+  imm.ctrl_credits = ctrl_credits;
+  imm.op = op;
+  uint32_t v = wire::encode_imm(imm);
+  if (v != expected)
+    fail_msg("credits 0x%x, ctrl_credits 0x%x, opcode %u encode to 0x%08x, expected 0x%08x",
+             credits, ctrl_credits, op_value(op), v, expected);
 }
 
 void imm_layout_matches_the_documented_bits(void **) {
+  // bits 0..15 credits, 16..23 control credits, 24..27 zero, 28..31 opcode
+  assert_imm_encodes_to(0x1234, 0x56, wire::Opcode::Credit, 0x10561234u);
+  assert_imm_encodes_to(0x1234, 0x56, wire::Opcode::RdmaNotice, 0x40561234u);
+  assert_imm_encodes_to(0, 0, wire::Opcode(15), 0xf0000000u);
+  assert_imm_encodes_to(0xffff, 0xff, wire::Opcode::Data, 0x00ffffffu);
+}
+
+// Encodes oversized counts and checks that they are clamped and that the opcode survives.
+void assert_imm_clamps(uint32_t credits, uint32_t ctrl_credits, wire::Opcode op) {
   wire::Imm imm;
-  imm.credits = 0x1234;
-  imm.ctrl_credits = 0x56;
-  imm.ctrl = true;
-  // bits 0..15 credits, 16..23 control credits, 24 CTRL, 25..31 zero
-  assert_int_equal(wire::encode_imm(imm), 0x01561234u);
+  imm.credits = credits;
+  imm.ctrl_credits = ctrl_credits;
+  imm.op = op;
+  uint32_t v = wire::encode_imm(imm);
+  wire::Imm out;
+  if (!wire::decode_imm(v, &out))
+    fail_msg("credits 0x%x, ctrl_credits 0x%x spilled into the reserved bits: 0x%08x", credits,
+             ctrl_credits, v);
+  if (out.credits != wire::kMaxCreditsPerMsg || out.ctrl_credits != wire::kMaxCtrlCreditsPerMsg)
+    fail_msg("credits 0x%x, ctrl_credits 0x%x came back as 0x%x, 0x%x, expected the maxima",
+             credits, ctrl_credits, out.credits, out.ctrl_credits);
+  // An oversized count must not turn a data message into a credit-only one, or the reverse.
+  if (out.op != op)
+    fail_msg("credits 0x%x, ctrl_credits 0x%x changed opcode %u into %u", credits, ctrl_credits,
+             op_value(op), op_value(out.op));
 }
 
 void imm_encode_clamps_oversized_fields_instead_of_spilling(void **) {
-  wire::Imm imm;
-  imm.credits = wire::kMaxCreditsPerMsg + 1;         // would carry into the control credits
-  imm.ctrl_credits = wire::kMaxCtrlCreditsPerMsg + 1;  // would carry into the CTRL bit
-  uint32_t v = wire::encode_imm(imm);
-  wire::Imm out;
-  assert_true(wire::decode_imm(v, &out));  // no reserved bit may be set
-  assert_int_equal(out.credits, wire::kMaxCreditsPerMsg);
-  assert_int_equal(out.ctrl_credits, wire::kMaxCtrlCreditsPerMsg);
-  assert_false(out.ctrl);  // an oversized count must not turn a data message into a credit-only one
+  assert_imm_clamps(wire::kMaxCreditsPerMsg + 1, wire::kMaxCtrlCreditsPerMsg + 1,
+                    wire::Opcode::Data);
+  assert_imm_clamps(wire::kMaxCreditsPerMsg + 1, wire::kMaxCtrlCreditsPerMsg + 1,
+                    wire::Opcode::Credit);
+  assert_imm_clamps(0xffffffffu, 0xffffffffu, wire::Opcode::Data);
+  assert_imm_clamps(0xffffffffu, 0xffffffffu, wire::Opcode::Credit);
 }
 
 void imm_decode_rejects_each_reserved_bit(void **) {
-  for (int bit = 25; bit < 32; ++bit) {
+  for (int bit = 24; bit < 28; ++bit) {
     wire::Imm out;
     if (wire::decode_imm(1u << bit, &out))
       fail_msg("decode_imm accepted reserved bit %d (0x%08x)", bit, 1u << bit);
-    if (wire::decode_imm((1u << bit) | 0x01000001u, &out))
+    if (wire::decode_imm((1u << bit) | 0x10ffffffu, &out))
       fail_msg("decode_imm accepted reserved bit %d next to valid fields", bit);
   }
 }
 
 void imm_decode_accepts_every_unreserved_bit(void **) {
   wire::Imm out;
-  assert_true(wire::decode_imm(0x01ffffffu, &out));
+  assert_true(wire::decode_imm(0xf0ffffffu, &out));
   assert_int_equal(out.credits, 0xffff);
   assert_int_equal(out.ctrl_credits, 0xff);
-  assert_true(out.ctrl);
+  assert_int_equal(op_value(out.op), 15);
 }
 
 // --- Hello --------------------------------------------------------------------------------------
+
+const char *result_name(wire::HelloResult r) {
+  switch (r) {
+    case wire::HelloResult::Ok: return "Ok";
+    case wire::HelloResult::NotIbmsg: return "NotIbmsg";
+    case wire::HelloResult::OtherMajor: return "OtherMajor";
+    case wire::HelloResult::Invalid: return "Invalid";
+  }
+  return "(not a HelloResult)";
+}
 
 wire::Hello make_hello(uint32_t recv_depth, uint32_t ctrl_depth, uint32_t max_msg_size) {
   wire::Hello h;
@@ -107,35 +179,82 @@ wire::Hello make_hello(uint32_t recv_depth, uint32_t ctrl_depth, uint32_t max_ms
   return h;
 }
 
-void hello_round_trips(void **) {
+// Decodes len bytes of data and checks the result.
+void assert_hello_result(const void *data, size_t len, wire::HelloResult expected, wire::Hello *out,
+                         const char *what) {
+  wire::HelloResult r = wire::decode_hello(data, len, out);
+  if (r != expected)
+    fail_msg("decode_hello of %s returned %s, expected %s", what, result_name(r),
+             result_name(expected));
+}
+
+// Encodes h, decodes it and checks the result.
+wire::Hello assert_hello_decodes_as(const wire::Hello &h, wire::HelloResult expected,
+                                    const char *what) {
   uint8_t buf[wire::kHelloSize];
-  wire::encode_hello(make_hello(32, 4, 65536), buf);
+  wire::encode_hello(h, buf);
   wire::Hello out;
-  assert_true(wire::decode_hello(buf, sizeof buf, &out));
+  assert_hello_result(buf, sizeof buf, expected, &out, what);
+  return out;
+}
+
+// Encodes a valid hello, changes byte `index` to `value` and checks the result.
+void assert_hello_with_byte_is(size_t index, uint8_t value, wire::HelloResult expected,
+                               const char *what) {
+  uint8_t buf[wire::kHelloSize];
+  wire::encode_hello(make_hello(8, 4, 1024), buf);
+  buf[index] = value;
+  wire::Hello out;
+  assert_hello_result(buf, sizeof buf, expected, &out, what);
+}
+
+void hello_round_trips(void **) {
+  wire::Hello out = assert_hello_decodes_as(make_hello(32, 4, 65536), wire::HelloResult::Ok,
+                                            "a valid hello");
+  assert_int_equal(out.major, wire::kMajor);
+  assert_int_equal(out.minor, wire::kMinor);
+  assert_int_equal(out.features, wire::kFeatures);
   assert_int_equal(out.recv_depth, 32);
   assert_int_equal(out.ctrl_depth, 4);
   assert_int_equal(out.max_msg_size, 65536);
 }
 
-void hello_round_trips_extreme_values(void **) {
-  uint8_t buf[wire::kHelloSize];
-  wire::encode_hello(make_hello(0xffffffffu, 1, 0), buf);  // a zero max_msg_size is valid
-  wire::Hello out;
-  assert_true(wire::decode_hello(buf, sizeof buf, &out));
-  assert_int_equal(out.recv_depth, 0xffffffffu);
+void hello_round_trips_the_largest_values(void **) {
+  wire::Hello out = assert_hello_decodes_as(
+      make_hello(wire::kMaxDepth, wire::kMaxCtrlDepth, 0xffffffffu), wire::HelloResult::Ok,
+      "a hello at the limits");
+  assert_int_equal(out.recv_depth, wire::kMaxDepth);
+  assert_int_equal(out.ctrl_depth, wire::kMaxCtrlDepth);
+  assert_int_equal(out.max_msg_size, 0xffffffffu);
+}
+
+void hello_round_trips_the_smallest_values(void **) {
+  wire::Hello out =
+      assert_hello_decodes_as(make_hello(1, 1, 1), wire::HelloResult::Ok, "a hello of ones");
+  assert_int_equal(out.recv_depth, 1);
   assert_int_equal(out.ctrl_depth, 1);
-  assert_int_equal(out.max_msg_size, 0);
+  assert_int_equal(out.max_msg_size, 1);
+}
+
+void hello_limits_fit_the_credit_fields_of_the_immediate(void **) {
+  // A peer could never return more credits in one message than the immediate can carry.
+  assert_int_equal(wire::kMaxDepth, wire::kMaxCreditsPerMsg);
+  assert_int_equal(wire::kMaxCtrlDepth, wire::kMaxCtrlCreditsPerMsg);
 }
 
 void hello_layout_is_little_endian_byte_by_byte(void **) {
-  uint8_t buf[wire::kHelloSize];
+  uint8_t buf[wire::kHelloSize + 8];
   memset(buf, 0xee, sizeof buf);
-  wire::encode_hello(make_hello(0x01020304u, 0x0a0b0c0du, 0x00010000u), buf);
+  wire::Hello h = make_hello(0x01020304u, 0x0a0b0c0du, 0x00010000u);
+  h.features = 0x11223344u;
+  wire::encode_hello(h, buf);
   const uint8_t expected[wire::kHelloSize] = {
       0x53, 0x4d, 0x42, 0x49,  // magic 0x49424d53 ("IBMS" read as a big-endian word)
-      0x01, 0x00,              // version 1
+      0x01,                    // major
+      0x00,                    // minor
       0x01,                    // kind: hello
-      0x00,                    // reserved
+      0x00,                    // zero
+      0x44, 0x33, 0x22, 0x11,  // features
       0x04, 0x03, 0x02, 0x01,  // recv_depth
       0x0d, 0x0c, 0x0b, 0x0a,  // ctrl_depth
       0x00, 0x00, 0x01, 0x00,  // max_msg_size
@@ -143,6 +262,19 @@ void hello_layout_is_little_endian_byte_by_byte(void **) {
   for (size_t i = 0; i < sizeof expected; ++i)
     if (buf[i] != expected[i])
       fail_msg("hello byte %zu is 0x%02x, expected 0x%02x", i, buf[i], expected[i]);
+  for (size_t i = wire::kHelloSize; i < sizeof buf; ++i)
+    if (buf[i] != 0xee) fail_msg("encode_hello wrote byte %zu, past kHelloSize", i);
+}
+
+void hello_carries_the_version_of_the_struct(void **) {
+  // The core may answer with a version of its choosing: encode_hello writes what it is given.
+  uint8_t buf[wire::kHelloSize];
+  wire::Hello h = make_hello(8, 4, 1024);
+  h.major = 0x21;
+  h.minor = 0x22;
+  wire::encode_hello(h, buf);
+  assert_int_equal(buf[4], 0x21);
+  assert_int_equal(buf[5], 0x22);
 }
 
 void hello_fits_the_private_data_of_a_connect_request(void **) {
@@ -156,57 +288,154 @@ void hello_decodes_when_padded_by_the_transport(void **) {
   memset(buf, 0, sizeof buf);
   wire::encode_hello(make_hello(8, 4, 1024), buf);
   wire::Hello out;
-  assert_true(wire::decode_hello(buf, sizeof buf, &out));
+  assert_hello_result(buf, sizeof buf, wire::HelloResult::Ok, &out, "a hello padded to 56 bytes");
   assert_int_equal(out.recv_depth, 8);
   assert_int_equal(out.max_msg_size, 1024);
 }
 
-// Encodes a valid hello, changes byte `index` to `value` and checks that it is rejected.
-void assert_hello_rejected_with_byte(size_t index, uint8_t value, const char *what) {
+void hello_of_a_higher_minor_with_unknown_features_is_ok(void **) {
+  // A newer peer of the same major connects; the core keeps only the features both know.
+  wire::Hello h = make_hello(8, 4, 1024);
+  h.minor = wire::kMinor + 1;
+  h.features = 0xffffffffu;
+  wire::Hello out =
+      assert_hello_decodes_as(h, wire::HelloResult::Ok, "a hello of a higher minor");
+  assert_int_equal(out.major, wire::kMajor);
+  assert_int_equal(out.minor, wire::kMinor + 1);
+  assert_int_equal(out.features, 0xffffffffu);  // passed through, not masked
+  assert_int_equal(out.recv_depth, 8);
+}
+
+void hello_of_the_highest_minor_is_ok(void **) {
+  wire::Hello h = make_hello(8, 4, 1024);
+  h.minor = 0xff;
+  wire::Hello out = assert_hello_decodes_as(h, wire::HelloResult::Ok, "a hello of minor 255");
+  assert_int_equal(out.minor, 0xff);
+}
+
+void hello_of_another_major_is_other_major_with_its_version(void **) {
+  const uint8_t majors[] = {0, uint8_t(wire::kMajor + 1), 0xff};
+  for (uint8_t major : majors) {
+    wire::Hello h = make_hello(8, 4, 1024);
+    h.major = major;
+    h.minor = 7;
+    uint8_t buf[wire::kHelloSize];
+    wire::encode_hello(h, buf);
+    wire::Hello out;
+    out.major = wire::kMajor;  // must be overwritten
+    out.minor = 0;
+    wire::HelloResult r = wire::decode_hello(buf, sizeof buf, &out);
+    if (r != wire::HelloResult::OtherMajor)
+      fail_msg("decode_hello of major %u returned %s, expected OtherMajor", major,
+               result_name(r));
+    if (out.major != major || out.minor != 7)
+      fail_msg("decode_hello of version %u.7 reported version %u.%u", major, out.major,
+               out.minor);
+  }
+}
+
+void hello_of_another_major_is_not_judged_by_this_majors_fields(void **) {
+  // A later major may lay the rest out differently: a zero where this major has recv_depth must
+  // not make it Invalid, and the rest must not be read into out.
+  wire::Hello h = make_hello(0, 0, 0);
+  h.major = wire::kMajor + 1;
   uint8_t buf[wire::kHelloSize];
-  wire::encode_hello(make_hello(8, 4, 1024), buf);
-  buf[index] = value;
+  wire::encode_hello(h, buf);
   wire::Hello out;
-  if (wire::decode_hello(buf, sizeof buf, &out)) fail_msg("decode_hello accepted %s", what);
+  out.recv_depth = 77;
+  assert_hello_result(buf, sizeof buf, wire::HelloResult::OtherMajor, &out,
+                      "a hello of the next major with zero fields");
+  assert_int_equal(out.recv_depth, 77);
 }
 
-void hello_with_wrong_magic_is_rejected(void **) {
-  assert_hello_rejected_with_byte(0, 0x54, "a wrong magic (first byte)");
-  assert_hello_rejected_with_byte(3, 0x48, "a wrong magic (last byte)");
-}
-
-void hello_with_wrong_version_is_rejected(void **) {
-  assert_hello_rejected_with_byte(4, 2, "version 2");
-  assert_hello_rejected_with_byte(5, 1, "version 257");
-  assert_hello_rejected_with_byte(4, 0, "version 0");
-}
-
-void hello_with_wrong_kind_is_rejected(void **) {
-  assert_hello_rejected_with_byte(6, 2, "a reject's kind byte");
-  assert_hello_rejected_with_byte(6, 0, "kind 0");
-}
-
-void hello_too_short_is_rejected(void **) {
+void hello_of_another_major_shorter_than_a_hello_is_other_major(void **) {
+  // The next major's hello may be shorter; its 8-byte header is enough to name the version.
+  wire::Hello h = make_hello(8, 4, 1024);
+  h.major = wire::kMajor + 1;
+  h.minor = 3;
   uint8_t buf[wire::kHelloSize];
-  wire::encode_hello(make_hello(8, 4, 1024), buf);
-  wire::Hello out;
-  for (size_t len = 0; len < wire::kHelloSize; ++len)
-    if (wire::decode_hello(buf, len, &out)) fail_msg("decode_hello accepted %zu bytes", len);
+  wire::encode_hello(h, buf);
+  for (size_t len = 8; len < wire::kHelloSize; ++len) {
+    wire::Hello out;
+    wire::HelloResult r = wire::decode_hello(buf, len, &out);
+    if (r != wire::HelloResult::OtherMajor || out.major != wire::kMajor + 1 || out.minor != 3)
+      fail_msg("decode_hello of %zu bytes of version %u.3 returned %s with version %u.%u", len,
+               unsigned(wire::kMajor + 1), result_name(r), out.major, out.minor);
+  }
 }
 
-void hello_null_data_is_rejected(void **) {
-  wire::Hello out;
-  assert_false(wire::decode_hello(nullptr, wire::kHelloSize, &out));
+void hello_of_another_major_shorter_than_the_header_is_not_ibmsg(void **) {
+  wire::Hello h = make_hello(8, 4, 1024);
+  h.major = wire::kMajor + 1;
+  uint8_t buf[wire::kHelloSize];
+  wire::encode_hello(h, buf);
+  for (size_t len = 0; len < 8; ++len) {
+    wire::Hello out;
+    wire::HelloResult r = wire::decode_hello(buf, len, &out);
+    if (r != wire::HelloResult::NotIbmsg)
+      fail_msg("decode_hello of %zu bytes returned %s, expected NotIbmsg", len, result_name(r));
+  }
 }
 
-void hello_with_zero_depths_is_rejected(void **) {
+void hello_with_zero_recv_depth_is_invalid(void **) {
   // A peer that grants no credits could never be sent to.
+  assert_hello_decodes_as(make_hello(0, 4, 1024), wire::HelloResult::Invalid,
+                          "a hello with recv_depth 0");
+}
+
+void hello_with_recv_depth_beyond_the_limit_is_invalid(void **) {
+  assert_hello_decodes_as(make_hello(wire::kMaxDepth + 1, 4, 1024), wire::HelloResult::Invalid,
+                          "a hello with recv_depth kMaxDepth + 1");
+  assert_hello_decodes_as(make_hello(0xffffffffu, 4, 1024), wire::HelloResult::Invalid,
+                          "a hello with recv_depth 0xffffffff");
+}
+
+void hello_with_zero_ctrl_depth_is_invalid(void **) {
+  assert_hello_decodes_as(make_hello(8, 0, 1024), wire::HelloResult::Invalid,
+                          "a hello with ctrl_depth 0");
+}
+
+void hello_with_ctrl_depth_beyond_the_limit_is_invalid(void **) {
+  assert_hello_decodes_as(make_hello(8, wire::kMaxCtrlDepth + 1, 1024),
+                          wire::HelloResult::Invalid, "a hello with ctrl_depth kMaxCtrlDepth + 1");
+  assert_hello_decodes_as(make_hello(8, 0xffffffffu, 1024), wire::HelloResult::Invalid,
+                          "a hello with ctrl_depth 0xffffffff");
+}
+
+void hello_with_zero_max_msg_size_is_invalid(void **) {
+  assert_hello_decodes_as(make_hello(8, 4, 0), wire::HelloResult::Invalid,
+                          "a hello with max_msg_size 0");
+}
+
+void hello_with_wrong_magic_is_not_ibmsg(void **) {
+  assert_hello_with_byte_is(0, 0x54, wire::HelloResult::NotIbmsg, "a wrong magic (byte 0)");
+  assert_hello_with_byte_is(1, 0x4e, wire::HelloResult::NotIbmsg, "a wrong magic (byte 1)");
+  assert_hello_with_byte_is(2, 0x43, wire::HelloResult::NotIbmsg, "a wrong magic (byte 2)");
+  assert_hello_with_byte_is(3, 0x48, wire::HelloResult::NotIbmsg, "a wrong magic (byte 3)");
+}
+
+void hello_with_wrong_kind_is_not_ibmsg(void **) {
+  assert_hello_with_byte_is(6, 2, wire::HelloResult::NotIbmsg, "a reject's kind byte");
+  assert_hello_with_byte_is(6, 0, wire::HelloResult::NotIbmsg, "kind 0");
+  assert_hello_with_byte_is(6, 3, wire::HelloResult::NotIbmsg, "kind 3");
+}
+
+void hello_too_short_is_not_ibmsg(void **) {
   uint8_t buf[wire::kHelloSize];
+  wire::encode_hello(make_hello(8, 4, 1024), buf);
+  for (size_t len = 0; len < wire::kHelloSize; ++len) {
+    wire::Hello out;
+    wire::HelloResult r = wire::decode_hello(buf, len, &out);
+    if (r != wire::HelloResult::NotIbmsg)
+      fail_msg("decode_hello of %zu bytes of this major returned %s, expected NotIbmsg", len,
+               result_name(r));
+  }
+}
+
+void hello_null_data_is_not_ibmsg(void **) {
   wire::Hello out;
-  wire::encode_hello(make_hello(0, 4, 1024), buf);
-  assert_false(wire::decode_hello(buf, sizeof buf, &out));  // zero recv_depth
-  wire::encode_hello(make_hello(8, 0, 1024), buf);
-  assert_false(wire::decode_hello(buf, sizeof buf, &out));  // zero ctrl_depth
+  assert_hello_result(nullptr, wire::kHelloSize, wire::HelloResult::NotIbmsg, &out,
+                      "a null pointer");
 }
 
 // --- Reject -------------------------------------------------------------------------------------
@@ -293,7 +522,14 @@ void reject_decode_never_writes_past_a_small_buffer(void **) {
 void reject_layout_is_the_header_then_the_text(void **) {
   uint8_t buf[wire::kRejectMaxSize];
   size_t len = wire::encode_reject("no", buf);
-  const uint8_t expected[] = {0x53, 0x4d, 0x42, 0x49, 0x01, 0x00, 0x02, 0x00, 'n', 'o'};
+  const uint8_t expected[] = {
+      0x53, 0x4d, 0x42, 0x49,  // magic
+      0x01,                    // major
+      0x00,                    // minor
+      0x02,                    // kind: reject
+      0x00,                    // zero
+      'n',  'o',
+  };
   assert_int_equal(len, sizeof expected);
   for (size_t i = 0; i < sizeof expected; ++i)
     if (buf[i] != expected[i])
@@ -304,15 +540,32 @@ void reject_fits_the_private_data_of_a_reject(void **) {
   assert_true(wire::kRejectMaxSize <= 148);  // an IB REJ carries 148 bytes of private data
 }
 
-void reject_with_wrong_header_is_rejected(void **) {
+void reject_with_wrong_magic_or_kind_is_rejected(void **) {
   uint8_t buf[wire::kRejectMaxSize];
   char text[wire::kRejectTextMax + 1];
-  const size_t bytes[] = {0, 4, 6};  // magic, version, kind
+  const size_t bytes[] = {0, 1, 2, 3, 6};  // magic, kind
   for (size_t b : bytes) {
     size_t len = wire::encode_reject("why", buf);
     buf[b] ^= 0x10;
     if (wire::decode_reject(buf, len, text, sizeof text))
       fail_msg("decode_reject accepted a reject with header byte %zu changed", b);
+  }
+}
+
+void reject_from_another_version_still_decodes_its_text(void **) {
+  // The text is how a peer of another major learns why it was refused: only magic and kind count.
+  const uint8_t versions[][2] = {{uint8_t(wire::kMajor + 1), 0}, {0, 0}, {0xff, 0xff},
+                                 {wire::kMajor, uint8_t(wire::kMinor + 1)}};
+  for (const auto &v : versions) {
+    uint8_t buf[wire::kRejectMaxSize];
+    size_t len = wire::encode_reject("version 1.0 required", buf);
+    buf[4] = v[0];
+    buf[5] = v[1];
+    char text[wire::kRejectTextMax + 1] = "";
+    if (!wire::decode_reject(buf, len, text, sizeof text))
+      fail_msg("decode_reject refused the reject of version %u.%u", v[0], v[1]);
+    if (strcmp(text, "version 1.0 required") != 0)
+      fail_msg("the reject of version %u.%u decoded to \"%s\"", v[0], v[1], text);
   }
 }
 
@@ -337,9 +590,9 @@ void hello_and_reject_are_not_mistaken_for_each_other(void **) {
 
   uint8_t reject[wire::kRejectMaxSize];
   memset(reject, 1, sizeof reject);  // non-zero "depths" after the header
-  wire::encode_reject("\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01", reject);
+  wire::encode_reject("\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01\x01", reject);
   wire::Hello out;
-  assert_false(wire::decode_hello(reject, sizeof reject, &out));
+  assert_hello_result(reject, sizeof reject, wire::HelloResult::NotIbmsg, &out, "a reject");
 }
 
 }  // namespace
@@ -349,24 +602,40 @@ int main(void) {
       cmocka_unit_test(imm_round_trips_zero),
       cmocka_unit_test(imm_round_trips_one_of_each),
       cmocka_unit_test(imm_round_trips_max_credits),
-      cmocka_unit_test(imm_round_trips_the_ctrl_bit_alone),
+      cmocka_unit_test(imm_round_trips_the_credit_opcode_alone),
       cmocka_unit_test(imm_round_trips_everything_set),
       cmocka_unit_test(imm_round_trips_fields_independently),
+      cmocka_unit_test(imm_round_trips_every_opcode),
+      cmocka_unit_test(imm_opcode_count_covers_the_four_opcode_bits),
+      cmocka_unit_test(imm_opcodes_have_their_documented_values),
+      cmocka_unit_test(imm_default_is_a_data_message_returning_nothing),
       cmocka_unit_test(imm_layout_matches_the_documented_bits),
       cmocka_unit_test(imm_encode_clamps_oversized_fields_instead_of_spilling),
       cmocka_unit_test(imm_decode_rejects_each_reserved_bit),
       cmocka_unit_test(imm_decode_accepts_every_unreserved_bit),
       cmocka_unit_test(hello_round_trips),
-      cmocka_unit_test(hello_round_trips_extreme_values),
+      cmocka_unit_test(hello_round_trips_the_largest_values),
+      cmocka_unit_test(hello_round_trips_the_smallest_values),
+      cmocka_unit_test(hello_limits_fit_the_credit_fields_of_the_immediate),
       cmocka_unit_test(hello_layout_is_little_endian_byte_by_byte),
+      cmocka_unit_test(hello_carries_the_version_of_the_struct),
       cmocka_unit_test(hello_fits_the_private_data_of_a_connect_request),
       cmocka_unit_test(hello_decodes_when_padded_by_the_transport),
-      cmocka_unit_test(hello_with_wrong_magic_is_rejected),
-      cmocka_unit_test(hello_with_wrong_version_is_rejected),
-      cmocka_unit_test(hello_with_wrong_kind_is_rejected),
-      cmocka_unit_test(hello_too_short_is_rejected),
-      cmocka_unit_test(hello_null_data_is_rejected),
-      cmocka_unit_test(hello_with_zero_depths_is_rejected),
+      cmocka_unit_test(hello_of_a_higher_minor_with_unknown_features_is_ok),
+      cmocka_unit_test(hello_of_the_highest_minor_is_ok),
+      cmocka_unit_test(hello_of_another_major_is_other_major_with_its_version),
+      cmocka_unit_test(hello_of_another_major_is_not_judged_by_this_majors_fields),
+      cmocka_unit_test(hello_of_another_major_shorter_than_a_hello_is_other_major),
+      cmocka_unit_test(hello_of_another_major_shorter_than_the_header_is_not_ibmsg),
+      cmocka_unit_test(hello_with_zero_recv_depth_is_invalid),
+      cmocka_unit_test(hello_with_recv_depth_beyond_the_limit_is_invalid),
+      cmocka_unit_test(hello_with_zero_ctrl_depth_is_invalid),
+      cmocka_unit_test(hello_with_ctrl_depth_beyond_the_limit_is_invalid),
+      cmocka_unit_test(hello_with_zero_max_msg_size_is_invalid),
+      cmocka_unit_test(hello_with_wrong_magic_is_not_ibmsg),
+      cmocka_unit_test(hello_with_wrong_kind_is_not_ibmsg),
+      cmocka_unit_test(hello_too_short_is_not_ibmsg),
+      cmocka_unit_test(hello_null_data_is_not_ibmsg),
       cmocka_unit_test(reject_round_trips_text),
       cmocka_unit_test(reject_without_text_decodes_to_empty_text),
       cmocka_unit_test(reject_text_is_cut_at_the_maximum),
@@ -376,7 +645,8 @@ int main(void) {
       cmocka_unit_test(reject_decode_never_writes_past_a_small_buffer),
       cmocka_unit_test(reject_layout_is_the_header_then_the_text),
       cmocka_unit_test(reject_fits_the_private_data_of_a_reject),
-      cmocka_unit_test(reject_with_wrong_header_is_rejected),
+      cmocka_unit_test(reject_with_wrong_magic_or_kind_is_rejected),
+      cmocka_unit_test(reject_from_another_version_still_decodes_its_text),
       cmocka_unit_test(reject_too_short_or_null_is_rejected),
       cmocka_unit_test(hello_and_reject_are_not_mistaken_for_each_other),
   };
