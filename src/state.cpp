@@ -2,47 +2,44 @@
 
 namespace ibmsg {
 
+namespace {
+
+struct Row {
+  State from;
+  Event ev;
+  State to;
+};
+
+// The whole machine: a (state, event) pair that is not here is a bug in the caller.
+constexpr Row kTable[] = {
+    {State::Idle, Event::Listen, State::Listening},
+    {State::Idle, Event::Connect, State::ResolvingAddr},
+    {State::Idle, Event::Accept, State::Accepting},
+    {State::ResolvingAddr, Event::AddrResolved, State::ResolvingRoute},
+    {State::ResolvingRoute, Event::RouteResolved, State::Connecting},
+    {State::Connecting, Event::Established, State::Connected},
+    {State::Accepting, Event::Established, State::Connected},
+    {State::Connected, Event::PeerDisconnected, State::Closing},
+    {State::Closing, Event::TornDown, State::Closed},
+};
+
+// Disconnect and Failed are valid in every open state.
+bool is_open(State s) { return s != State::Idle && s != State::Closing && s != State::Closed; }
+
+}  // namespace
+
 bool transition(State from, Event ev, State *to) {
-  State next = from;
-  switch (ev) {
-    case Event::Listen:
-      if (from != State::Idle) return false;
-      next = State::Listening;
-      break;
-    case Event::Connect:
-      if (from != State::Idle) return false;
-      next = State::ResolvingAddr;
-      break;
-    case Event::AddrResolved:
-      if (from != State::ResolvingAddr) return false;
-      next = State::ResolvingRoute;
-      break;
-    case Event::RouteResolved:
-      if (from != State::ResolvingRoute) return false;
-      next = State::Connecting;
-      break;
-    case Event::Accept:
-      if (from != State::Idle) return false;
-      next = State::Accepting;
-      break;
-    case Event::Established:
-      if (from != State::Connecting && from != State::Accepting) return false;
-      next = State::Connected;
-      break;
-    case Event::Disconnect:
-    case Event::PeerDisconnected:
-    case Event::Failed:
-      if (from == State::Idle || from == State::Closing || from == State::Closed) return false;
-      if (ev == Event::PeerDisconnected && from != State::Connected) return false;
-      next = State::Closing;
-      break;
-    case Event::TornDown:
-      if (from != State::Closing) return false;
-      next = State::Closed;
-      break;
+  if ((ev == Event::Disconnect || ev == Event::Failed) && is_open(from)) {
+    *to = State::Closing;
+    return true;
   }
-  *to = next;
-  return true;
+  for (const Row &r : kTable) {
+    if (r.from == from && r.ev == ev) {
+      *to = r.to;
+      return true;
+    }
+  }
+  return false;
 }
 
 ibmsg_socket_status public_status(State s, int close_reason) {

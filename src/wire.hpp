@@ -53,7 +53,7 @@ constexpr uint32_t kFeatures = 0;
 constexpr uint32_t kMaxDepth = 65535;     // data credits fit 16 bits
 constexpr uint32_t kMaxCtrlDepth = 255;   // control credits fit 8 bits
 
-// Sent with rdma_connect() and rdma_accept(). Fits the 56 bytes an IB/RoCE REQ leaves for
+// Sent with the connect and accept calls of the CM. Fits the 56 bytes an IB/RoCE REQ leaves for
 // private data.
 struct Hello {
   uint8_t major = kMajor;
@@ -74,7 +74,7 @@ enum class HelloResult {
 };
 HelloResult decode_hello(const void *data, size_t len, Hello *out);
 
-// Sent with rdma_reject(); the text is what the peer sees in ibmsg_socket.reject_reason. Its
+// Sent with a CM rejection; the text is what the peer sees in ibmsg_socket.reject_reason. Its
 // header carries any version: a peer of another major still reads the text.
 constexpr size_t kRejectTextMax = 128;
 constexpr size_t kRejectHeader = 8;

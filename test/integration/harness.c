@@ -321,7 +321,8 @@ int h_accept(h_ctx *ctx, ibmsg_connection_request *request) {
     return ibmsg_reject(request, "test harness full");
   }
   s = &ctx->servers[ctx->n_servers];
-  rc = ibmsg_accept(request, &s->sock);
+  rc = ctx->accept_opts ? ibmsg_accept_opts(request, &s->sock, ctx->accept_opts)
+                        : ibmsg_accept(request, &s->sock);
   if (rc != IBMSG_OK) {
     ctx->accept_failures++;
     ctx->last_accept_rc = rc;
@@ -564,7 +565,8 @@ void h_listen(h_ctx *ctx, const char *ip, int max_connections) {
   int rc;
 
   h_conn_reset(l, ctx, "listener");
-  rc = ibmsg_listen(&ctx->loop, &l->sock, ip, 0, max_connections);
+  rc = ctx->listen_opts ? ibmsg_listen_opts(&ctx->loop, &l->sock, ip, 0, max_connections, ctx->listen_opts)
+                        : ibmsg_listen(&ctx->loop, &l->sock, ip, 0, max_connections);
   if (rc != IBMSG_OK)
     h_fail_at(__FILE__, __LINE__, "ibmsg_listen(%s, port 0, %d) failed: %s (%d)",
               ip ? ip : "NULL", max_connections, ibmsg_err_name(rc), rc);
@@ -582,7 +584,8 @@ int h_try_connect(h_ctx *ctx, h_conn **client, const char *ip, unsigned short po
 
   H_CHECK(ctx->n_clients < H_MAX_CONNS, "too many clients for the harness");
   c = &ctx->clients[ctx->n_clients++];
-  rc = ibmsg_connect(&ctx->loop, &c->sock, ip, port);
+  rc = ctx->connect_opts ? ibmsg_connect_opts(&ctx->loop, &c->sock, ip, port, ctx->connect_opts)
+                         : ibmsg_connect(&ctx->loop, &c->sock, ip, port);
   if (rc == IBMSG_OK) {
     c->sock.user_data = c;
     c->active = 1;

@@ -113,6 +113,11 @@ struct h_ctx {
   ibmsg_buffer msgs[H_MAX_MSGS];
   int outstanding[H_MAX_MSGS];
 
+  /* Option sets for h_listen, h_connect and the harness's accept (NULL: the plain calls). */
+  ibmsg_options *listen_opts;
+  ibmsg_options *connect_opts;
+  ibmsg_options *accept_opts;
+
   char error[512]; /* the first problem a callback saw; fails the next wait */
 
   /** Drives the loop for at most max_wait_ms; default: ibmsg_dispatch_event_loop_timeout(). */

@@ -163,6 +163,61 @@ static void max_connections_slot_is_free_again_after_close(void **state) {
   h_finish(ctx);
 }
 
+/* An option set with IBMSG_OPT_MAX_MSG_SIZE = size (freed by the test). */
+static ibmsg_options *max_size_opts(h_ctx *ctx, int size) {
+  ibmsg_options *o = ibmsg_options_new(&ctx->loop);
+  H_CHECK(o != NULL, "ibmsg_options_new returned NULL");
+  H_ASSERT_OK(ibmsg_options_set(o, IBMSG_OPT_MAX_MSG_SIZE, &size, sizeof size));
+  return o;
+}
+
+static void listener_options_apply_to_its_accepted_connections(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  ibmsg_buffer msg;
+
+  ctx->listen_opts = max_size_opts(ctx, 1000);
+  h_listen(ctx, ctx->addr, 4);
+  ibmsg_options_free(ctx->listen_opts); /* the listener keeps its own copy */
+  ctx->listen_opts = NULL;
+  h_pair(ctx, &client, &server);
+  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&server->sock), 1000, "max size of the accepted socket");
+  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&client->sock), 1000,
+              "max size of the client (the smaller of both sides)");
+  H_ASSERT_CODE(ibmsg_alloc_msg(&msg, &client->sock, 1001), IBMSG_EMSGSIZE);
+  h_finish(ctx);
+}
+
+static void accept_options_override_the_listener_options(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+
+  ctx->listen_opts = max_size_opts(ctx, 1000);
+  ctx->accept_opts = max_size_opts(ctx, 500);
+  h_pair(ctx, &client, &server);
+  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&server->sock), 500, "max size of the accepted socket");
+  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&client->sock), 500, "max size of the client");
+  ibmsg_options_free(ctx->listen_opts);
+  ibmsg_options_free(ctx->accept_opts);
+  ctx->listen_opts = ctx->accept_opts = NULL;
+  h_finish(ctx);
+}
+
+static void connect_options_apply_to_that_connection_only(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *small, *plain, *server;
+
+  ctx->connect_opts = max_size_opts(ctx, 300);
+  h_pair(ctx, &small, &server);
+  ibmsg_options_free(ctx->connect_opts);
+  ctx->connect_opts = NULL;
+  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&small->sock), 300, "max size of the client with options");
+  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&server->sock), 300, "max size of its accepted socket");
+  h_pair(ctx, &plain, &server);
+  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&plain->sock), 65536, "max size of a client without options");
+  h_finish(ctx);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       H_TEST(accept_establishes_both_sides_exactly_once),
@@ -174,6 +229,9 @@ int main(int argc, char **argv) {
       H_TEST(no_request_callback_rejects),
       H_TEST(listener_enforces_max_connections),
       H_TEST(max_connections_slot_is_free_again_after_close),
+      H_TEST(listener_options_apply_to_its_accepted_connections),
+      H_TEST(accept_options_override_the_listener_options),
+      H_TEST(connect_options_apply_to_that_connection_only),
   };
   h_init(argc, argv);
   return cmocka_run_group_tests(tests, NULL, NULL);

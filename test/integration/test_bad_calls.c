@@ -414,6 +414,7 @@ static void setopt_rejects_unknown_options_wrong_lengths_and_bad_values(void **s
   H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_RNR_RETRY, &bad, sizeof bad), IBMSG_EINVAL);
   bad = 0;
   H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_RECV_DEPTH, &bad, sizeof bad), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &bad, sizeof bad), IBMSG_EINVAL);
   H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_SEND_DEPTH, &bad, sizeof bad), IBMSG_EINVAL);
 
   /* A rejected value leaves the option as it was (the harness set RNR retry 0). */
@@ -423,6 +424,55 @@ static void setopt_rejects_unknown_options_wrong_lengths_and_bad_values(void **s
   H_ASSERT_EQ(got, 0, "IBMSG_OPT_RNR_RETRY after rejected values");
   len = 2;
   H_ASSERT_CODE(ibmsg_getopt(loop, IBMSG_OPT_RNR_RETRY, &got, &len), IBMSG_EINVAL);
+  h_finish(ctx);
+}
+
+static void option_sets_check_their_handles_and_values(void **state) {
+  h_ctx *ctx = *state;
+  ibmsg_event_loop never_initialized;
+  ibmsg_options *o;
+  long not_a_set[16];
+  int v = 0;
+  size_t len = sizeof v;
+  ibmsg_socket sock;
+
+  memset(&never_initialized, 0, sizeof never_initialized);
+  memset(not_a_set, 0, sizeof not_a_set);
+  H_CHECK(ibmsg_options_new(&never_initialized) == NULL, "ibmsg_options_new accepted a bad loop");
+  o = ibmsg_options_new(NULL);
+  H_CHECK(o != NULL, "ibmsg_options_new(NULL) returned NULL");
+  H_ASSERT_OK(ibmsg_options_get(o, IBMSG_OPT_RECV_DEPTH, &v, &len));
+  H_ASSERT_EQ(v, 32, "IBMSG_OPT_RECV_DEPTH of a set made without a loop (the built-in default)");
+  v = 0;
+  H_ASSERT_CODE(ibmsg_options_set(o, IBMSG_OPT_MAX_MSG_SIZE, &v, sizeof v), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_options_set(o, 99, &v, sizeof v), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_options_set(NULL, IBMSG_OPT_RECV_DEPTH, &v, sizeof v), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_options_get(NULL, IBMSG_OPT_RECV_DEPTH, &v, &len), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_listen_opts(&ctx->loop, &sock, ctx->addr, 0, 1,
+                                  (const ibmsg_options *)(void *)not_a_set), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_connect_opts(&ctx->loop, &sock, ctx->addr, 1,
+                                   (const ibmsg_options *)(void *)not_a_set), IBMSG_EINVAL);
+  ibmsg_options_free(o);
+  ibmsg_options_free(NULL);
+  h_finish(ctx);
+}
+
+static void listen_or_connect_on_an_open_socket_returns_estate(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+
+  h_pair(ctx, &client, &server);
+  H_ASSERT_CODE(ibmsg_listen(&ctx->loop, &client->sock, ctx->addr, 0, 1), IBMSG_ESTATE);
+  H_ASSERT_CODE(ibmsg_connect(&ctx->loop, &client->sock, ctx->addr, ctx->port), IBMSG_ESTATE);
+  H_ASSERT_CODE(ibmsg_listen(&ctx->loop, &ctx->listener.sock, ctx->addr, 0, 1), IBMSG_ESTATE);
+  H_ASSERT_CODE(ibmsg_connect(&ctx->loop, &server->sock, ctx->addr, ctx->port), IBMSG_ESTATE);
+  /* Both sockets are untouched: the connection still carries a message. */
+  H_ASSERT_STATUS(client->sock.status, IBMSG_CONNECTED, "client status after the refused calls");
+  H_ASSERT_STATUS(ctx->listener.sock.status, IBMSG_LISTENING, "listener status after the refused calls");
+  h_alloc_fill(client, &ctx->msgs[0], 64);
+  h_post(client, &ctx->msgs[0]);
+  H_RUN_UNTIL(ctx, server->received == 1 && client->sent == 1, H_TIMEOUT_MS);
+  H_ASSERT_OK(ibmsg_free_msg(&ctx->msgs[0]));
   h_finish(ctx);
 }
 
@@ -543,6 +593,8 @@ int main(int argc, char **argv) {
       H_TEST(running_or_destroying_the_loop_inside_a_callback_returns_ebusy),
       H_TEST(setopt_rejects_unknown_options_wrong_lengths_and_bad_values),
       H_TEST(options_have_documented_defaults),
+      H_TEST(option_sets_check_their_handles_and_values),
+      H_TEST(listen_or_connect_on_an_open_socket_returns_estate),
       H_TEST(setopt_values_read_back_with_getopt),
       H_TEST(strerror_and_err_name_cover_every_code),
   };

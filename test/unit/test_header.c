@@ -67,18 +67,18 @@ static const struct {
   size_t c_value;
 } layout[] = {
     SIZE(ibmsg_buffer) OFF(ibmsg_buffer, data) OFF(ibmsg_buffer, size) OFF(ibmsg_buffer, status)
-    OFF(ibmsg_buffer, user_data) OFF(ibmsg_buffer, impl)
+    OFF(ibmsg_buffer, user_data) OFF(ibmsg_buffer, impl) OFF(ibmsg_buffer, reserved)
     SIZE(ibmsg_socket) OFF(ibmsg_socket, status) OFF(ibmsg_socket, user_data)
     OFF(ibmsg_socket, loop) OFF(ibmsg_socket, close_reason) OFF(ibmsg_socket, reject_reason)
-    OFF(ibmsg_socket, impl)
+    OFF(ibmsg_socket, impl) OFF(ibmsg_socket, reserved)
     SIZE(ibmsg_event_loop) OFF(ibmsg_event_loop, connection_request)
     OFF(ibmsg_event_loop, connection_established) OFF(ibmsg_event_loop, message_received)
     OFF(ibmsg_event_loop, message_sent) OFF(ibmsg_event_loop, connection_closed)
-    OFF(ibmsg_event_loop, user_data) OFF(ibmsg_event_loop, impl)
+    OFF(ibmsg_event_loop, user_data) OFF(ibmsg_event_loop, impl) OFF(ibmsg_event_loop, reserved)
     SIZE(ibmsg_connection_request) OFF(ibmsg_connection_request, status)
     OFF(ibmsg_connection_request, listener) OFF(ibmsg_connection_request, loop)
     OFF(ibmsg_connection_request, peer_address) OFF(ibmsg_connection_request, peer_port)
-    OFF(ibmsg_connection_request, impl)
+    OFF(ibmsg_connection_request, impl) OFF(ibmsg_connection_request, reserved)
     SIZE(enum ibmsg_error) SIZE(enum ibmsg_socket_status) SIZE(enum ibmsg_buffer_status)
     SIZE(enum ibmsg_request_status) SIZE(enum ibmsg_option)
     SIZE(ibmsg_connection_request_cb) SIZE(ibmsg_message_sent_cb)
@@ -230,6 +230,40 @@ static void public_structs_hold_what_the_header_promises(void **state) {
   assert_int_equal(an_option, IBMSG_OPT_RECV_DEPTH);
 }
 
+/* Later minor versions add fields in the reserved room, so it must be the last member of each
+ * caller-allocated struct and hold four pointers. */
+#define ASSERT_ENDS_IN_RESERVED(t)                                                               \
+  do {                                                                                           \
+    t *x = NULL;                                                                                 \
+    if (sizeof x->reserved != 4 * sizeof(void *))                                                \
+      fail_msg(#t ".reserved is %zu bytes, expected room for 4 pointers", sizeof x->reserved);  \
+    if (offsetof(t, reserved) + sizeof x->reserved != sizeof(t))                                 \
+      fail_msg(#t ".reserved ends at %zu, but the struct is %zu bytes: it is not last",          \
+               offsetof(t, reserved) + sizeof x->reserved, sizeof(t));                           \
+  } while (0)
+
+static void public_structs_end_in_reserved_room(void **state) {
+  (void)state;
+  ASSERT_ENDS_IN_RESERVED(ibmsg_buffer);
+  ASSERT_ENDS_IN_RESERVED(ibmsg_socket);
+  ASSERT_ENDS_IN_RESERVED(ibmsg_event_loop);
+  ASSERT_ENDS_IN_RESERVED(ibmsg_connection_request);
+}
+
+/* The sizes of ABI 1 (soname libibmsg.so.1) on LP64: a change here breaks compiled programs and
+ * needs a new soname; new fields go into the reserved room instead. */
+static void struct_sizes_are_those_of_abi_1(void **state) {
+  (void)state;
+#if defined(__LP64__)
+  assert_int_equal(sizeof(ibmsg_buffer), 72);
+  assert_int_equal(sizeof(ibmsg_socket), 200);
+  assert_int_equal(sizeof(ibmsg_event_loop), 88);
+  assert_int_equal(sizeof(ibmsg_connection_request), 80);
+#else
+  skip();
+#endif
+}
+
 static void cxx_calls_the_same_library(void **state) {
   (void)state;
   /* The same static string: the C++ half linked the same extern "C" symbol. */
@@ -253,6 +287,8 @@ int main(void) {
       cmocka_unit_test(error_codes_are_distinct),
       cmocka_unit_test(original_ibmsg_names_are_ibmsg_error_codes),
       cmocka_unit_test(public_structs_hold_what_the_header_promises),
+      cmocka_unit_test(public_structs_end_in_reserved_room),
+      cmocka_unit_test(struct_sizes_are_those_of_abi_1),
       cmocka_unit_test(cxx_calls_the_same_library),
       cmocka_unit_test(cxx_wrapper_error_carries_the_c_code_and_text),
   };
