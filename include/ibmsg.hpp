@@ -126,6 +126,64 @@ inline std::tuple<int, int, int> version() noexcept {
 inline const char *version_string() noexcept { return ibmsg_version_string(); }
 
 /* ---------------------------------------------------------------------------------------------
+ * Option sets
+ * ------------------------------------------------------------------------------------------ */
+
+class loop;
+
+/**
+ * A set of socket options (ibmsg_options_new()) for socket::listen(), socket::connect() and
+ * connection_request::accept(): move-only, freed by the destructor. The socket copies the set.
+ */
+class options {
+ public:
+  /** The built-in defaults. Throws ibmsg::error (IBMSG_ENOMEM). */
+  options() : o_(ibmsg_options_new(nullptr)) {
+    if (!o_) throw error(IBMSG_ENOMEM);
+  }
+  /** The current defaults of loop l. Throws ibmsg::error. */
+  explicit options(loop &l);
+  ~options() { ibmsg_options_free(o_); }
+  options(const options &) = delete;
+  options &operator=(const options &) = delete;
+  /** Takes over other's set; other becomes empty. */
+  options(options &&other) noexcept : o_(other.o_) { other.o_ = nullptr; }
+  /** Frees this set and takes over other's. */
+  options &operator=(options &&other) noexcept {
+    if (this != &other) {
+      ibmsg_options_free(o_);
+      o_ = other.o_;
+      other.o_ = nullptr;
+    }
+    return *this;
+  }
+
+  /** Sets an int option; returns *this. Throws ibmsg::error (IBMSG_EINVAL). */
+  options &set(int option, int value) {
+    detail::check(ibmsg_options_set(o_, option, &value, sizeof value));
+    return *this;
+  }
+  /** Sets a string option; returns *this. Throws ibmsg::error. */
+  options &set(int option, std::string_view value) {
+    detail::check(ibmsg_options_set(o_, option, value.empty() ? "" : value.data(), value.size()));
+    return *this;
+  }
+  /** Reads an int option. Throws ibmsg::error. */
+  int get(int option) const {
+    int value = 0;
+    std::size_t len = sizeof value;
+    detail::check(ibmsg_options_get(o_, option, &value, &len));
+    return value;
+  }
+
+  /** The C option set (nullptr once moved from). */
+  const ibmsg_options *handle() const noexcept { return o_; }
+
+ private:
+  ibmsg_options *o_;
+};
+
+/* ---------------------------------------------------------------------------------------------
  * Socket
  * ------------------------------------------------------------------------------------------ */
 
@@ -173,6 +231,10 @@ class socket {
    * Throws ibmsg::error (IBMSG_ESTATE if this socket is still open).
    */
   void listen(loop &l, const char *ip, unsigned short port, int max_connections);
+  /** listen() with an option set instead of the loop's defaults; the connections it accepts take
+   *  these options unless accept() is given others. */
+  void listen(loop &l, const char *ip, unsigned short port, int max_connections,
+              const options &opts);
   /** listen() with the address as a std::string. */
   void listen(loop &l, const std::string &ip, unsigned short port, int max_connections) {
     listen(l, ip.c_str(), port, max_connections);
@@ -184,6 +246,8 @@ class socket {
    * Throws ibmsg::error (IBMSG_ESTATE if this socket is still open).
    */
   void connect(loop &l, const char *ip, unsigned short port);
+  /** connect() with an option set instead of the loop's defaults. */
+  void connect(loop &l, const char *ip, unsigned short port, const options &opts);
   /** connect() with the address as a std::string. */
   void connect(loop &l, const std::string &ip, unsigned short port) {
     connect(l, ip.c_str(), port);
@@ -433,6 +497,11 @@ class connection_request {
    */
   void accept(socket &s) {
     detail::check(ibmsg_accept(r_, s.prepare()));
+    s.opened();
+  }
+  /** accept() with an option set instead of the listener's options. */
+  void accept(socket &s, const options &opts) {
+    detail::check(ibmsg_accept_opts(r_, s.prepare(), opts.handle()));
     s.opened();
   }
   /** Rejects the connection; the peer closes with IBMSG_EREJECTED and reason (at most 128
@@ -693,6 +762,21 @@ inline void socket::listen(loop &l, const char *ip, unsigned short port, int max
 inline void socket::connect(loop &l, const char *ip, unsigned short port) {
   detail::check(ibmsg_connect(l.handle(), prepare(), ip, port));
   opened();
+}
+
+inline void socket::listen(loop &l, const char *ip, unsigned short port, int max_connections,
+                           const options &opts) {
+  detail::check(ibmsg_listen_opts(l.handle(), prepare(), ip, port, max_connections, opts.handle()));
+  opened();
+}
+
+inline void socket::connect(loop &l, const char *ip, unsigned short port, const options &opts) {
+  detail::check(ibmsg_connect_opts(l.handle(), prepare(), ip, port, opts.handle()));
+  opened();
+}
+
+inline options::options(loop &l) : o_(ibmsg_options_new(l.handle())) {
+  if (!o_) throw error(IBMSG_EINVAL);
 }
 
 inline void socket::reset() noexcept {

@@ -234,7 +234,50 @@ void options_round_trip(void **) {
   });
 }
 
+void option_sets_start_from_the_defaults_and_check_values(void **) {
+  guarded([] {
+    ibmsg::loop lp;
+    lp.set_option(IBMSG_OPT_RECV_DEPTH, 9);
+    ibmsg::options from_loop(lp), builtin;
+    CHECK(from_loop.get(IBMSG_OPT_RECV_DEPTH) == 9, "a set made from the loop has RECV_DEPTH %d",
+          from_loop.get(IBMSG_OPT_RECV_DEPTH));
+    CHECK(builtin.get(IBMSG_OPT_RECV_DEPTH) == 32, "a default set has RECV_DEPTH %d",
+          builtin.get(IBMSG_OPT_RECV_DEPTH));
+    builtin.set(IBMSG_OPT_MAX_MSG_SIZE, 700).set(IBMSG_OPT_DEVICE, "rxe0");
+    CHECK(builtin.get(IBMSG_OPT_MAX_MSG_SIZE) == 700, "MAX_MSG_SIZE reads back %d",
+          builtin.get(IBMSG_OPT_MAX_MSG_SIZE));
+    int code = error_code_of([&] { builtin.set(IBMSG_OPT_MAX_MSG_SIZE, 0); });
+    CHECK(code == IBMSG_EINVAL, "MAX_MSG_SIZE 0: %s, expected IBMSG_EINVAL", code_name(code));
+    ibmsg::options moved(std::move(builtin));
+    CHECK(moved.handle() != nullptr && builtin.handle() == nullptr, "move did not take the set");
+    lp.close();
+  });
+}
+
 /* ---- connections ----------------------------------------------------------------------------- */
+
+void option_sets_apply_to_listen_connect_and_accept(void **) {
+  guarded([] {
+    peers p;
+    ibmsg::options small, smaller;
+    small.set(IBMSG_OPT_MAX_MSG_SIZE, 1000);
+    smaller.set(IBMSG_OPT_MAX_MSG_SIZE, 400);
+    p.lp.on_connection_request([&](ibmsg::connection_request &r) {
+      r.accept(p.server, smaller);
+      p.server_h = p.server.handle();
+    });
+    p.listener.listen(p.lp, addr, 0, 8, small);
+    p.port = p.listener.local_port();
+    p.client.connect(p.lp, addr, p.port, small);
+    CHECK(p.wait([&] { return p.established.size() == 2; }), "%zu of 2 sockets established",
+          p.established.size());
+    CHECK(p.server.max_msg_size() == 400, "accepted socket's max size %zu, expected 400",
+          p.server.max_msg_size());
+    CHECK(p.client.max_msg_size() == 400, "client's max size %zu, expected 400 (the smaller)",
+          p.client.max_msg_size());
+    p.close_all();
+  });
+}
 
 void listen_on_port_0_and_connect_fires_established(void **) {
   guarded([] {
@@ -744,6 +787,8 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(error_carries_code_and_text),
       cmocka_unit_test(options_round_trip),
+      cmocka_unit_test(option_sets_start_from_the_defaults_and_check_values),
+      cmocka_unit_test(option_sets_apply_to_listen_connect_and_accept),
       cmocka_unit_test(listen_on_port_0_and_connect_fires_established),
       cmocka_unit_test(messages_exchanged_both_ways_arrive_intact),
       cmocka_unit_test(alloc_larger_than_max_throws_emsgsize),
