@@ -369,7 +369,9 @@ IBMSG_EXPORT int ibmsg_alloc_msg(ibmsg_buffer *msg, ibmsg_socket *socket, size_t
 /** Sends msg->size bytes of msg->data. On success the library owns the message until its
  *  message_sent callback; then the application may post it again or free it. Messages are
  *  delivered in order. Without credits the message is queued; IBMSG_EAGAIN when the queue holds
- *  IBMSG_OPT_SEND_QUEUE messages already (nothing was sent: retry after a message_sent). */
+ *  IBMSG_OPT_SEND_QUEUE messages already (nothing was sent: retry after a message_sent).
+ *  IBMSG_EIO if the transport refused it: the message stays the application's and the
+ *  connection closes. */
 IBMSG_EXPORT int ibmsg_post_send(ibmsg_socket *socket, ibmsg_buffer *msg);
 /** Returns a message to its pool: a send buffer that is not queued or in flight (IBMSG_EBUSY
  *  otherwise), or a received message (its buffer goes back to the peer as a credit). */

@@ -28,8 +28,8 @@ class Credits {
  public:
   // peer_*: what the peer's hello said it posted; my_recv_depth: what we posted for data.
   void init(uint32_t peer_recv_depth, uint32_t peer_ctrl_depth, uint32_t my_recv_depth) {
-    data_ = peer_recv_depth;
-    ctrl_ = peer_ctrl_depth;
+    data_ = limit_ = peer_recv_depth;
+    ctrl_ = ctrl_limit_ = peer_ctrl_depth;
     depth_ = my_recv_depth;
     threshold_ = my_recv_depth / 2 ? my_recv_depth / 2 : 1;
     owed_ = owed_ctrl_ = held_ = 0;
@@ -50,10 +50,13 @@ class Credits {
     --ctrl_;
     return take_owed(true);
   }
-  // The peer returned credits (any message from it).
-  void on_returned(const wire::Imm &imm) {
+  // The peer returned credits (any message from it). false if it returned more than we spent
+  // (a protocol violation: we would overrun its receive queue).
+  bool on_returned(const wire::Imm &imm) {
+    if (imm.credits > limit_ - data_ || imm.ctrl_credits > ctrl_limit_ - ctrl_) return false;
     data_ += imm.credits;
     ctrl_ += imm.ctrl_credits;
+    return true;
   }
 
   // --- receiving ---
@@ -104,6 +107,8 @@ class Credits {
     return imm;
   }
 
+  uint32_t limit_ = 0;      // the peer's receive depth: we never hold more data credits
+  uint32_t ctrl_limit_ = 0;
   uint32_t data_ = 0;       // data messages we may send
   uint32_t ctrl_ = 0;       // control messages we may send
   uint32_t owed_ = 0;       // data credits to return to the peer

@@ -37,14 +37,17 @@ void flush_queue(Socket *s) {
 
 // A credit-only message, when credits are owed and no data message can carry them.
 void maybe_send_ctrl(Socket *s) {
-  if (s->state != State::Connected || !s->credits.ctrl_needed() || !s->credits.can_send_ctrl())
+  if (s->state != State::Connected || !s->credits.ctrl_needed() || !s->credits.can_send_ctrl() ||
+      s->ctrl_in_flight >= kCtrlDepth)
     return;
   Credits saved = s->credits;
   wire::Imm imm = s->credits.take_ctrl();
   if (tp::post_send_imm(s->id, &s->ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
     s->credits = saved;
     socket_close(s, IBMSG_EIO);
+    return;
   }
+  ++s->ctrl_in_flight;
 }
 
 void notify_sent(Socket *s, Slot *slot, int status) {
@@ -73,11 +76,11 @@ void drop_recv(Socket *s, Slot *slot, int reason) {
 }
 
 void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
-  if (wc.len != 0 || !s->credits.on_ctrl_arrived()) {
-    drop_recv(s, slot, IBMSG_EPROTO);  // a payload on a credit-only message, or no credit for it
+  if (wc.len != 0 || !s->credits.on_ctrl_arrived() || !s->credits.on_returned(imm)) {
+    // a payload on a credit-only message, no credit for it, or credits it never had
+    drop_recv(s, slot, IBMSG_EPROTO);
     return;
   }
-  s->credits.on_returned(imm);
   slot->state = SlotState::Free;
   if (s->state != State::Closing) {
     if (tp::post_recv(s->id, &slot->wr, slot->buf, uint32_t(slot->pool->slot_size),
@@ -93,11 +96,11 @@ void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::
 }
 
 void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
-  if (!s->credits.on_data_arrived()) {
-    drop_recv(s, slot, IBMSG_EPROTO);  // more data messages than the credits we granted
+  if (!s->credits.on_data_arrived() || !s->credits.on_returned(imm)) {
+    // more data messages than the credits we granted, or credits returned that it never had
+    drop_recv(s, slot, IBMSG_EPROTO);
     return;
   }
-  s->credits.on_returned(imm);
   // Data can overtake the ESTABLISHED event on the accepting side: it proves the connection is up.
   if (s->state == State::Accepting) establish(s);
   slot->state = SlotState::Lent;
@@ -135,7 +138,9 @@ void on_completion(Socket *s, const tp::Completion &wc) {
     case tp::Op::Recv: on_recv_wc(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
     case tp::Op::Send: on_send_wc(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
     case tp::Op::Ctrl:
+      --s->ctrl_in_flight;
       if (wc.status != tp::WcStatus::Ok) socket_close(s, wc_error(wc.status));
+      else maybe_send_ctrl(s);  // it may have waited for room in the send queue
       break;
     default: socket_close(s, IBMSG_EIO); break;  // nothing else is posted yet
   }
@@ -188,8 +193,13 @@ int msg_post(Socket *s, ibmsg_buffer *msg) {
   if (slot->state != SlotState::Allocated) return IBMSG_EBUSY;
   if (msg->size > s->max_msg) return IBMSG_EMSGSIZE;
   if (s->queue.empty() && s->credits.can_send_data()) {
+    // A queue pair that refuses a work request is broken: the connection closes, as it does when
+    // a queued message fails to go out. The message stays the application's (no callback).
     int rc = send_now(s, slot);
-    if (rc) return rc;
+    if (rc) {
+      socket_close(s, rc);
+      return rc;
+    }
   } else {
     if (s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
     slot->state = SlotState::Queued;

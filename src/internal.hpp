@@ -141,6 +141,10 @@ struct ibmsg__socket {
   ibmsg::List<ibmsg__slot, &ibmsg__slot::link> queue;   // posted, waiting for credits
   ibmsg::List<ibmsg__slot, &ibmsg__slot::link> flight;  // posted to the QP, in order
   ibmsg::tp::WorkCtx ctrl_wr{ibmsg::tp::Op::Ctrl, nullptr};
+  // Credit-only messages posted and not yet completed here: the send queue has room for
+  // kCtrlDepth of them. Control credits alone do not bound them: the peer returns a control
+  // credit once it consumed the message, which can be before our completion arrives.
+  uint32_t ctrl_in_flight = 0;
   ibmsg::Timer connect_timer;
 
   // closing

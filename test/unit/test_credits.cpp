@@ -200,15 +200,35 @@ void held_messages_are_not_returned_until_freed(void **) {
 
 void on_returned_adds_data_and_ctrl_credits(void **) {
   Credits c;
-  c.init(2, 1, 16);
-  c.take_data();
-  c.take_ctrl();
+  c.init(8, 4, 16);
+  for (int i = 0; i < 6; ++i) c.take_data();
+  for (int i = 0; i < 3; ++i) c.take_ctrl();
   wire::Imm imm;
   imm.credits = 5;
   imm.ctrl_credits = 3;
-  c.on_returned(imm);
-  assert_int_equal(c.data(), 1 + 5);
-  assert_int_equal(c.ctrl(), 0 + 3);
+  assert_true(c.on_returned(imm));
+  assert_int_equal(c.data(), 2 + 5);
+  assert_int_equal(c.ctrl(), 1 + 3);
+}
+
+void on_returned_refuses_more_credits_than_were_spent(void **) {
+  Credits c;
+  c.init(8, 4, 16);
+  c.take_data();
+  c.take_ctrl();
+  wire::Imm imm;
+  imm.credits = 2;  // one was spent
+  if (c.on_returned(imm)) fail_msg("two data credits accepted back after spending one");
+  assert_int_equal(c.data(), 7);  // unchanged
+  imm.credits = 0;
+  imm.ctrl_credits = 2;
+  if (c.on_returned(imm)) fail_msg("two control credits accepted back after spending one");
+  assert_int_equal(c.ctrl(), 3);
+  imm.credits = 1;
+  imm.ctrl_credits = 1;
+  assert_true(c.on_returned(imm));  // exactly what was spent
+  assert_int_equal(c.data(), 8);
+  assert_int_equal(c.ctrl(), 4);
 }
 
 void on_returned_with_nothing_changes_nothing(void **) {
@@ -518,7 +538,7 @@ struct SimResult {
   Violations ctrl_starved;    // a control message was needed and no control credit left
   Violations ctrl_overdrawn;  // more than kCtrlDepth control credits in a peer's hands
   Violations accounting;      // the conservation of buffers and credits broke
-  Violations unearned;        // on_data_arrived / on_ctrl_arrived refused a message (no credit)
+  Violations unearned;        // on_*_arrived refused a message (no credit) or on_returned its credits
   Violations granted;         // granted + held + owed != recv depth, or != what the peer may send
   Violations deadlocks;       // a drain ended with messages queued or a peer without credits
   Violations undelivered;     // a drain ended with data sent but never received
@@ -686,7 +706,9 @@ class Sim {
       if (!to->credits.on_ctrl_arrived())
         violation(&r_->unearned, "step %lu: peer %s refused a control message: %u control "
                   "credits granted", r_->steps, t, unsigned(to->credits.granted_ctrl()));
-      to->credits.on_returned(m.imm);
+      if (!to->credits.on_returned(m.imm))
+        violation(&r_->unearned, "step %lu: peer %s refused the credits a control message "
+                  "returned", r_->steps, t);
       ++to->posted;  // control buffers are re-posted at once
       to->credits.on_ctrl_received();
     } else {
@@ -694,7 +716,9 @@ class Sim {
         violation(&r_->unearned, "step %lu: peer %s refused a data message: %u credits granted, "
                   "%u held, %u owed", r_->steps, t, unsigned(to->credits.granted()),
                   unsigned(to->credits.held()), unsigned(to->credits.owed()));
-      to->credits.on_returned(m.imm);
+      if (!to->credits.on_returned(m.imm))
+        violation(&r_->unearned, "step %lu: peer %s refused the credits a data message returned",
+                  r_->steps, t);
       ++to->held;
       ++to->data_received;
     }
@@ -895,6 +919,7 @@ int main(void) {
       cmocka_unit_test(take_ctrl_carries_owed_credits_and_resets_them),
       cmocka_unit_test(held_messages_are_not_returned_until_freed),
       cmocka_unit_test(on_returned_adds_data_and_ctrl_credits),
+      cmocka_unit_test(on_returned_refuses_more_credits_than_were_spent),
       cmocka_unit_test(on_returned_with_nothing_changes_nothing),
       cmocka_unit_test(received_data_is_held_until_freed_then_owed),
       cmocka_unit_test(dropped_data_is_not_owed),

@@ -1,0 +1,201 @@
+// fake.hpp - controls the in-process fake transport (test/fake/transport.cpp) from host-side
+// tests: reset it between tests, count what is open, inject failures, pause the wire, make the
+// device iWARP, and act as a raw peer that speaks the transport directly (a misbehaving remote
+// ibmsg, or none at all).
+//
+// What the fake models (the rdma-core semantics the core relies on):
+//   - one "fabric" in the process: listeners by port (any address), a connect reaches the
+//     listener of its port; no listener: Rejected with status 8 and no private data; a listener
+//     destroyed with requests not yet taken rejects them (status 28, zeroed private data).
+//   - private data is copied at the call and padded with zeros to what IB carries: 56 bytes in a
+//     connect request, 196 in an accept, 148 in a reject (longer is EINVAL).
+//   - event channels and device channels are non-blocking eventfds, readable while something is
+//     pending; a CQ signals its device once per arm; device_take_events re-arms before the
+//     callbacks, as rdma-core must.
+//   - a SEND is delivered at once into the peer's first posted receive (in order), both
+//     completions are queued; no posted receive: RNR (counted, the send fails, both QPs go to the
+//     error state); too long for the buffer: a length error (counted, both fail). A send to a
+//     peer whose QP is gone or in error stays in flight (a real one would retry for seconds)
+//     until its own QP goes to the error state.
+//   - a QP in the error state flushes what is posted and completes later posts as Flushed;
+//     cm_disconnect moves the local QP to the error state and both sides get Disconnected once;
+//     destroying a connected id disconnects it; destroying a QP drops its completions from the
+//     CQ.
+//   - send and receive queues hold caps.send_wrs / caps.recv_wrs work requests until their
+//     completions are polled (as mlx5 does); a CQ holds depth completions. Overflowing either,
+//     posting before the connection is up, a buffer outside its memory registration, destroying
+//     a CQ a QP still uses, closing a device with CQs or registrations, destroying a channel with
+//     ids: each is counted as a misuse (a bug of the caller) with a description.
+//   - 192.0.2.0/24 (TEST-NET-1) is unreachable: address resolution ends in AddrError.
+//   - device removal (remove_device): DeviceRemoval on every id bound to the device.
+// What it does not model: timing (delivery is instant; nothing retries), RDMA reads/writes and
+// atomics, memory keys beyond a number, more than one device, asynchronous device events.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "transport/transport.hpp"
+#include "wire.hpp"
+
+namespace ibmsg::fake {
+
+// Forgets every injection and counter and the fabric's listeners (objects a failed test left
+// open are leaked, not freed). Call before each test.
+void reset();
+
+struct Counts {
+  int channels, ids, devices, cqs, qps, mrs;
+};
+Counts open_objects();
+// "" if everything is closed, else e.g. "2 CM ids, 1 device".
+std::string open_objects_text();
+
+struct Stats {
+  unsigned long rnr_errors;     // sends into a receive queue without a posted buffer
+  unsigned long length_errors;  // sends larger than the receive buffer
+  unsigned long misuses;        // calls real rdma-core would refuse or crash on
+  std::string first_misuse;
+  unsigned long delivered;  // messages delivered
+  unsigned long connect_requests;
+  unsigned long rescans;  // devices_rescan() calls
+};
+const Stats &stats();
+
+// The fake device's kind (default InfiniBand/RoCE).
+void set_iwarp(bool iwarp);
+
+// Removes the device (until reset): every CM id on it gets DeviceRemoval, its QPs go to the
+// error state, and it can no longer be opened or resolved to.
+void remove_device();
+
+// Transport calls a test can make fail. Injections hit only calls made by the core, not by raw
+// peers.
+enum class Call {
+  CmChannelCreate,
+  CmIdCreate,
+  CmBind,
+  CmListen,
+  CmResolveAddr,
+  CmResolveRoute,
+  CmConnect,
+  CmAccept,
+  DeviceOpen,
+  CqCreate,
+  CqPoll,  // returns -1
+  QpCreate,
+  MrRegister,
+  PostRecv,
+  PostSend,
+};
+// The call after the next `skip` successful ones returns code (once).
+void fail_call(Call call, int code, unsigned skip = 0);
+
+// While paused, posted sends stay in flight (not delivered, not completed); unpausing delivers
+// them in order.
+void pause_wire(bool paused);
+
+// While delayed, a delivered send completes at the sender only when the delay ends (its work
+// request keeps its send-queue slot), as when acknowledgements lag behind the peer's answers.
+// With a port, only sends from CM ids with that local port are delayed (an accepted connection's
+// local port is its listener's).
+void delay_send_completions(bool delay, unsigned short port = 0);
+
+// While held, the accepting side's Established event waits (the connecting side gets its own at
+// once), so data can overtake it; release_established() queues the held ones.
+void hold_established(bool hold);
+void release_established();
+
+// --- a raw peer -----------------------------------------------------------------------------
+
+struct RawMsg {
+  bool has_imm;
+  uint32_t imm;
+  std::vector<uint8_t> data;
+};
+
+// A remote endpoint driven by the test through the transport API itself: it builds its own
+// hello (or any private data), sends any immediate and payload, and records what it receives.
+// It has its own channel and device; nothing runs it but pump() (no loop watches it).
+class RawPeer {
+ public:
+  enum class State { Idle, Listening, Connecting, Requested, Established, Rejected, Disconnected };
+
+  // recv_bufs receive buffers of buf_size bytes are posted before connect/accept, and each is
+  // re-posted as soon as its message was recorded.
+  explicit RawPeer(uint32_t recv_bufs = 32, uint32_t buf_size = 4096);
+  ~RawPeer();
+  RawPeer(const RawPeer &) = delete;
+  RawPeer &operator=(const RawPeer &) = delete;
+
+  // Client: resolves 127.0.0.1:port and sends a connect request with pdata.
+  int connect(unsigned short port, const void *pdata, size_t plen);
+  int connect(unsigned short port, const wire::Hello &h);
+  // Server: listens; requests wait in state Requested until accept/reject (one at a time).
+  int listen(unsigned short port = 0);
+  unsigned short port() const;
+  int accept(const void *pdata, size_t plen);
+  int accept(const wire::Hello &h);
+  int reject(const void *pdata, size_t plen);
+
+  // A SEND with immediate (host order) and len bytes of payload.
+  int send(uint32_t imm, const void *data = nullptr, size_t len = 0);
+  // A SEND without immediate (what an iWARP or foreign peer might send).
+  int send_without_imm(const void *data, size_t len);
+  int disconnect();
+  // Destroys everything now (the destructor does too).
+  void close();
+
+  // Takes the CM events and completions that arrived.
+  void pump();
+
+  State state() const { return state_; }
+  int event_status() const { return status_; }                        // of Rejected
+  const std::vector<uint8_t> &event_pdata() const { return pdata_; }  // last request/accept/reject
+  std::deque<RawMsg> received;  // what the ibmsg side sent, in order
+  unsigned sends_ok = 0, sends_failed = 0, recvs_failed = 0, requests = 0;
+
+ private:
+  void open_queues(tp::CmId *id);
+  void on_event(const tp::CmEvent &ev);
+  void poll();
+
+  uint32_t nbufs_, bufsize_;
+  State state_ = State::Idle;
+  int status_ = 0;
+  std::vector<uint8_t> pdata_;
+  std::vector<uint8_t> connect_pdata_;
+  tp::CmChannel *ch_ = nullptr;
+  tp::CmId *listen_id_ = nullptr;
+  tp::CmId *req_id_ = nullptr;  // an undecided request
+  tp::CmId *id_ = nullptr;      // the connection
+  tp::Device *dev_ = nullptr;
+  tp::Cq *cq_ = nullptr;
+  tp::Mr *mr_ = nullptr;
+  uint8_t *mem_ = nullptr;  // nbufs_ receive buffers, then one send buffer
+  std::vector<tp::WorkCtx> recv_ctx_;
+  tp::WorkCtx send_ctx_{tp::Op::Send, nullptr};
+};
+
+// For raw peers: a SEND without immediate data (post_send_imm always carries one).
+int post_send_no_imm(tp::CmId *id, tp::WorkCtx *ctx, const void *buf, uint32_t len,
+                     const tp::Mr *mr);
+
+// A hello as ibmsg 1.0 would send it, to be changed field by field.
+inline wire::Hello hello(uint32_t recv_depth, uint32_t ctrl_depth = 4,
+                         uint32_t max_msg_size = 4096) {
+  wire::Hello h;
+  h.recv_depth = recv_depth;
+  h.ctrl_depth = ctrl_depth;
+  h.max_msg_size = max_msg_size;
+  return h;
+}
+
+// An immediate: opcode in bits 28..31, control credits in 16..23, data credits in 0..15.
+inline uint32_t imm(uint32_t opcode, uint32_t credits = 0, uint32_t ctrl_credits = 0) {
+  return opcode << 28 | (ctrl_credits & 0xff) << 16 | (credits & 0xffff);
+}
+
+}  // namespace ibmsg::fake

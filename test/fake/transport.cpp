@@ -1,0 +1,1199 @@
+// transport.cpp - an in-process fake of the transport layer (src/transport/transport.hpp) for
+// host-side tests of the core: one fabric of CM ids, queue pairs and completion queues in this
+// process, with the rdma-core semantics the core relies on (fake.hpp lists them) and checks for
+// what real rdma-core would refuse. Single-threaded, like the loops that use it.
+#include "transport/transport.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "fake.hpp"
+#include "ibmsg.h"
+
+namespace ibmsg::tp {
+
+struct Qp;
+
+struct Device {
+  int fd;
+  DeviceInfo info;
+  std::vector<Cq *> signalled;          // CQs with an event not yet taken
+  std::vector<Cq *> *taking = nullptr;  // the list device_take_events is calling back for
+  int cqs = 0;
+  int mrs = 0;
+};
+
+struct Cqe {
+  Completion wc;
+  Qp *qp;
+  bool send;
+};
+
+struct Cq {
+  Device *dev;
+  void *user;
+  uint32_t depth;
+  std::deque<Cqe> q;
+  bool armed = true;
+  bool signalled = false;
+  int qps = 0;
+};
+
+constexpr uint32_t kMrMagic = 0x4d52f4e3;
+
+struct Mr {
+  uint32_t magic;
+  Device *dev;
+  const uint8_t *addr;
+  size_t len;
+  uint32_t lkey, rkey;
+};
+
+struct CmChannel {
+  int fd;
+  std::deque<CmEvent> events;
+  int ids = 0;
+};
+
+enum class IdState {
+  Idle,
+  Bound,
+  Listening,
+  AddrResolved,
+  RouteResolved,
+  Connecting,  // request sent
+  ReqRcvd,     // passive side, undecided
+  Connected,
+  Disconnected,
+  Rejected,
+};
+
+struct CmId {
+  CmChannel *ch;
+  void *user;
+  IdState state = IdState::Idle;
+  sockaddr_storage local{}, peer{};
+  bool has_local = false, has_peer = false, has_dev = false;
+  unsigned short port = 0;  // bound (in the fabric's port table)
+  CmId *remote = nullptr;   // the other end of a connection or request
+  Qp *qp = nullptr;
+  bool got_disconnected = false;
+};
+
+struct RecvWr {
+  WorkCtx *ctx;
+  uint8_t *buf;
+  uint32_t len;
+};
+
+struct SendWr {
+  WorkCtx *ctx;
+  std::vector<uint8_t> data;
+  bool has_imm;
+  uint32_t imm;
+};
+
+struct Qp {
+  CmId *id;
+  Device *dev;
+  Cq *cq;
+  QpCaps caps;
+  bool rts = false;
+  bool error = false;
+  std::deque<RecvWr> rq;       // posted receives
+  std::deque<SendWr> sq;       // posted sends not yet delivered (in flight)
+  std::deque<WorkCtx *> acks;  // delivered sends whose completion is delayed
+  uint32_t recv_unpolled = 0;  // receive slots whose completion is not polled yet
+  uint32_t send_unpolled = 0;  // send slots likewise (in flight ones included)
+};
+
+namespace {
+
+const char g_device_key = 0;
+constexpr uint32_t kMaxInline = 64;
+constexpr size_t kReqPdata = 56;
+constexpr size_t kRepPdata = 196;
+constexpr size_t kRejPdata = 148;
+constexpr int kRejInvalidServiceId = 8;
+constexpr int kCalls = int(fake::Call::PostSend) + 1;
+
+struct Injection {
+  bool armed = false;
+  int code = 0;
+  unsigned skip = 0;
+};
+
+struct Fabric {
+  fake::Stats stats{};
+  fake::Counts counts{};
+  bool iwarp = false;
+  bool paused = false;
+  bool hold_est = false;
+  bool delay_acks = false;
+  unsigned short delay_port = 0;  // 0: every QP
+  bool removed = false;
+  std::vector<CmId *> ids;  // every id (for device removal)
+  std::map<unsigned short, CmId *> ports;
+  std::vector<Qp *> qps;
+  std::vector<std::pair<CmId *, CmEvent>> held;  // Established events held back
+  Injection inj[kCalls];
+  int raw = 0;  // > 0 while a raw peer calls
+  unsigned short next_port = 20000;
+  unsigned short next_ephemeral = 50000;
+  uint32_t next_key = 0x100;
+};
+
+Fabric g;
+
+void misuse(const char *fmt, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  if (g.stats.misuses++ == 0) g.stats.first_misuse = buf;
+  fprintf(stderr, "fake transport: misuse: %s\n", buf);
+}
+
+int injected(fake::Call c) {
+  if (g.raw) return 0;
+  Injection &i = g.inj[int(c)];
+  if (!i.armed) return 0;
+  if (i.skip) {
+    --i.skip;
+    return 0;
+  }
+  i.armed = false;
+  return i.code;
+}
+
+void fd_signal(int fd) {
+  uint64_t one = 1;
+  ssize_t n = write(fd, &one, sizeof one);
+  (void)n;
+}
+
+void fd_drain(int fd) {
+  uint64_t v;
+  ssize_t n = read(fd, &v, sizeof v);
+  (void)n;
+}
+
+int new_eventfd() { return eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC); }
+
+// --- addresses ---
+
+unsigned short port_of(const sockaddr_storage &a) {
+  if (a.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in &>(a).sin_port);
+  if (a.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6 &>(a).sin6_port);
+  return 0;
+}
+
+void set_port(sockaddr_storage *a, unsigned short port) {
+  if (a->ss_family == AF_INET) reinterpret_cast<sockaddr_in *>(a)->sin_port = htons(port);
+  if (a->ss_family == AF_INET6) reinterpret_cast<sockaddr_in6 *>(a)->sin6_port = htons(port);
+}
+
+bool copy_addr(const sockaddr *sa, sockaddr_storage *out) {
+  memset(out, 0, sizeof *out);
+  if (!sa) return false;
+  if (sa->sa_family == AF_INET) memcpy(out, sa, sizeof(sockaddr_in));
+  else if (sa->sa_family == AF_INET6) memcpy(out, sa, sizeof(sockaddr_in6));
+  else return false;
+  return true;
+}
+
+bool is_wildcard(const sockaddr_storage &a) {
+  if (a.ss_family == AF_INET)
+    return reinterpret_cast<const sockaddr_in &>(a).sin_addr.s_addr == htonl(INADDR_ANY);
+  return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6 &>(a).sin6_addr);
+}
+
+bool unreachable(const sockaddr_storage &a) {  // TEST-NET-1
+  if (a.ss_family != AF_INET) return false;
+  return (ntohl(reinterpret_cast<const sockaddr_in &>(a).sin_addr.s_addr) & 0xffffff00u) ==
+         0xc0000200u;
+}
+
+void loopback(int family, sockaddr_storage *out) {
+  memset(out, 0, sizeof *out);
+  out->ss_family = sa_family_t(family);
+  if (family == AF_INET)
+    reinterpret_cast<sockaddr_in *>(out)->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  else reinterpret_cast<sockaddr_in6 *>(out)->sin6_addr = in6addr_loopback;
+}
+
+// --- CM events ---
+
+CmEvent make_event(CmEventType type, CmId *id, int status, const void *pdata, size_t plen,
+                   size_t pad) {
+  CmEvent ev;
+  memset(&ev, 0, sizeof ev);
+  ev.type = type;
+  ev.id = id;
+  ev.status = status;
+  if (plen > kPrivateDataMax) plen = kPrivateDataMax;
+  if (plen) memcpy(ev.pdata, pdata, plen);
+  ev.plen = plen > pad ? plen : pad;  // IB carries the whole private data field, zero-padded
+  return ev;
+}
+
+void push_event(CmChannel *ch, const CmEvent &ev) {
+  ch->events.push_back(ev);
+  fd_signal(ch->fd);
+}
+
+void push_disconnected(CmId *id) {
+  if (id->got_disconnected) return;
+  id->got_disconnected = true;
+  push_event(id->ch, make_event(CmEventType::Disconnected, id, 0, nullptr, 0, 0));
+}
+
+void reject_connector(CmId *c, int status, const void *pdata, size_t plen, size_t pad) {
+  if (!c || c->state != IdState::Connecting) return;
+  c->state = IdState::Rejected;
+  c->remote = nullptr;
+  push_event(c->ch, make_event(CmEventType::Rejected, c, status, pdata, plen, pad));
+}
+
+// --- completions and the wire ---
+
+void cq_push(Cq *c, Qp *qp, bool send, const Completion &wc) {
+  if (c->q.size() >= c->depth) misuse("CQ overrun: more than %u completions unpolled", c->depth);
+  c->q.push_back(Cqe{wc, qp, send});
+  if (!c->armed) return;
+  c->armed = false;
+  if (!c->signalled) {
+    c->signalled = true;
+    c->dev->signalled.push_back(c);
+  }
+  fd_signal(c->dev->fd);
+}
+
+void complete_recv(Qp *q, WorkCtx *ctx, WcStatus st, bool has_imm = false, uint32_t imm = 0,
+                   uint32_t len = 0) {
+  ++q->recv_unpolled;
+  cq_push(q->cq, q, false, Completion{ctx, st, has_imm, has_imm ? imm : 0, len});
+}
+
+void complete_send(Qp *q, WorkCtx *ctx, WcStatus st) {
+  cq_push(q->cq, q, true, Completion{ctx, st, false, 0, 0});
+}
+
+// Moves a QP to the error state: everything posted completes as flushed, in order.
+void qp_error(Qp *q) {
+  if (q->error) return;
+  q->error = true;
+  while (!q->rq.empty()) {
+    RecvWr r = q->rq.front();
+    q->rq.pop_front();
+    complete_recv(q, r.ctx, WcStatus::Flushed);
+  }
+  while (!q->acks.empty()) {  // delivered, but the sender never learned it
+    WorkCtx *ctx = q->acks.front();
+    q->acks.pop_front();
+    complete_send(q, ctx, WcStatus::Flushed);
+  }
+  while (!q->sq.empty()) {
+    WorkCtx *ctx = q->sq.front().ctx;
+    q->sq.pop_front();
+    complete_send(q, ctx, WcStatus::Flushed);
+  }
+}
+
+Qp *peer_qp(const Qp *q) { return q->id && q->id->remote ? q->id->remote->qp : nullptr; }
+
+// Delivers what q has in flight, in order, as far as the peer can take it.
+void deliver(Qp *s) {
+  while (!g.paused && !s->error && s->rts && !s->sq.empty()) {
+    Qp *d = peer_qp(s);
+    if (!d || d->error || !d->rts) return;  // nobody answers: stays in flight
+    SendWr &w = s->sq.front();
+    if (d->rq.empty()) {
+      ++g.stats.rnr_errors;
+      fprintf(stderr, "fake transport: RNR: a send found no posted receive\n");
+      WorkCtx *ctx = w.ctx;
+      s->sq.pop_front();
+      complete_send(s, ctx, WcStatus::Failed);
+      qp_error(s);
+      qp_error(d);
+      return;
+    }
+    RecvWr r = d->rq.front();
+    d->rq.pop_front();
+    if (w.data.size() > r.len) {
+      ++g.stats.length_errors;
+      fprintf(stderr, "fake transport: a %zu-byte send into a %u-byte receive buffer\n",
+              w.data.size(), r.len);
+      WorkCtx *ctx = w.ctx;
+      s->sq.pop_front();
+      complete_recv(d, r.ctx, WcStatus::Failed);
+      complete_send(s, ctx, WcStatus::Failed);
+      qp_error(s);
+      qp_error(d);
+      return;
+    }
+    if (!w.data.empty()) memcpy(r.buf, w.data.data(), w.data.size());
+    complete_recv(d, r.ctx, WcStatus::Ok, w.has_imm, w.imm, uint32_t(w.data.size()));
+    WorkCtx *ctx = w.ctx;
+    s->sq.pop_front();
+    bool delay = g.delay_acks && (!g.delay_port || port_of(s->id->local) == g.delay_port);
+    if (delay || !s->acks.empty()) s->acks.push_back(ctx);  // completions stay in order
+    else complete_send(s, ctx, WcStatus::Ok);
+    ++g.stats.delivered;
+  }
+}
+
+bool check_mr(const Qp *q, const Mr *mr, const void *buf, uint32_t len) {
+  if (!mr || mr->magic != kMrMagic) {
+    misuse("a work request without a valid memory registration");
+    return false;
+  }
+  if (mr->dev != q->dev) {
+    misuse("a buffer registered on another device");
+    return false;
+  }
+  auto p = static_cast<const uint8_t *>(buf);
+  if (!p || p < mr->addr || p + len > mr->addr + mr->len) {
+    misuse("a buffer outside its memory registration");
+    return false;
+  }
+  return true;
+}
+
+int post_send(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr, bool has_imm,
+              uint32_t imm, uint32_t max_inline) {
+  if (int err = injected(fake::Call::PostSend)) return err;
+  Qp *q = id->qp;
+  if (!q) {
+    misuse("post_send on an id without a QP");
+    return IBMSG_EIO;
+  }
+  if (!ctx) {
+    misuse("post_send without a work request context");
+    return IBMSG_EINVAL;
+  }
+  if (max_inline > q->caps.max_inline) {
+    misuse("post_send with max_inline %u beyond the %u granted", max_inline, q->caps.max_inline);
+    return IBMSG_EIO;
+  }
+  if (len && len > max_inline && !check_mr(q, mr, buf, len)) return IBMSG_EIO;
+  if (len && !buf) {
+    misuse("post_send of %u bytes without a buffer", len);
+    return IBMSG_EIO;
+  }
+  if (q->send_unpolled >= q->caps.send_wrs) {
+    misuse("send queue overflow: %u work requests outstanding", q->send_unpolled);
+    return IBMSG_EIO;
+  }
+  if (!q->rts && !q->error) {
+    misuse("post_send before the connection is established");
+    return IBMSG_EIO;
+  }
+  ++q->send_unpolled;
+  if (q->error) {
+    complete_send(q, ctx, WcStatus::Flushed);
+    return IBMSG_OK;
+  }
+  SendWr w;
+  w.ctx = ctx;
+  if (len)
+    w.data.assign(static_cast<const uint8_t *>(buf), static_cast<const uint8_t *>(buf) + len);
+  w.has_imm = has_imm;
+  w.imm = imm;
+  q->sq.push_back(std::move(w));
+  deliver(q);
+  return IBMSG_OK;
+}
+
+void destroy_qp(Qp *q) {
+  Cq *c = q->cq;
+  c->q.erase(std::remove_if(c->q.begin(), c->q.end(), [q](const Cqe &e) { return e.qp == q; }),
+             c->q.end());
+  --c->qps;
+  g.qps.erase(std::remove(g.qps.begin(), g.qps.end(), q), g.qps.end());
+  --g.counts.qps;
+  delete q;
+}
+
+}  // namespace
+
+// --- devices ---
+
+int device_open(DeviceKey key, Device **out) {
+  if (int err = injected(fake::Call::DeviceOpen)) return err;
+  if (key != &g_device_key || g.removed) return IBMSG_ENODEV;
+  int fd = new_eventfd();
+  if (fd < 0) return IBMSG_ESYS;
+  Device *d = new Device();
+  d->fd = fd;
+  snprintf(d->info.name, sizeof d->info.name, "fake0");
+  d->info.iwarp = g.iwarp;
+  d->info.max_qp_wr = 16384;
+  d->info.max_cqe = 4194303;
+  ++g.counts.devices;
+  *out = d;
+  return IBMSG_OK;
+}
+
+void device_close(Device *d) {
+  if (d->cqs || d->mrs)
+    misuse("device_close with %d CQs and %d memory registrations still there", d->cqs, d->mrs);
+  close(d->fd);
+  --g.counts.devices;
+  delete d;
+}
+
+int device_fd(const Device *d) { return d->fd; }
+const DeviceInfo &device_info(const Device *d) { return d->info; }
+
+void device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void *arg) {
+  fd_drain(d->fd);
+  std::vector<Cq *> list;
+  list.swap(d->signalled);
+  for (Cq *c : list) {
+    c->signalled = false;
+    c->armed = true;  // re-armed before the callbacks poll
+  }
+  d->taking = &list;
+  for (size_t i = 0; i < list.size(); ++i)
+    if (list[i]) ready(list[i]->user, arg);
+  d->taking = nullptr;
+}
+
+void devices_rescan() { ++g.stats.rescans; }
+
+// --- completion queues ---
+
+int cq_create(Device *d, uint32_t depth, void *user, Cq **out) {
+  if (int err = injected(fake::Call::CqCreate)) return err;
+  if (depth == 0 || depth > d->info.max_cqe) return IBMSG_EINVAL;
+  Cq *c = new Cq();
+  c->dev = d;
+  c->user = user;
+  c->depth = depth;
+  ++d->cqs;
+  ++g.counts.cqs;
+  *out = c;
+  return IBMSG_OK;
+}
+
+void cq_destroy(Cq *c) {
+  if (c->qps) misuse("cq_destroy while %d QPs use the CQ", c->qps);
+  Device *d = c->dev;
+  d->signalled.erase(std::remove(d->signalled.begin(), d->signalled.end(), c), d->signalled.end());
+  if (d->taking) {
+    for (Cq *&t : *d->taking) {
+      if (t == c) {
+        misuse("cq_destroy from a device_take_events callback");
+        t = nullptr;
+      }
+    }
+  }
+  --d->cqs;
+  --g.counts.cqs;
+  delete c;
+}
+
+int cq_poll(Cq *c, Completion *out, int max) {
+  if (injected(fake::Call::CqPoll)) return -1;
+  int n = 0;
+  while (n < max && !c->q.empty()) {
+    Cqe e = c->q.front();
+    c->q.pop_front();
+    if (e.send) --e.qp->send_unpolled;
+    else --e.qp->recv_unpolled;
+    out[n++] = e.wc;
+  }
+  return n;
+}
+
+// --- memory ---
+
+int mr_register(Device *d, void *addr, size_t len, unsigned access, Mr **out) {
+  (void)access;
+  if (int err = injected(fake::Call::MrRegister)) return err;
+  if (!addr || !len) return IBMSG_EINVAL;
+  Mr *m = new Mr();
+  m->magic = kMrMagic;
+  m->dev = d;
+  m->addr = static_cast<const uint8_t *>(addr);
+  m->len = len;
+  m->lkey = g.next_key++;
+  m->rkey = g.next_key++;
+  ++d->mrs;
+  ++g.counts.mrs;
+  *out = m;
+  return IBMSG_OK;
+}
+
+void mr_deregister(Mr *m) {
+  if (!m) return;
+  --m->dev->mrs;
+  --g.counts.mrs;
+  m->magic = 0;
+  delete m;
+}
+
+uint32_t mr_lkey(const Mr *m) { return m->lkey; }
+uint32_t mr_rkey(const Mr *m) { return m->rkey; }
+
+// --- connection manager ---
+
+int cm_channel_create(CmChannel **out) {
+  if (int err = injected(fake::Call::CmChannelCreate)) return err;
+  int fd = new_eventfd();
+  if (fd < 0) return IBMSG_ESYS;
+  CmChannel *ch = new CmChannel();
+  ch->fd = fd;
+  ++g.counts.channels;
+  *out = ch;
+  return IBMSG_OK;
+}
+
+void cm_channel_destroy(CmChannel *ch) {
+  if (ch->ids) misuse("cm_channel_destroy with %d ids still on it", ch->ids);
+  close(ch->fd);
+  --g.counts.channels;
+  delete ch;
+}
+
+int cm_channel_fd(const CmChannel *ch) { return ch->fd; }
+
+int cm_get_event(CmChannel *ch, CmEvent *out) {
+  if (ch->events.empty()) {
+    fd_drain(ch->fd);
+    return IBMSG_EAGAIN;
+  }
+  *out = ch->events.front();
+  ch->events.pop_front();
+  if (ch->events.empty()) fd_drain(ch->fd);
+  return IBMSG_OK;
+}
+
+int cm_id_create(CmChannel *ch, void *user, CmId **out) {
+  if (int err = injected(fake::Call::CmIdCreate)) return err;
+  CmId *id = new CmId();
+  id->ch = ch;
+  id->user = user;
+  g.ids.push_back(id);
+  ++ch->ids;
+  ++g.counts.ids;
+  *out = id;
+  return IBMSG_OK;
+}
+
+void cm_id_destroy(CmId *id) {
+  if (id->qp) {
+    destroy_qp(id->qp);
+    id->qp = nullptr;
+  }
+  // Events not yet taken go with the id; requests to a listener go with their new ids (as the
+  // kernel does it), which rejects their connectors.
+  std::vector<CmId *> children;
+  auto &evs = id->ch->events;
+  for (auto it = evs.begin(); it != evs.end();) {
+    if (it->type == CmEventType::ConnectRequest && it->listen_id == id) {
+      children.push_back(it->id);
+      it = evs.erase(it);
+    } else if (it->id == id) {
+      it = evs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  g.held.erase(std::remove_if(g.held.begin(), g.held.end(),
+                              [id](const std::pair<CmId *, CmEvent> &h) { return h.first == id; }),
+               g.held.end());
+  for (CmId *c : children) cm_id_destroy(c);
+
+  CmId *r = id->remote;
+  switch (id->state) {
+    case IdState::Connected:  // destroying a connection disconnects it
+      if (r && r->state == IdState::Connected) {
+        r->state = IdState::Disconnected;
+        push_disconnected(r);
+      }
+      break;
+    case IdState::ReqRcvd: {  // an undecided request is rejected
+      uint8_t zeros[kRejPdata] = {};
+      reject_connector(r, kRejectConsumer, zeros, 0, kRejPdata);
+      break;
+    }
+    default: break;
+  }
+  if (r && r->remote == id) r->remote = nullptr;
+  if (id->port) {
+    auto it = g.ports.find(id->port);
+    if (it != g.ports.end() && it->second == id) g.ports.erase(it);
+  }
+  g.ids.erase(std::remove(g.ids.begin(), g.ids.end(), id), g.ids.end());
+  --id->ch->ids;
+  --g.counts.ids;
+  delete id;
+}
+
+void *cm_id_user(const CmId *id) { return id->user; }
+void cm_id_set_user(CmId *id, void *user) { id->user = user; }
+
+int cm_bind(CmId *id, const sockaddr *addr) {
+  if (int err = injected(fake::Call::CmBind)) return err;
+  if (id->state != IdState::Idle) return IBMSG_EINVAL;
+  sockaddr_storage a;
+  if (!copy_addr(addr, &a)) return IBMSG_EADDRNOTAVAIL;
+  unsigned short port = port_of(a);
+  if (port == 0) {
+    while (g.ports.count(g.next_port)) ++g.next_port;
+    port = g.next_port++;
+  } else if (g.ports.count(port)) {
+    return IBMSG_EADDRINUSE;
+  }
+  set_port(&a, port);
+  g.ports[port] = id;
+  id->port = port;
+  id->local = a;
+  id->has_local = true;
+  id->has_dev = !is_wildcard(a);
+  id->state = IdState::Bound;
+  return IBMSG_OK;
+}
+
+int cm_listen(CmId *id, int backlog) {
+  (void)backlog;
+  if (int err = injected(fake::Call::CmListen)) return err;
+  if (id->state != IdState::Bound) return IBMSG_EINVAL;
+  id->state = IdState::Listening;
+  return IBMSG_OK;
+}
+
+int cm_resolve_addr(CmId *id, const sockaddr *src, const sockaddr *dst, int timeout_ms) {
+  (void)timeout_ms;
+  if (int err = injected(fake::Call::CmResolveAddr)) return err;
+  if (id->state != IdState::Idle) return IBMSG_EINVAL;
+  if (!copy_addr(dst, &id->peer)) return IBMSG_EADDRNOTAVAIL;
+  id->has_peer = true;
+  if (!src || !copy_addr(src, &id->local)) loopback(id->peer.ss_family, &id->local);
+  set_port(&id->local, g.next_ephemeral++);
+  id->has_local = true;
+  if (g.removed) {
+    push_event(id->ch, make_event(CmEventType::AddrError, id, -ENODEV, nullptr, 0, 0));
+    return IBMSG_OK;
+  }
+  if (unreachable(id->peer)) {
+    push_event(id->ch, make_event(CmEventType::AddrError, id, -EHOSTUNREACH, nullptr, 0, 0));
+    return IBMSG_OK;
+  }
+  id->has_dev = true;
+  id->state = IdState::AddrResolved;
+  push_event(id->ch, make_event(CmEventType::AddrResolved, id, 0, nullptr, 0, 0));
+  return IBMSG_OK;
+}
+
+int cm_resolve_route(CmId *id, int timeout_ms) {
+  (void)timeout_ms;
+  if (int err = injected(fake::Call::CmResolveRoute)) return err;
+  if (id->state != IdState::AddrResolved) return IBMSG_EINVAL;
+  id->state = IdState::RouteResolved;
+  push_event(id->ch, make_event(CmEventType::RouteResolved, id, 0, nullptr, 0, 0));
+  return IBMSG_OK;
+}
+
+int cm_connect(CmId *id, const ConnParam &p) {
+  if (int err = injected(fake::Call::CmConnect)) return err;
+  if (id->state != IdState::RouteResolved) {
+    misuse("cm_connect before the route is resolved");
+    return IBMSG_EINVAL;
+  }
+  if (p.plen > kReqPdata) return IBMSG_EINVAL;
+  auto it = g.ports.find(port_of(id->peer));
+  if (it == g.ports.end() || it->second->state != IdState::Listening) {
+    id->state = IdState::Connecting;
+    reject_connector(id, kRejInvalidServiceId, nullptr, 0, 0);
+    return IBMSG_OK;
+  }
+  CmId *l = it->second;
+  CmId *n = new CmId();
+  g.ids.push_back(n);
+  n->ch = l->ch;
+  n->user = l->user;  // as rdma_cm: the listener's context until the application sets its own
+  n->state = IdState::ReqRcvd;
+  n->local = is_wildcard(l->local) ? id->peer : l->local;
+  set_port(&n->local, l->port);
+  n->peer = id->local;
+  n->has_local = n->has_peer = n->has_dev = true;
+  n->remote = id;
+  ++l->ch->ids;
+  ++g.counts.ids;
+  id->remote = n;
+  id->state = IdState::Connecting;
+  ++g.stats.connect_requests;
+  CmEvent ev = make_event(CmEventType::ConnectRequest, n, 0, p.pdata, p.plen, kReqPdata);
+  ev.listen_id = l;
+  push_event(l->ch, ev);
+  return IBMSG_OK;
+}
+
+int cm_accept(CmId *id, const ConnParam &p) {
+  if (int err = injected(fake::Call::CmAccept)) return err;
+  if (id->state != IdState::ReqRcvd) {
+    misuse("cm_accept on an id that is no undecided request");
+    return IBMSG_EINVAL;
+  }
+  if (p.plen > kRepPdata) return IBMSG_EINVAL;
+  CmId *c = id->remote;
+  if (!c || c->state != IdState::Connecting) return IBMSG_ECONNRESET;  // the peer gave up
+  id->state = c->state = IdState::Connected;
+  if (id->qp) id->qp->rts = true;
+  if (c->qp) c->qp->rts = true;
+  push_event(c->ch, make_event(CmEventType::Established, c, 0, p.pdata, p.plen, kRepPdata));
+  CmEvent mine = make_event(CmEventType::Established, id, 0, nullptr, 0, 0);
+  if (g.hold_est) g.held.emplace_back(id, mine);
+  else push_event(id->ch, mine);
+  return IBMSG_OK;
+}
+
+int cm_reject(CmId *id, const void *pdata, uint8_t plen) {
+  if (id->state != IdState::ReqRcvd) {
+    misuse("cm_reject on an id that is no undecided request");
+    return IBMSG_EINVAL;
+  }
+  if (plen > kRejPdata) return IBMSG_EINVAL;
+  reject_connector(id->remote, kRejectConsumer, pdata, plen, kRejPdata);
+  id->remote = nullptr;
+  id->state = IdState::Rejected;
+  return IBMSG_OK;
+}
+
+int cm_disconnect(CmId *id) {
+  if (id->state == IdState::Disconnected) {  // the peer disconnected first
+    if (id->qp) qp_error(id->qp);
+    return IBMSG_OK;
+  }
+  if (id->state != IdState::Connected) return IBMSG_EINVAL;
+  id->state = IdState::Disconnected;
+  if (id->qp) qp_error(id->qp);
+  push_disconnected(id);  // the DREP (or its timeout) ends the local side too
+  CmId *r = id->remote;
+  if (r && r->state == IdState::Connected) {
+    r->state = IdState::Disconnected;
+    push_disconnected(r);
+  }
+  return IBMSG_OK;
+}
+
+DeviceKey cm_device(const CmId *id) { return id->has_dev ? &g_device_key : nullptr; }
+const char *cm_device_name(const CmId *id) { return id->has_dev ? "fake0" : nullptr; }
+
+const sockaddr *cm_local_addr(const CmId *id) {
+  return id->has_local ? reinterpret_cast<const sockaddr *>(&id->local) : nullptr;
+}
+
+const sockaddr *cm_peer_addr(const CmId *id) {
+  return id->has_peer ? reinterpret_cast<const sockaddr *>(&id->peer) : nullptr;
+}
+
+// --- queue pairs ---
+
+int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps) {
+  if (int err = injected(fake::Call::QpCreate)) return err;
+  if (id->qp) {
+    misuse("qp_create on an id that has a QP");
+    return IBMSG_EINVAL;
+  }
+  if (cq->dev != dev) {
+    misuse("qp_create with a CQ of another device");
+    return IBMSG_EINVAL;
+  }
+  if (caps->send_wrs == 0 || caps->recv_wrs == 0 || caps->send_wrs > dev->info.max_qp_wr ||
+      caps->recv_wrs > dev->info.max_qp_wr)
+    return IBMSG_EINVAL;
+  if (caps->max_inline > kMaxInline) caps->max_inline = kMaxInline;
+  Qp *q = new Qp();
+  q->id = id;
+  q->dev = dev;
+  q->cq = cq;
+  q->caps = *caps;
+  q->rts = id->state == IdState::Connected;
+  ++cq->qps;
+  g.qps.push_back(q);
+  ++g.counts.qps;
+  id->qp = q;
+  return IBMSG_OK;
+}
+
+void qp_destroy(CmId *id) {
+  if (!id->qp) return;
+  destroy_qp(id->qp);
+  id->qp = nullptr;
+}
+
+int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr) {
+  if (int err = injected(fake::Call::PostRecv)) return err;
+  Qp *q = id->qp;
+  if (!q) {
+    misuse("post_recv on an id without a QP");
+    return IBMSG_EIO;
+  }
+  if (!ctx) {
+    misuse("post_recv without a work request context");
+    return IBMSG_EINVAL;
+  }
+  if (!check_mr(q, mr, buf, len)) return IBMSG_EIO;
+  if (q->rq.size() + q->recv_unpolled >= q->caps.recv_wrs) {
+    misuse("receive queue overflow: %zu work requests outstanding",
+           q->rq.size() + q->recv_unpolled);
+    return IBMSG_EIO;
+  }
+  if (q->error) {
+    complete_recv(q, ctx, WcStatus::Flushed);
+    return IBMSG_OK;
+  }
+  q->rq.push_back(RecvWr{ctx, static_cast<uint8_t *>(buf), len});
+  return IBMSG_OK;
+}
+
+int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr, uint32_t imm,
+                  uint32_t max_inline) {
+  return post_send(id, ctx, buf, len, mr, true, imm, max_inline);
+}
+
+}  // namespace ibmsg::tp
+
+// --- the control API ---------------------------------------------------------------------------
+
+namespace ibmsg::fake {
+
+using namespace ibmsg::tp;
+
+void reset() {
+  tp::g.stats = Stats{};
+  tp::g.counts = Counts{};
+  tp::g.iwarp = false;
+  tp::g.paused = false;
+  tp::g.hold_est = false;
+  tp::g.delay_acks = false;
+  tp::g.delay_port = 0;
+  tp::g.removed = false;
+  tp::g.ids.clear();
+  tp::g.ports.clear();
+  tp::g.qps.clear();
+  tp::g.held.clear();
+  for (auto &i : tp::g.inj) i = tp::Injection{};
+  tp::g.raw = 0;
+}
+
+Counts open_objects() { return tp::g.counts; }
+
+std::string open_objects_text() {
+  const Counts &c = tp::g.counts;
+  std::string s;
+  auto add = [&s](int n, const char *what) {
+    if (!n) return;
+    if (!s.empty()) s += ", ";
+    s += std::to_string(n) + " " + what;
+  };
+  add(c.channels, "CM channel(s)");
+  add(c.ids, "CM id(s)");
+  add(c.devices, "device(s)");
+  add(c.cqs, "CQ(s)");
+  add(c.qps, "QP(s)");
+  add(c.mrs, "memory registration(s)");
+  return s;
+}
+
+const Stats &stats() { return tp::g.stats; }
+
+void set_iwarp(bool iwarp) { tp::g.iwarp = iwarp; }
+
+void remove_device() {
+  tp::g.removed = true;
+  for (CmId *id : tp::g.ids) {
+    if (!id->has_dev) continue;
+    if (id->qp) tp::qp_error(id->qp);
+    tp::push_event(id->ch, tp::make_event(CmEventType::DeviceRemoval, id, 0, nullptr, 0, 0));
+  }
+}
+
+void fail_call(Call call, int code, unsigned skip) {
+  tp::Injection &i = tp::g.inj[int(call)];
+  i.armed = true;
+  i.code = code;
+  i.skip = skip;
+}
+
+void pause_wire(bool paused) {
+  tp::g.paused = paused;
+  if (paused) return;
+  std::vector<Qp *> qps = tp::g.qps;
+  for (Qp *q : qps) tp::deliver(q);
+}
+
+void delay_send_completions(bool delay, unsigned short port) {
+  tp::g.delay_acks = delay;
+  tp::g.delay_port = port;
+  if (delay) return;
+  std::vector<Qp *> qps = tp::g.qps;
+  for (Qp *q : qps) {
+    while (!q->acks.empty()) {
+      WorkCtx *ctx = q->acks.front();
+      q->acks.pop_front();
+      tp::complete_send(q, ctx, WcStatus::Ok);
+    }
+  }
+}
+
+void hold_established(bool hold) { tp::g.hold_est = hold; }
+
+void release_established() {
+  auto held = std::move(tp::g.held);
+  tp::g.held.clear();
+  for (auto &h : held) tp::push_event(h.first->ch, h.second);
+}
+
+int post_send_no_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr) {
+  return tp::post_send(id, ctx, buf, len, mr, false, 0, 0);
+}
+
+// --- RawPeer ---
+
+namespace {
+
+struct RawCall {
+  RawCall() { ++tp::g.raw; }
+  ~RawCall() { --tp::g.raw; }
+  RawCall(const RawCall &) = delete;
+  RawCall &operator=(const RawCall &) = delete;
+};
+
+constexpr uint32_t kRawSendWrs = 256;
+
+}  // namespace
+
+RawPeer::RawPeer(uint32_t recv_bufs, uint32_t buf_size) : nbufs_(recv_bufs), bufsize_(buf_size) {}
+
+RawPeer::~RawPeer() { close(); }
+
+int RawPeer::connect(unsigned short port, const void *pdata, size_t plen) {
+  RawCall rc;
+  if (state_ != State::Idle || ch_) return IBMSG_ESTATE;
+  int err = cm_channel_create(&ch_);
+  if (!err) err = cm_id_create(ch_, this, &id_);
+  if (err) return err;
+  sockaddr_in dst{};
+  dst.sin_family = AF_INET;
+  dst.sin_port = htons(port);
+  dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  auto p = static_cast<const uint8_t *>(pdata);
+  connect_pdata_.assign(p, p + plen);
+  err = cm_resolve_addr(id_, nullptr, reinterpret_cast<sockaddr *>(&dst), 1000);
+  if (err) return err;
+  state_ = State::Connecting;
+  pump();  // address, route, request
+  return IBMSG_OK;
+}
+
+int RawPeer::connect(unsigned short port, const wire::Hello &h) {
+  uint8_t buf[wire::kHelloSize];
+  wire::encode_hello(h, buf);
+  return connect(port, buf, sizeof buf);
+}
+
+int RawPeer::listen(unsigned short port) {
+  RawCall rc;
+  if (state_ != State::Idle || ch_) return IBMSG_ESTATE;
+  int err = cm_channel_create(&ch_);
+  if (!err) err = cm_id_create(ch_, this, &listen_id_);
+  if (err) return err;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  err = cm_bind(listen_id_, reinterpret_cast<sockaddr *>(&a));
+  if (!err) err = cm_listen(listen_id_, 16);
+  if (!err) state_ = State::Listening;
+  return err;
+}
+
+unsigned short RawPeer::port() const { return listen_id_ ? tp::port_of(listen_id_->local) : 0; }
+
+void RawPeer::open_queues(CmId *id) {
+  int err = device_open(cm_device(id), &dev_);
+  if (!err) err = cq_create(dev_, nbufs_ + kRawSendWrs, this, &cq_);
+  size_t bytes = size_t(nbufs_ + 1) * bufsize_;
+  mem_ = static_cast<uint8_t *>(calloc(1, bytes));
+  if (!err) err = mr_register(dev_, mem_, bytes, kLocal, &mr_);
+  QpCaps caps{kRawSendWrs, nbufs_, 0};
+  if (!err) err = qp_create(id, dev_, cq_, &caps);
+  recv_ctx_.resize(nbufs_);
+  for (uint32_t i = 0; !err && i < nbufs_; ++i) {
+    recv_ctx_[i] = WorkCtx{Op::Recv, reinterpret_cast<void *>(uintptr_t(i))};
+    err = post_recv(id, &recv_ctx_[i], mem_ + size_t(i) * bufsize_, bufsize_, mr_);
+  }
+  send_ctx_.owner = this;
+  if (err) fprintf(stderr, "fake raw peer: cannot set up its queues: %d\n", err);
+}
+
+int RawPeer::accept(const void *pdata, size_t plen) {
+  RawCall rc;
+  if (state_ != State::Requested || !req_id_) return IBMSG_ESTATE;
+  id_ = req_id_;
+  req_id_ = nullptr;
+  open_queues(id_);
+  ConnParam p{pdata, uint8_t(plen), 7, 7, 0, 0};
+  int err = cm_accept(id_, p);
+  state_ = err ? State::Listening : State::Established;
+  pump();
+  return err;
+}
+
+int RawPeer::accept(const wire::Hello &h) {
+  uint8_t buf[wire::kHelloSize];
+  wire::encode_hello(h, buf);
+  return accept(buf, sizeof buf);
+}
+
+int RawPeer::reject(const void *pdata, size_t plen) {
+  RawCall rc;
+  if (state_ != State::Requested || !req_id_) return IBMSG_ESTATE;
+  int err = cm_reject(req_id_, pdata, uint8_t(plen));
+  cm_id_destroy(req_id_);
+  req_id_ = nullptr;
+  state_ = State::Listening;
+  return err;
+}
+
+int RawPeer::send(uint32_t imm, const void *data, size_t len) {
+  RawCall rc;
+  if (!id_ || !mr_) return IBMSG_ENOTCONN;
+  if (len > bufsize_) return IBMSG_EMSGSIZE;
+  poll();
+  uint8_t *area = mem_ + size_t(nbufs_) * bufsize_;
+  if (len) memcpy(area, data, len);
+  return post_send_imm(id_, &send_ctx_, area, uint32_t(len), mr_, imm, 0);
+}
+
+int RawPeer::send_without_imm(const void *data, size_t len) {
+  RawCall rc;
+  if (!id_ || !mr_) return IBMSG_ENOTCONN;
+  if (len > bufsize_) return IBMSG_EMSGSIZE;
+  poll();
+  uint8_t *area = mem_ + size_t(nbufs_) * bufsize_;
+  if (len) memcpy(area, data, len);
+  return post_send_no_imm(id_, &send_ctx_, area, uint32_t(len), mr_);
+}
+
+int RawPeer::disconnect() {
+  RawCall rc;
+  if (!id_) return IBMSG_ENOTCONN;
+  return cm_disconnect(id_);
+}
+
+void RawPeer::close() {
+  RawCall rc;
+  if (req_id_) cm_id_destroy(req_id_);
+  if (id_) cm_id_destroy(id_);  // and its QP
+  if (listen_id_) cm_id_destroy(listen_id_);
+  req_id_ = id_ = listen_id_ = nullptr;
+  if (cq_) cq_destroy(cq_);
+  cq_ = nullptr;
+  mr_deregister(mr_);
+  mr_ = nullptr;
+  free(mem_);
+  mem_ = nullptr;
+  if (dev_) device_close(dev_);
+  dev_ = nullptr;
+  if (ch_) cm_channel_destroy(ch_);
+  ch_ = nullptr;
+  state_ = State::Idle;
+}
+
+void RawPeer::on_event(const CmEvent &ev) {
+  switch (ev.type) {
+    case CmEventType::AddrResolved:
+      if (cm_resolve_route(id_, 1000)) state_ = State::Rejected;
+      break;
+    case CmEventType::RouteResolved: {
+      open_queues(id_);
+      ConnParam p{connect_pdata_.data(), uint8_t(connect_pdata_.size()), 7, 7, 0, 0};
+      status_ = cm_connect(id_, p);
+      if (status_) state_ = State::Rejected;
+      break;
+    }
+    case CmEventType::ConnectRequest:
+      ++requests;
+      if (req_id_ || id_) {  // one at a time
+        cm_reject(ev.id, nullptr, 0);
+        cm_id_destroy(ev.id);
+        break;
+      }
+      req_id_ = ev.id;
+      cm_id_set_user(req_id_, this);
+      pdata_.assign(ev.pdata, ev.pdata + ev.plen);
+      state_ = State::Requested;
+      break;
+    case CmEventType::Established:
+      state_ = State::Established;
+      if (ev.plen) pdata_.assign(ev.pdata, ev.pdata + ev.plen);
+      break;
+    case CmEventType::Rejected:
+      state_ = State::Rejected;
+      status_ = ev.status;
+      pdata_.assign(ev.pdata, ev.pdata + ev.plen);
+      break;
+    case CmEventType::Disconnected: state_ = State::Disconnected; break;
+    default:
+      status_ = ev.status;
+      state_ = State::Rejected;
+      break;
+  }
+}
+
+void RawPeer::poll() {
+  if (!cq_) return;
+  Completion wc[32];
+  for (;;) {
+    int n = cq_poll(cq_, wc, 32);
+    for (int i = 0; i < n; ++i) {
+      if (wc[i].ctx->op == Op::Recv) {
+        uint32_t slot = uint32_t(reinterpret_cast<uintptr_t>(wc[i].ctx->owner));
+        uint8_t *buf = mem_ + size_t(slot) * bufsize_;
+        if (wc[i].status != WcStatus::Ok) {
+          ++recvs_failed;
+          continue;
+        }
+        RawMsg m;
+        m.has_imm = wc[i].has_imm;
+        m.imm = wc[i].imm;
+        m.data.assign(buf, buf + wc[i].len);
+        received.push_back(std::move(m));
+        if (id_) post_recv(id_, wc[i].ctx, buf, bufsize_, mr_);
+      } else if (wc[i].status == WcStatus::Ok) {
+        ++sends_ok;
+      } else {
+        ++sends_failed;
+      }
+    }
+    if (n < 32) return;
+  }
+}
+
+void RawPeer::pump() {
+  RawCall rc;
+  CmEvent ev;
+  while (ch_ && cm_get_event(ch_, &ev) == IBMSG_OK) on_event(ev);
+  poll();
+}
+
+}  // namespace ibmsg::fake

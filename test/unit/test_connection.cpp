@@ -1,0 +1,1693 @@
+// test_connection.cpp - the core over the fake transport (test/fake), through the public C API:
+// the handshake and the hello, credits end to end, peers that break the protocol, every close
+// path with its exactly-once callbacks, and the lifetime of devices and registered memory.
+//
+// Every test runs on a fresh loop and a reset fake. The teardown closes what the test left open
+// and then checks what must hold after any scenario: each socket that was set up closed exactly
+// once, no callback after its closed callback, one message_sent per posted message, messages in
+// order, everything released in the fake (no device, CQ, QP, registration or CM id left), no
+// RNR and no misuse of the transport, and no invalid state transition.
+//
+// FAKE_SEED=n runs the randomized tests with another seed; FAKE_DEBUG=1 prints what they did.
+#include <csetjmp>
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
+#include <cmocka.h>
+}
+
+#include <poll.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fake.hpp"
+#include "ibmsg.h"
+#include "internal.hpp"  // ibmsg::invalid_transitions
+#include "wire.hpp"
+
+namespace fake = ibmsg::fake;
+namespace wire = ibmsg::wire;
+using Raw = fake::RawPeer;
+
+namespace {
+
+// --- the harness ------------------------------------------------------------------------------
+
+#define expect_code(actual, expected)                                           \
+  do {                                                                          \
+    int a_ = (actual), e_ = (expected);                                         \
+    if (a_ != e_)                                                               \
+      fail_msg("%s: got %s (%d), expected %s", #actual, ibmsg_err_name(a_), a_, \
+               ibmsg_err_name(e_));                                             \
+  } while (0)
+
+// A send buffer the test owns (it stays at its address while allocated).
+struct Out {
+  ibmsg_buffer m{};
+  bool allocated = false;
+  int posts = 0;     // successful ibmsg_post_send
+  int sent_cbs = 0;  // message_sent callbacks
+};
+
+// One ibmsg_socket and what its callbacks reported.
+struct Conn {
+  ibmsg_socket s{};
+  const char *name = "";
+  bool opened = false;  // listen/connect/accept succeeded: one closed callback must follow
+  int lives = 1;        // set-ups of this struct (it may be set up again once closed)
+  unsigned short local_port = 0, peer_port = 0;  // when it was established
+  int established = 0;
+  int closed = 0;
+  int close_reason = -1;
+  int status_at_close = -1;
+  int disconnect_in_closed = -1;      // what ibmsg_disconnect said inside the closed callback
+  int sent_at_close = -1;             // message_sent callbacks before the closed callback
+  int after_close = 0;                // callbacks after the closed callback (must stay 0)
+  std::function<void()> when_closed;  // runs inside the closed callback
+  // sending
+  std::deque<Out> outs;
+  uint64_t next_send_seq = 0;
+  int sent_ok = 0, sent_canceled = 0, sent_other = 0;  // by status; each sent buffer is freed
+  // receiving
+  bool hold = false;  // keep received messages until the test frees them
+  std::deque<ibmsg_buffer *> held;
+  uint64_t received = 0;
+  uint64_t next_seq = 0;
+  int bad_order = 0;  // out of order, duplicated or corrupted
+  std::string last_payload;
+};
+
+enum class Policy { Accept, Reject, Leave, AcceptInto };
+
+struct H {
+  ibmsg_event_loop loop;
+  bool loop_alive = false;
+  std::deque<Conn> conns;  // a deque: references stay valid
+  std::vector<std::unique_ptr<Raw>> raws;
+  std::vector<ibmsg_options *> opts;
+  // what connection_request does
+  Policy policy = Policy::Accept;
+  const char *reject_text = nullptr;
+  ibmsg_options *accept_opts = nullptr;
+  Conn *accept_into = nullptr;
+  bool hold_accepted = false;
+  int requests = 0;
+  int accept_rc = -1;
+  std::vector<Conn *> accepted;
+  unsigned long transitions_before = 0;         // ibmsg::invalid_transitions() at the start
+  int inner_dispatch = -1, inner_destroy = -1;  // loop calls made from inside a callback
+  std::vector<Conn *> up, open, holding;        // random_traffic's (here: a failure leaks nothing)
+};
+
+H *h_of(void **state) { return static_cast<H *>(*state); }
+
+Conn &new_conn(H *h, const char *name) {
+  h->conns.emplace_back();
+  Conn &c = h->conns.back();
+  c.name = name;
+  c.s.user_data = &c;
+  return c;
+}
+
+Raw *new_raw(H *h, uint32_t recv_bufs = 32) {
+  h->raws.push_back(std::make_unique<Raw>(recv_bufs));
+  return h->raws.back().get();
+}
+
+ibmsg_options *options(H *h, std::initializer_list<std::pair<int, int>> values) {
+  ibmsg_options *o = ibmsg_options_new(&h->loop);
+  if (!o) fail_msg("ibmsg_options_new failed");
+  h->opts.push_back(o);
+  for (auto &v : values)
+    expect_code(ibmsg_options_set(o, v.first, &v.second, sizeof(int)), IBMSG_OK);
+  return o;
+}
+
+// Payload: the sequence number, then its low byte repeated.
+void fill(ibmsg_buffer *m, uint64_t seq) {
+  auto p = static_cast<uint8_t *>(m->data);
+  if (m->size >= 8) memcpy(p, &seq, 8);
+  for (size_t i = 8; i < m->size; ++i) p[i] = uint8_t(seq);
+}
+
+// --- callbacks ---
+
+void on_request(ibmsg_connection_request *req) {
+  H *h = static_cast<H *>(req->loop->user_data);
+  ++h->requests;
+  switch (h->policy) {
+    case Policy::Reject: expect_code(ibmsg_reject(req, h->reject_text), IBMSG_OK); return;
+    case Policy::Leave: return;
+    case Policy::AcceptInto: h->accept_rc = ibmsg_accept(req, &h->accept_into->s); return;
+    case Policy::Accept: break;
+  }
+  Conn &c = new_conn(h, "accepted");
+  c.hold = h->hold_accepted;
+  h->accept_rc = ibmsg_accept_opts(req, &c.s, h->accept_opts);
+  if (h->accept_rc == IBMSG_OK) {
+    c.opened = true;
+    h->accepted.push_back(&c);
+  }
+}
+
+void on_established(ibmsg_socket *s) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  if (c->closed >= c->lives) ++c->after_close;
+  ++c->established;
+  ibmsg_socket_local_address(s, nullptr, 0, &c->local_port);
+  ibmsg_socket_peer_address(s, nullptr, 0, &c->peer_port);
+}
+
+void on_received(ibmsg_socket *s, ibmsg_buffer *m) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  if (c->closed >= c->lives) ++c->after_close;
+  ++c->received;
+  c->last_payload.assign(static_cast<const char *>(m->data), m->size);
+  if (m->size >= 8) {
+    uint64_t seq;
+    memcpy(&seq, m->data, 8);
+    if (seq != c->next_seq) ++c->bad_order;
+    c->next_seq = seq + 1;
+    auto p = static_cast<const uint8_t *>(m->data);
+    for (size_t i = 8; i < m->size; ++i)
+      if (p[i] != uint8_t(seq)) {
+        ++c->bad_order;
+        break;
+      }
+  }
+  if (c->hold) c->held.push_back(m);
+  else if (ibmsg_free_msg(m) != IBMSG_OK) ++c->bad_order;
+}
+
+void on_sent(ibmsg_socket *s, ibmsg_buffer *m, int status) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  if (c->closed >= c->lives) ++c->after_close;
+  Out *o = static_cast<Out *>(m->user_data);
+  ++o->sent_cbs;
+  if (status == IBMSG_OK) ++c->sent_ok;
+  else if (status == IBMSG_ECANCELED) ++c->sent_canceled;
+  else ++c->sent_other;
+  if (ibmsg_free_msg(m) == IBMSG_OK) o->allocated = false;
+}
+
+void on_closed(ibmsg_socket *s, int reason) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  ++c->closed;
+  c->close_reason = reason;
+  c->status_at_close = s->status;
+  c->sent_at_close = c->sent_ok + c->sent_canceled + c->sent_other;
+  c->disconnect_in_closed = ibmsg_disconnect(s);
+  if (c->when_closed) c->when_closed();
+}
+
+// --- driving the loop ---
+
+// Runs the loop (and pumps the raw peers) until done() or max_rounds rounds.
+template <class F>
+bool run_until(H *h, F done, int max_rounds = 400, int timeout_ms = 1) {
+  for (int i = 0; i < max_rounds; ++i) {
+    for (auto &r : h->raws) r->pump();
+    if (done()) return true;
+    ibmsg_dispatch_event_loop_timeout(&h->loop, timeout_ms);
+  }
+  for (auto &r : h->raws) r->pump();
+  return done();
+}
+
+#define RUN_UNTIL(h, cond)                                                                \
+  do {                                                                                    \
+    if (!run_until(h, [&] { return bool(cond); })) fail_msg("never happened: %s", #cond); \
+  } while (0)
+
+// Lets whatever is pending happen.
+void settle(H *h, int rounds = 10) {
+  auto never = [] { return false; };
+  run_until(h, never, rounds, 1);
+}
+
+// --- setting up sockets ---
+
+unsigned short port_of(Conn &l) {
+  unsigned short p = 0;
+  expect_code(ibmsg_socket_local_address(&l.s, nullptr, 0, &p), IBMSG_OK);
+  return p;
+}
+
+Conn &listener(H *h, const ibmsg_options *o = nullptr, int max_conn = 8) {
+  Conn &l = new_conn(h, "listener");
+  expect_code(ibmsg_listen_opts(&h->loop, &l.s, nullptr, 0, max_conn, o), IBMSG_OK);
+  l.opened = true;
+  return l;
+}
+
+Conn &client(H *h, unsigned short port, const ibmsg_options *o = nullptr,
+             const char *ip = "127.0.0.1") {
+  Conn &c = new_conn(h, "client");
+  expect_code(ibmsg_connect_opts(&h->loop, &c.s, ip, port, o), IBMSG_OK);
+  c.opened = true;
+  return c;
+}
+
+struct Pair {
+  Conn *l, *c, *a;  // listener, client, accepted
+};
+
+Pair connected(H *h, const ibmsg_options *lo = nullptr, const ibmsg_options *co = nullptr) {
+  Conn &l = listener(h, lo);
+  size_t before = h->accepted.size();
+  Conn &c = client(h, port_of(l), co);
+  RUN_UNTIL(h, c.established && h->accepted.size() > before && h->accepted.back()->established);
+  return Pair{&l, &c, h->accepted.back()};
+}
+
+// Allocates, fills and posts one message; the code of the call that failed (its buffer is freed
+// again then).
+int send_msg(Conn &c, size_t size) {
+  Out *o = nullptr;
+  for (Out &x : c.outs)
+    if (!x.allocated) {
+      o = &x;
+      break;
+    }
+  if (!o) {
+    c.outs.emplace_back();
+    o = &c.outs.back();
+  }
+  int rc = ibmsg_alloc_msg(&o->m, &c.s, size);
+  if (rc) return rc;
+  o->allocated = true;
+  o->m.user_data = o;
+  fill(&o->m, c.next_send_seq);
+  rc = ibmsg_post_send(&c.s, &o->m);
+  if (rc) {
+    expect_code(ibmsg_free_msg(&o->m), IBMSG_OK);
+    o->allocated = false;
+    return rc;
+  }
+  ++o->posts;
+  ++c.next_send_seq;
+  return IBMSG_OK;
+}
+
+void free_held(Conn &c, size_t n = SIZE_MAX) {
+  while (n-- && !c.held.empty()) {
+    expect_code(ibmsg_free_msg(c.held.front()), IBMSG_OK);
+    c.held.pop_front();
+  }
+}
+
+// A raw client connected to an ibmsg listener whose connections post recv_depth buffers for data;
+// the accepted socket holds what it receives.
+struct RawPair {
+  Raw *r;
+  Conn *l, *a;
+};
+
+RawPair raw_client(H *h, const wire::Hello &hello, int recv_depth = 4,
+                   std::initializer_list<std::pair<int, int>> more = {}) {
+  ibmsg_options *o = options(h, {{IBMSG_OPT_RECV_DEPTH, recv_depth}});
+  for (auto &v : more) expect_code(ibmsg_options_set(o, v.first, &v.second, sizeof(int)), IBMSG_OK);
+  Conn &l = listener(h, o);
+  h->hold_accepted = true;
+  Raw *r = new_raw(h);
+  expect_code(r->connect(port_of(l), hello), IBMSG_OK);
+  RUN_UNTIL(h, r->state() == Raw::State::Established && !h->accepted.empty() &&
+                   h->accepted.back()->established);
+  return RawPair{r, &l, h->accepted.back()};
+}
+
+std::vector<uint8_t> hello_bytes(const wire::Hello &h) {
+  std::vector<uint8_t> b(wire::kHelloSize);
+  wire::encode_hello(h, b.data());
+  return b;
+}
+
+std::string reject_text_of(const Raw *r) {
+  char text[wire::kRejectTextMax + 1];
+  if (!wire::decode_reject(r->event_pdata().data(), r->event_pdata().size(), text, sizeof text))
+    fail_msg("the rejection carries no ibmsg reject text");
+  return text;
+}
+
+// --- setup and the checks after every test ---
+
+int setup(void **state) {
+  fake::reset();
+  H *h = new H();
+  if (ibmsg_init_event_loop(&h->loop) != IBMSG_OK) return -1;
+  h->loop_alive = true;
+  h->loop.user_data = h;
+  h->loop.connection_request = on_request;
+  h->loop.connection_established = on_established;
+  h->loop.message_received = on_received;
+  h->loop.message_sent = on_sent;
+  h->loop.connection_closed = on_closed;
+  h->transitions_before = ibmsg::invalid_transitions();
+  *state = h;
+  return 0;
+}
+
+// Adds one line to the teardown's complaints.
+void complain(std::string *errs, const char *fmt, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  *errs += "\n  ";
+  *errs += buf;
+}
+
+// Closes what the test left open, releases everything, then reports every broken guarantee at
+// once (so that a failed test still cleans up for the next one).
+int teardown(void **state) {
+  H *h = h_of(state);
+  std::string errs;
+  fake::pause_wire(false);
+  fake::delay_send_completions(false);
+  fake::hold_established(false);
+  fake::release_established();
+  for (Conn &c : h->conns)
+    if (c.opened && c.closed < c.lives) ibmsg_disconnect(&c.s);
+  bool all_closed = run_until(h, [h] {
+    for (Conn &c : h->conns)
+      if (c.opened && c.closed < c.lives) return false;
+    return true;
+  });
+  for (Conn &c : h->conns) {
+    if (c.opened && c.closed != c.lives)
+      complain(&errs, "%s socket: %d closed callbacks, expected exactly %d%s", c.name, c.closed,
+               c.lives, all_closed ? "" : " (it never closed)");
+    if (!c.opened && c.closed)
+      complain(&errs, "%s socket that was never set up got a closed callback", c.name);
+    if (c.after_close)
+      complain(&errs, "%s socket: %d callbacks after its closed callback", c.name, c.after_close);
+    if (c.closed && c.disconnect_in_closed != IBMSG_ENOTCONN)
+      complain(&errs, "%s socket: ibmsg_disconnect inside its closed callback returned %s", c.name,
+               ibmsg_err_name(c.disconnect_in_closed));
+    if (c.bad_order)
+      complain(&errs, "%s socket: %d messages out of order or corrupted", c.name, c.bad_order);
+    for (ibmsg_buffer *m : c.held)
+      if (int rc = ibmsg_free_msg(m))
+        complain(&errs, "%s socket: freeing a received message: %s", c.name, ibmsg_err_name(rc));
+    c.held.clear();
+    for (Out &o : c.outs) {
+      if (o.posts != o.sent_cbs)
+        complain(&errs, "%s socket: a message posted %d times got %d message_sent callbacks",
+                 c.name, o.posts, o.sent_cbs);
+      if (o.allocated)
+        if (int rc = ibmsg_free_msg(&o.m))
+          complain(&errs, "%s socket: freeing a send buffer: %s", c.name, ibmsg_err_name(rc));
+      o.allocated = false;
+    }
+  }
+  for (auto &r : h->raws) r->close();
+  settle(h, 3);
+  bool destroyed = !h->loop_alive;
+  if (h->loop_alive) {
+    int rc = ibmsg_destroy_event_loop(&h->loop);
+    if (rc) complain(&errs, "ibmsg_destroy_event_loop: %s", ibmsg_err_name(rc));
+    destroyed = rc == IBMSG_OK;
+  }
+  for (ibmsg_options *o : h->opts) ibmsg_options_free(o);
+  std::string left = fake::open_objects_text();
+  if (!left.empty()) complain(&errs, "left open in the transport: %s", left.c_str());
+  const fake::Stats &st = fake::stats();
+  if (st.misuses)
+    complain(&errs, "%lu misuses of the transport, the first: %s", st.misuses,
+             st.first_misuse.c_str());
+  if (st.rnr_errors) complain(&errs, "%lu sends found no posted receive (RNR)", st.rnr_errors);
+  if (st.length_errors)
+    complain(&errs, "%lu sends were longer than the receive buffer", st.length_errors);
+  // The count is the process's: this test's share is what it added.
+  if (unsigned long n = ibmsg::invalid_transitions() - h->transitions_before)
+    complain(&errs, "%lu invalid state transitions (IBMSG_DEBUG=1 names them)", n);
+  if (destroyed) delete h;  // else the loop may still point into it
+  if (errs.empty()) return 0;
+  static char text[4096];  // fail_msg does not return: nothing may be left to destroy
+  snprintf(text, sizeof text, "%s", errs.c_str());
+  std::string().swap(errs);
+  fail_msg("after the test:%s", text);
+  return 0;
+}
+
+// === 1. handshake =============================================================================
+
+void connect_and_accept_establish_both_sides_once(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  settle(h);
+  assert_int_equal(p.c->established, 1);
+  assert_int_equal(p.a->established, 1);
+  assert_int_equal(h->requests, 1);
+  assert_int_equal(p.c->s.status, IBMSG_CONNECTED);
+  assert_int_equal(p.a->s.status, IBMSG_CONNECTED);
+  assert_int_equal(p.l->s.status, IBMSG_LISTENING);
+  assert_string_equal(ibmsg_socket_device(&p.c->s), "fake0");
+}
+
+void a_message_arrives_with_its_payload(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  expect_code(send_msg(*p.c, 100), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1 && p.c->sent_ok == 1);
+  assert_int_equal(p.a->last_payload.size(), 100);
+  expect_code(send_msg(*p.a, 0), IBMSG_OK);  // empty messages are messages too
+  RUN_UNTIL(h, p.c->received == 1);
+  assert_int_equal(p.c->last_payload.size(), 0);
+}
+
+void max_msg_size_is_the_smaller_of_both_sides(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *lo = options(h, {{IBMSG_OPT_MAX_MSG_SIZE, 3000}});
+  ibmsg_options *co = options(h, {{IBMSG_OPT_MAX_MSG_SIZE, 8000}});
+  Pair p = connected(h, lo, co);
+  // 3000 on both sides also shows that the accepted socket took the listener's options (the
+  // loop's default is 65536).
+  assert_int_equal(ibmsg_socket_max_msg_size(&p.c->s), 3000);
+  assert_int_equal(ibmsg_socket_max_msg_size(&p.a->s), 3000);
+  ibmsg_buffer m;
+  expect_code(ibmsg_alloc_msg(&m, &p.c->s, 3001), IBMSG_EMSGSIZE);
+  expect_code(send_msg(*p.c, 3000), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1);
+}
+
+void accepted_socket_sends_the_listeners_options_in_its_hello(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *lo = options(h, {{IBMSG_OPT_RECV_DEPTH, 7}, {IBMSG_OPT_MAX_MSG_SIZE, 3000}});
+  Conn &l = listener(h, lo);
+  Raw *r = new_raw(h);
+  expect_code(r->connect(port_of(l), fake::hello(8)), IBMSG_OK);
+  RUN_UNTIL(h, r->state() == Raw::State::Established);
+  wire::Hello got;
+  if (wire::decode_hello(r->event_pdata().data(), r->event_pdata().size(), &got) !=
+      wire::HelloResult::Ok)
+    fail_msg("the accepting side's private data is no valid hello");
+  assert_int_equal(got.major, wire::kMajor);
+  assert_int_equal(got.recv_depth, 7);
+  assert_int_equal(got.ctrl_depth, ibmsg::kCtrlDepth);
+  assert_int_equal(got.max_msg_size, 3000);
+}
+
+void accept_opts_override_the_listeners_options(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *lo = options(h, {{IBMSG_OPT_MAX_MSG_SIZE, 3000}});
+  h->accept_opts = options(h, {{IBMSG_OPT_MAX_MSG_SIZE, 2000}});
+  Pair p = connected(h, lo);
+  assert_int_equal(ibmsg_socket_max_msg_size(&p.c->s), 2000);
+  assert_int_equal(ibmsg_socket_max_msg_size(&p.a->s), 2000);
+}
+
+void data_overtaking_the_established_event_establishes_once(void **state) {
+  H *h = h_of(state);
+  fake::hold_established(true);  // the accepting side's ESTABLISHED comes late
+  Conn &l = listener(h);
+  Raw *r = new_raw(h);
+  expect_code(r->connect(port_of(l), fake::hello(8)), IBMSG_OK);
+  RUN_UNTIL(h, r->state() == Raw::State::Established && !h->accepted.empty());
+  Conn *a = h->accepted.back();
+  assert_int_equal(a->established, 0);
+  expect_code(r->send(fake::imm(0), "1234", 4), IBMSG_OK);
+  RUN_UNTIL(h, a->received == 1);
+  assert_int_equal(a->established, 1);  // before the message, and once
+  fake::release_established();
+  settle(h);
+  assert_int_equal(a->established, 1);
+  assert_int_equal(a->s.status, IBMSG_CONNECTED);
+}
+
+void loop_fd_and_process_drive_a_connection(void **state) {
+  H *h = h_of(state);
+  int fd = ibmsg_event_loop_fd(&h->loop);
+  assert_true(fd >= 0);
+  Conn &l = listener(h);
+  Conn &c = client(h, port_of(l));
+  for (int i = 0;
+       i < 100 && !(c.established && !h->accepted.empty() && h->accepted.back()->established);
+       ++i) {
+    struct pollfd pfd = {fd, POLLIN, 0};
+    int t = ibmsg_event_loop_timeout(&h->loop);
+    poll(&pfd, 1, t < 0 || t > 10 ? 10 : t);
+    expect_code(ibmsg_event_loop_process(&h->loop), IBMSG_OK);
+  }
+  assert_int_equal(c.established, 1);
+  Conn *a = h->accepted.back();
+  expect_code(send_msg(c, 16), IBMSG_OK);
+  for (int i = 0; i < 100 && a->received == 0; ++i) {
+    struct pollfd pfd = {fd, POLLIN, 0};
+    poll(&pfd, 1, 10);  // the device's channel was added when the connection opened it
+    expect_code(ibmsg_event_loop_process(&h->loop), IBMSG_OK);
+  }
+  assert_int_equal(a->received, 1);
+}
+
+// === 2. the hello =============================================================================
+
+// A raw client's request with pdata is refused before the application sees it, with text.
+void expect_refused(H *h, const std::vector<uint8_t> &pdata, const char *text_start) {
+  Conn &l = listener(h);
+  Raw *r = new_raw(h);
+  expect_code(r->connect(port_of(l), pdata.data(), pdata.size()), IBMSG_OK);
+  RUN_UNTIL(h, r->state() == Raw::State::Rejected);
+  assert_int_equal(r->event_status(), ibmsg::tp::kRejectConsumer);
+  std::string text = reject_text_of(r);
+  if (text.compare(0, strlen(text_start), text_start) != 0)
+    fail_msg("reject text \"%s\", expected \"%s...\"", text.c_str(), text_start);
+  if (h->requests) fail_msg("connection_request ran for a request the library must refuse");
+  assert_int_equal(l.s.status, IBMSG_LISTENING);
+  assert_int_equal(fake::open_objects().devices, 1);  // the raw peer's: nothing was set up for it
+}
+
+void hello_of_another_major_is_rejected_naming_both_versions(void **state) {
+  wire::Hello hh = fake::hello(8);
+  hh.major = 2;
+  hh.minor = 0;
+  expect_refused(h_of(state), hello_bytes(hh),
+                 "incompatible ibmsg protocol: peer speaks 2.0, this side 1.0");
+}
+
+void hello_of_a_higher_minor_with_unknown_features_connects(void **state) {
+  H *h = h_of(state);
+  wire::Hello hh = fake::hello(8);
+  hh.minor = 9;
+  hh.features = 0xfff00000u;
+  RawPair p = raw_client(h, hh);
+  assert_int_equal(h->requests, 1);
+  expect_code(send_msg(*p.a, 32), IBMSG_OK);
+  RUN_UNTIL(h, p.r->received.size() == 1);
+  assert_int_equal(p.r->received[0].data.size(), 32);
+  wire::Hello got;
+  assert_true(wire::decode_hello(p.r->event_pdata().data(), p.r->event_pdata().size(), &got) ==
+              wire::HelloResult::Ok);
+  assert_int_equal(got.features, 0);  // it offers none it does not have
+}
+
+void hello_with_zero_max_msg_size_is_rejected(void **state) {
+  expect_refused(h_of(state), hello_bytes(fake::hello(8, 4, 0)), "invalid ibmsg hello");
+}
+
+void hello_with_zero_recv_depth_is_rejected(void **state) {
+  expect_refused(h_of(state), hello_bytes(fake::hello(0, 4)), "invalid ibmsg hello");
+}
+
+void hello_with_zero_ctrl_depth_is_rejected(void **state) {
+  expect_refused(h_of(state), hello_bytes(fake::hello(8, 0)), "invalid ibmsg hello");
+}
+
+void hello_with_recv_depth_beyond_65535_is_rejected(void **state) {
+  expect_refused(h_of(state), hello_bytes(fake::hello(65536, 4)), "invalid ibmsg hello");
+}
+
+void hello_with_ctrl_depth_beyond_255_is_rejected(void **state) {
+  expect_refused(h_of(state), hello_bytes(fake::hello(8, 256)), "invalid ibmsg hello");
+}
+
+void garbage_private_data_is_rejected_as_not_ibmsg(void **state) {
+  const char *g = "GET / HTTP/1.1\r\nHost: x\r\n";
+  expect_refused(h_of(state), std::vector<uint8_t>(g, g + strlen(g)), "not an ibmsg peer");
+}
+
+void request_without_private_data_is_rejected_as_not_ibmsg(void **state) {
+  expect_refused(h_of(state), {}, "not an ibmsg peer");
+}
+
+// IB pads the private data with zeros, so the missing fields read as zero depths: refused as
+// invalid (on a transport without padding it would be "not an ibmsg peer").
+void truncated_hello_is_refused(void **state) {
+  std::vector<uint8_t> b = hello_bytes(fake::hello(8));
+  b.resize(12);
+  expect_refused(h_of(state), b, "invalid ibmsg hello");
+}
+
+// An ibmsg client whose (raw) listener answers with pdata in its accept.
+void expect_connector_eproto(H *h, const std::vector<uint8_t> &pdata) {
+  Raw *r = new_raw(h);
+  expect_code(r->listen(), IBMSG_OK);
+  Conn &c = client(h, r->port());
+  RUN_UNTIL(h, r->state() == Raw::State::Requested);
+  wire::Hello mine;
+  assert_true(wire::decode_hello(r->event_pdata().data(), r->event_pdata().size(), &mine) ==
+              wire::HelloResult::Ok);
+  expect_code(r->accept(pdata.data(), pdata.size()), IBMSG_OK);
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_EPROTO);
+  assert_int_equal(c.established, 0);
+  assert_int_equal(c.status_at_close, IBMSG_ERROR);
+  RUN_UNTIL(h, r->state() == Raw::State::Disconnected);  // the peer learns it is over
+}
+
+void invalid_hello_in_the_accept_closes_the_connector_with_eproto(void **state) {
+  const char *g = "nonsense";
+  expect_connector_eproto(h_of(state), std::vector<uint8_t>(g, g + strlen(g)));
+}
+
+void accept_hello_with_zero_depth_closes_the_connector_with_eproto(void **state) {
+  expect_connector_eproto(h_of(state), hello_bytes(fake::hello(0)));
+}
+
+// === 3. credits between two ibmsg peers =======================================================
+
+void many_messages_each_way_arrive_in_order_exactly_once(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = options(h, {{IBMSG_OPT_RECV_DEPTH, 8},
+                                 {IBMSG_OPT_SEND_DEPTH, 16},
+                                 {IBMSG_OPT_SEND_QUEUE, 16},
+                                 {IBMSG_OPT_MAX_MSG_SIZE, 256}});
+  Pair p = connected(h, o, o);
+  p.c->hold = p.a->hold = true;
+  const uint64_t kN = 10000;
+  std::mt19937 rng(7);
+  auto feed = [&](Conn *x) {
+    while (x->next_send_seq < kN) {
+      int rc = send_msg(*x, 8 + rng() % 249);
+      if (rc == IBMSG_EAGAIN) return;
+      if (rc) fail_msg("%s: sending failed with %s", x->name, ibmsg_err_name(rc));
+    }
+  };
+  auto release = [&](Conn *x) {  // the application holds messages for a while
+    if (x->held.empty() || rng() % 3) return;
+    free_held(*x, 1 + rng() % x->held.size());
+  };
+  bool done = run_until(
+      h,
+      [&] {
+        feed(p.c);
+        feed(p.a);
+        release(p.c);
+        release(p.a);
+        return p.c->received == kN && p.a->received == kN && p.c->sent_ok == int(kN) &&
+               p.a->sent_ok == int(kN);
+      },
+      400000, 0);
+  if (!done)
+    fail_msg("stalled: client got %llu, server got %llu, sent ok %d / %d",
+             (unsigned long long)p.c->received, (unsigned long long)p.a->received, p.c->sent_ok,
+             p.a->sent_ok);
+  assert_int_equal(p.c->next_seq, kN);
+  assert_int_equal(p.a->next_seq, kN);
+  assert_int_equal(p.c->bad_order + p.a->bad_order, 0);
+  assert_int_equal(p.c->sent_other + p.a->sent_other + p.c->sent_canceled + p.a->sent_canceled, 0);
+  assert_int_equal(fake::stats().rnr_errors, 0);
+  assert_true(fake::stats().delivered >= 2 * kN);
+  assert_int_equal(p.c->s.status, IBMSG_CONNECTED);
+  if (getenv("FAKE_DEBUG"))
+    fprintf(stderr, "delivered %lu (credit-only: %lu)\n", fake::stats().delivered,
+            fake::stats().delivered - 2 * kN);
+}
+
+void sender_without_credits_queues_up_to_the_bound_then_eagain(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = options(
+      h, {{IBMSG_OPT_RECV_DEPTH, 4}, {IBMSG_OPT_SEND_DEPTH, 16}, {IBMSG_OPT_SEND_QUEUE, 3}});
+  h->hold_accepted = true;
+  Pair p = connected(h, o, o);
+  for (int i = 0; i < 7; ++i) expect_code(send_msg(*p.c, 64), IBMSG_OK);  // 4 credits + 3 queued
+  expect_code(send_msg(*p.c, 64), IBMSG_EAGAIN);
+  settle(h);
+  assert_int_equal(p.a->received, 4);  // no more than the credits
+  assert_int_equal(p.c->sent_ok, 4);
+  assert_int_equal(p.c->s.status, IBMSG_CONNECTED);
+  free_held(*p.a);  // credits go back; the queue drains
+  RUN_UNTIL(h, p.a->received == 7 && p.c->sent_ok == 7);
+  assert_int_equal(p.c->sent_other + p.c->sent_canceled, 0);
+  free_held(*p.a);
+}
+
+// A receiver that holds all but one of its buffers and waits for the next message before freeing
+// more must still get it: the one freed credit goes back although less than half are owed.
+void receiver_holding_messages_still_gets_the_credit_it_freed(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = options(h, {{IBMSG_OPT_RECV_DEPTH, 4}});
+  h->hold_accepted = true;
+  Pair p = connected(h, o, o);
+  for (int i = 0; i < 4; ++i) expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 4);
+  free_held(*p.a, 1);  // holds 3
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 5);
+}
+
+// === credits against a raw peer ===
+
+void ibmsg_sends_no_more_than_the_peer_granted(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(2, 1));  // 2 data credits, 1 control credit
+  for (int i = 0; i < 6; ++i) expect_code(send_msg(*p.a, 16), IBMSG_OK);
+  settle(h);
+  assert_int_equal(p.r->received.size(), 2);
+  for (const fake::RawMsg &m : p.r->received) {
+    assert_true(m.has_imm);
+    assert_int_equal(m.imm, fake::imm(0));  // data, nothing to return yet
+  }
+  expect_code(p.r->send(fake::imm(1, 2)), IBMSG_OK);  // both data credits back
+  RUN_UNTIL(h, p.r->received.size() == 4);
+  settle(h);
+  assert_int_equal(p.r->received.size(), 4);
+  // The credit-only message used one of ibmsg's control buffers: the next message returns it.
+  assert_int_equal(p.r->received[2].imm, fake::imm(0, 0, 1));
+  assert_int_equal(p.r->received[3].imm, fake::imm(0));
+  assert_int_equal(p.a->sent_ok, 4);
+  assert_int_equal(p.a->s.status, IBMSG_CONNECTED);
+}
+
+void freed_messages_return_credits_in_credit_only_messages(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8, 4), 4);
+  for (int i = 0; i < 4; ++i) expect_code(p.r->send(fake::imm(0), "abcd", 4), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 4);
+  settle(h);
+  assert_int_equal(p.r->received.size(), 0);  // nothing freed, nothing owed
+  free_held(*p.a);
+  settle(h);
+  unsigned credits = 0;
+  for (const fake::RawMsg &m : p.r->received) {
+    assert_true(m.has_imm);
+    assert_int_equal(m.imm >> 28, 1);          // credit-only
+    assert_int_equal(m.imm & 0x0f000000u, 0);  // reserved bits clear
+    assert_int_equal(m.data.size(), 0);
+    credits += m.imm & 0xffff;
+  }
+  // At most half the depth may stay owed (ibmsg.h: "at the latest when half of them are owed").
+  if (credits < 3 || credits > 4)
+    fail_msg("%u data credits came back for 4 freed buffers", credits);
+  assert_int_equal(p.a->s.status, IBMSG_CONNECTED);
+}
+
+// A peer may grant up to 255 control credits; ibmsg's send queue has room for kCtrlDepth
+// credit-only messages besides its data. When acknowledgements lag behind the peer's answers,
+// ibmsg must still not post more than its send queue holds.
+void many_control_credits_from_the_peer_never_overflow_the_send_queue(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(64, 255), 2, {{IBMSG_OPT_SEND_DEPTH, 1}});
+  p.a->hold = false;  // every message is freed at once: a credit-only message each (threshold 1)
+  fake::delay_send_completions(true, port_of(*p.l));  // ibmsg's acknowledgements lag
+  unsigned credits = 2, sent = 0;  // the raw peer keeps to the credits ibmsg gave it
+  size_t seen = 0;
+  for (int i = 0; i < 40 && !p.a->closed; ++i) {
+    for (; seen < p.r->received.size(); ++seen) credits += p.r->received[seen].imm & 0xffff;
+    if (credits) {
+      expect_code(p.r->send(fake::imm(0), "1234", 4), IBMSG_OK);
+      --credits;
+      ++sent;
+    }
+    settle(h, 2);
+  }
+  fake::delay_send_completions(false);
+  settle(h);
+  if (p.a->closed)
+    fail_msg("ibmsg closed the connection with %s after %llu messages (%lu transport misuses)",
+             ibmsg_err_name(p.a->close_reason), (unsigned long long)p.a->received,
+             fake::stats().misuses);
+  assert_int_equal(p.a->received, sent);
+  assert_true(sent >= 6);  // more than the send queue holds
+}
+
+// Two ibmsg peers (4 control credits each way). A control credit comes back as soon as the peer
+// consumed the credit-only message, but that message keeps its slot in the sender's send queue
+// until its completion is polled; with acknowledgements lagging, ibmsg must still never post
+// more work requests than its send queue holds (send_depth + kCtrlDepth).
+void lagging_acknowledgements_never_overflow_the_send_queue(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = options(h, {{IBMSG_OPT_RECV_DEPTH, 2}, {IBMSG_OPT_SEND_DEPTH, 1}});
+  Pair p = connected(h, o, o);  // the accepted side frees every message at once
+  fake::delay_send_completions(true, port_of(*p.l));  // the server's acknowledgements lag
+  for (int i = 0; i < 20 && !p.a->closed && !p.c->closed; ++i) {
+    int rc = send_msg(*p.c, 16);  // each one gets a credit-only message back
+    if (rc != IBMSG_OK && rc != IBMSG_EAGAIN) fail_msg("sending: %s", ibmsg_err_name(rc));
+    settle(h, 2);
+  }
+  fake::delay_send_completions(false);
+  RUN_UNTIL(h, p.a->closed || p.c->closed || uint64_t(p.c->sent_ok) == p.c->next_send_seq);
+  if (p.a->closed || p.c->closed)
+    fail_msg("the connection closed (server: %s, client: %s) after %llu messages",
+             p.a->closed ? ibmsg_err_name(p.a->close_reason) : "open",
+             p.c->closed ? ibmsg_err_name(p.c->close_reason) : "open",
+             (unsigned long long)p.a->received);
+  assert_int_equal(p.a->received, p.c->next_send_seq);
+  assert_true(p.c->next_send_seq >= 6);  // more than the server's send queue holds
+}
+
+// === 4. peers that break the credit protocol ==================================================
+
+void peer_using_all_its_credits_stays_connected(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8), 4);
+  for (int i = 0; i < 4; ++i) expect_code(p.r->send(fake::imm(0), "data", 4), IBMSG_OK);
+  for (int i = 0; i < 4; ++i) expect_code(p.r->send(fake::imm(1)), IBMSG_OK);  // 4 control credits
+  settle(h);
+  assert_int_equal(p.a->received, 4);
+  assert_int_equal(p.a->closed, 0);
+  assert_int_equal(p.a->s.status, IBMSG_CONNECTED);
+}
+
+// Sends what the raw peer sends and expects the accepted socket to close with EPROTO, the
+// listener to stay up and a new connection to work.
+void expect_eproto_only_there(H *h, RawPair p) {
+  RUN_UNTIL(h, p.a->closed);
+  expect_code(p.a->close_reason, IBMSG_EPROTO);
+  assert_int_equal(p.a->status_at_close, IBMSG_ERROR);
+  RUN_UNTIL(h, p.r->state() == Raw::State::Disconnected);
+  assert_int_equal(p.l->s.status, IBMSG_LISTENING);
+  h->hold_accepted = false;
+  Conn &c = client(h, port_of(*p.l));
+  RUN_UNTIL(h, c.established && h->accepted.back() != p.a && h->accepted.back()->established);
+  expect_code(send_msg(c, 8), IBMSG_OK);
+  RUN_UNTIL(h, h->accepted.back()->received == 1);
+}
+
+void peer_sending_beyond_its_data_credits_is_closed_with_eproto(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8), 4);
+  for (int i = 0; i < 5; ++i) expect_code(p.r->send(fake::imm(0), "data", 4), IBMSG_OK);
+  expect_eproto_only_there(h, p);
+  assert_int_equal(p.a->received, 4);  // the fifth is not handed to the application
+}
+
+void credit_only_message_with_payload_is_eproto(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8));
+  expect_code(p.r->send(fake::imm(1), "payload", 7), IBMSG_OK);
+  expect_eproto_only_there(h, p);
+  assert_int_equal(p.a->received, 0);
+}
+
+void more_credit_only_messages_than_control_credits_is_eproto(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8));
+  for (int i = 0; i < 5; ++i) expect_code(p.r->send(fake::imm(1)), IBMSG_OK);
+  expect_eproto_only_there(h, p);
+}
+
+void reserved_opcode_is_eproto(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8));
+  expect_code(p.r->send(fake::imm(2)), IBMSG_OK);  // keepalive: no feature agreed on
+  expect_eproto_only_there(h, p);
+}
+
+void credits_returned_beyond_what_ibmsg_spent_are_eproto(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8));
+  // ibmsg sent nothing yet: it holds all 8 data credits, so the peer has none to return.
+  expect_code(p.r->send(fake::imm(0, 1), "data", 4), IBMSG_OK);
+  expect_eproto_only_there(h, p);
+  assert_int_equal(p.a->received, 0);
+}
+
+void control_credits_returned_beyond_what_ibmsg_spent_are_eproto(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8));
+  expect_code(p.r->send(fake::imm(0, 0, 1), "data", 4), IBMSG_OK);
+  expect_eproto_only_there(h, p);
+}
+
+void reserved_immediate_bits_are_eproto(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8));
+  expect_code(p.r->send(fake::imm(0) | 1u << 24, "data", 4), IBMSG_OK);
+  expect_eproto_only_there(h, p);
+  assert_int_equal(p.a->received, 0);
+}
+
+void message_without_immediate_is_eproto(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8));
+  expect_code(p.r->send_without_imm("data", 4), IBMSG_OK);
+  expect_eproto_only_there(h, p);
+  assert_int_equal(p.a->received, 0);
+}
+
+// === 5. close paths ===========================================================================
+
+ibmsg_options *small_queues(H *h) {
+  return options(
+      h, {{IBMSG_OPT_RECV_DEPTH, 4}, {IBMSG_OPT_SEND_DEPTH, 16}, {IBMSG_OPT_SEND_QUEUE, 8}});
+}
+
+void disconnect_confirms_delivered_and_cancels_in_flight_and_queued(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = small_queues(h);
+  h->hold_accepted = true;
+  Pair p = connected(h, o, o);
+  for (int i = 0; i < 2; ++i) expect_code(send_msg(*p.c, 32), IBMSG_OK);  // delivered
+  fake::pause_wire(true);
+  for (int i = 0; i < 10; ++i) expect_code(send_msg(*p.c, 32), IBMSG_OK);  // 2 in flight, 8 queued
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_ESTATE);
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  expect_code(p.c->close_reason, IBMSG_OK);
+  expect_code(p.a->close_reason, IBMSG_ECONNRESET);
+  assert_int_equal(p.c->status_at_close, IBMSG_UNCONNECTED);
+  assert_int_equal(p.c->sent_ok, 2);
+  assert_int_equal(p.c->sent_canceled, 10);
+  assert_int_equal(p.c->sent_other, 0);
+  assert_int_equal(p.c->sent_at_close, 12);  // every message_sent before connection_closed
+  fake::pause_wire(false);
+  settle(h);
+  assert_int_equal(p.a->received, 2);  // flushed sends never arrive
+  assert_int_equal(p.l->s.status, IBMSG_LISTENING);
+}
+
+// ECANCELED means "not delivered": a message the peer has when its socket closes is confirmed,
+// even when the close follows at once (here: from another socket's closed callback, so the
+// teardown runs before the loop looked at the completion queue again).
+void message_delivered_just_before_the_close_is_confirmed_not_canceled(void **state) {
+  H *h = h_of(state);
+  Pair p1 = connected(h);
+  Pair p2 = connected(h);
+  Conn *c2 = p2.c;
+  p1.c->when_closed = [c2] {
+    expect_code(send_msg(*c2, 16), IBMSG_OK);
+    expect_code(ibmsg_disconnect(&c2->s), IBMSG_OK);
+  };
+  expect_code(ibmsg_disconnect(&p1.c->s), IBMSG_OK);
+  RUN_UNTIL(h, c2->closed && p2.a->closed);
+  assert_int_equal(p2.a->received, 1);
+  assert_int_equal(c2->sent_canceled, 0);
+  assert_int_equal(c2->sent_ok, 1);
+}
+
+void peer_disconnect_cancels_queued_messages_and_reports_econnreset(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = small_queues(h);
+  h->hold_accepted = true;
+  Pair p = connected(h, o, o);
+  for (int i = 0; i < 12; ++i) expect_code(send_msg(*p.c, 32), IBMSG_OK);  // 4 sent, 8 queued
+  RUN_UNTIL(h, p.c->sent_ok == 4);
+  fake::pause_wire(true);
+  expect_code(send_msg(*p.a, 32), IBMSG_OK);  // in flight the other way
+  expect_code(ibmsg_disconnect(&p.a->s), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  expect_code(p.a->close_reason, IBMSG_OK);
+  expect_code(p.c->close_reason, IBMSG_ECONNRESET);
+  assert_int_equal(p.c->status_at_close, IBMSG_UNCONNECTED);
+  assert_int_equal(p.c->sent_canceled, 8);
+  assert_int_equal(p.c->sent_at_close, 12);
+  assert_int_equal(p.a->sent_canceled, 1);
+  assert_int_equal(p.a->sent_at_close, 1);
+  assert_int_equal(p.a->held.size(), 4);  // still lent after the close; freed in the teardown
+}
+
+void connect_times_out_when_the_listener_never_answers(void **state) {
+  H *h = h_of(state);
+  Raw *r = new_raw(h);
+  expect_code(r->listen(), IBMSG_OK);
+  ibmsg_options *o = options(h, {{IBMSG_OPT_CONNECT_TIMEOUT, 30}});
+  Conn &c = client(h, r->port(), o);
+  auto closed = [&] { return c.closed != 0; };
+  if (!run_until(h, closed, 200, 5)) fail_msg("the connect never timed out");
+  expect_code(c.close_reason, IBMSG_ETIMEDOUT);
+  assert_int_equal(c.status_at_close, IBMSG_ERROR);
+  assert_int_equal(c.established, 0);
+  assert_int_equal(r->requests, 1);
+}
+
+void accepted_connection_whose_handshake_never_completes_times_out(void **state) {
+  H *h = h_of(state);
+  fake::hold_established(true);
+  ibmsg_options *o = options(h, {{IBMSG_OPT_CONNECT_TIMEOUT, 30}});
+  Conn &l = listener(h, o);
+  Raw *r = new_raw(h);
+  expect_code(r->connect(port_of(l), fake::hello(8)), IBMSG_OK);
+  auto closed = [&] { return !h->accepted.empty() && h->accepted.back()->closed; };
+  if (!run_until(h, closed, 200, 5)) fail_msg("the accepted connection never timed out");
+  expect_code(h->accepted.back()->close_reason, IBMSG_ETIMEDOUT);
+  assert_int_equal(l.s.status, IBMSG_LISTENING);
+}
+
+void rejection_reports_erejected_with_the_reason(void **state) {
+  H *h = h_of(state);
+  h->policy = Policy::Reject;
+  h->reject_text = "go away";
+  Conn &l = listener(h);
+  Conn &c = client(h, port_of(l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_EREJECTED);
+  assert_string_equal(c.s.reject_reason, "go away");
+  assert_int_equal(h->requests, 1);
+  assert_int_equal(l.s.status, IBMSG_LISTENING);
+}
+
+void undecided_request_is_rejected_when_the_callback_returns(void **state) {
+  H *h = h_of(state);
+  h->policy = Policy::Leave;
+  Conn &l = listener(h);
+  Conn &c = client(h, port_of(l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_EREJECTED);
+  assert_string_equal(c.s.reject_reason, "not accepted");
+}
+
+void rejection_without_reason_text_is_still_erejected(void **state) {
+  H *h = h_of(state);
+  Raw *r = new_raw(h);
+  expect_code(r->listen(), IBMSG_OK);
+  Conn &c = client(h, r->port());
+  RUN_UNTIL(h, r->state() == Raw::State::Requested);
+  expect_code(r->reject(nullptr, 0), IBMSG_OK);  // a peer application said no, without words
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_EREJECTED);
+  assert_string_equal(c.s.reject_reason, "");
+}
+
+void connect_without_listener_is_refused(void **state) {
+  H *h = h_of(state);
+  Conn &c = client(h, 9);
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_ECONNREFUSED);
+  assert_int_equal(c.status_at_close, IBMSG_ERROR);
+}
+
+void connect_to_an_unreachable_host_fails_with_ehostunreach(void **state) {
+  H *h = h_of(state);
+  Conn &c = client(h, 7000, nullptr, "192.0.2.1");
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_EHOSTUNREACH);
+}
+
+void disconnect_while_connecting_closes_with_ok(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  Conn &c = client(h, port_of(l));
+  expect_code(ibmsg_disconnect(&c.s), IBMSG_OK);
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_OK);
+  assert_int_equal(c.established, 0);
+  settle(h);
+  assert_int_equal(h->requests, 0);
+}
+
+void failed_post_returns_eio_keeps_the_message_and_closes(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  ibmsg_buffer m;
+  expect_code(ibmsg_alloc_msg(&m, &p.c->s, 16), IBMSG_OK);
+  fake::fail_call(fake::Call::PostSend, IBMSG_EIO);
+  expect_code(ibmsg_post_send(&p.c->s, &m), IBMSG_EIO);
+  assert_int_equal(m.status, IBMSG_WAITING);  // still the application's
+  // A queue pair that refuses a work request is broken: the connection closes, as it does when
+  // a queued message cannot go out.
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  expect_code(p.c->close_reason, IBMSG_EIO);
+  assert_int_equal(p.c->sent_ok + p.c->sent_canceled + p.c->sent_other, 0);  // no callback for it
+  expect_code(ibmsg_free_msg(&m), IBMSG_OK);
+}
+
+void failed_post_from_the_queue_closes_with_eio(void **state) {
+  H *h = h_of(state);
+  Raw *r = new_raw(h);
+  expect_code(r->listen(), IBMSG_OK);
+  Conn &c = client(h, r->port());
+  RUN_UNTIL(h, r->state() == Raw::State::Requested);
+  expect_code(r->accept(fake::hello(1)), IBMSG_OK);  // one data credit
+  RUN_UNTIL(h, c.established);
+  expect_code(send_msg(c, 16), IBMSG_OK);
+  expect_code(send_msg(c, 16), IBMSG_OK);  // queued
+  RUN_UNTIL(h, r->received.size() == 1 && c.sent_ok == 1);
+  fake::fail_call(fake::Call::PostSend, IBMSG_EIO);
+  expect_code(r->send(fake::imm(1, 1)), IBMSG_OK);  // the credit comes back: the post fails
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_EIO);
+  assert_int_equal(c.sent_canceled, 1);
+  assert_int_equal(c.sent_at_close, 2);
+}
+
+void failed_credit_message_post_closes_with_eio(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8), 2);
+  for (int i = 0; i < 2; ++i) expect_code(p.r->send(fake::imm(0), "data", 4), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 2);
+  fake::fail_call(fake::Call::PostSend, IBMSG_EIO);
+  free_held(*p.a);  // owes credits: the credit-only message fails
+  RUN_UNTIL(h, p.a->closed);
+  expect_code(p.a->close_reason, IBMSG_EIO);
+}
+
+void failed_receive_repost_closes_with_eio(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8), 4);
+  expect_code(p.r->send(fake::imm(0), "data", 4), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1);
+  fake::fail_call(fake::Call::PostRecv, IBMSG_EIO);
+  free_held(*p.a);  // the buffer cannot go back: the message is still freed
+  RUN_UNTIL(h, p.a->closed);
+  expect_code(p.a->close_reason, IBMSG_EIO);
+}
+
+void failing_completion_queue_closes_with_eio(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  fake::fail_call(fake::Call::CqPoll, -1);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  // The side whose poll failed says EIO; the other learns of it as a disconnect.
+  bool c_failed = p.c->close_reason == IBMSG_EIO;
+  Conn *failed = c_failed ? p.c : p.a, *other = c_failed ? p.a : p.c;
+  expect_code(failed->close_reason, IBMSG_EIO);
+  expect_code(other->close_reason, IBMSG_ECONNRESET);
+  assert_int_equal(p.c->sent_at_close, 1);
+}
+
+void failed_cq_create_closes_the_connect_with_its_error(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  fake::fail_call(fake::Call::CqCreate, IBMSG_ENOMEM);
+  Conn &c = client(h, port_of(l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_ENOMEM);
+  assert_int_equal(h->requests, 0);
+}
+
+void failed_receive_post_during_setup_closes_the_connect(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  fake::fail_call(fake::Call::PostRecv, IBMSG_EIO, 5);
+  Conn &c = client(h, port_of(l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_EIO);
+}
+
+void failed_registration_on_accept_rejects_the_peer(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  // The client registers its two pools first (route resolution comes before the request).
+  fake::fail_call(fake::Call::MrRegister, IBMSG_ENOMEM, 2);
+  Conn &c = client(h, port_of(l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(h->accept_rc, IBMSG_ENOMEM);
+  expect_code(c.close_reason, IBMSG_EREJECTED);
+  assert_string_equal(c.s.reject_reason, "the server could not set up the connection");
+  assert_int_equal(l.s.status, IBMSG_LISTENING);
+}
+
+void accept_when_the_peer_went_away_returns_econnreset(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  Raw *r = new_raw(h);
+  expect_code(r->connect(port_of(l), fake::hello(8)), IBMSG_OK);
+  r->close();  // gone before the listener saw the request
+  settle(h);
+  assert_int_equal(h->requests, 1);
+  expect_code(h->accept_rc, IBMSG_ECONNRESET);
+  assert_int_equal(h->accepted.size(), 0);
+  assert_int_equal(l.s.status, IBMSG_LISTENING);
+}
+
+void failed_cm_accept_rejects_the_peer(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  fake::fail_call(fake::Call::CmAccept, IBMSG_ECONNRESET);
+  Conn &c = client(h, port_of(l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(h->accept_rc, IBMSG_ECONNRESET);
+  expect_code(c.close_reason, IBMSG_EREJECTED);
+}
+
+void closing_the_listener_keeps_accepted_connections(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  unsigned short port = port_of(*p.l);
+  expect_code(ibmsg_disconnect(&p.l->s), IBMSG_OK);
+  RUN_UNTIL(h, p.l->closed);
+  expect_code(p.l->close_reason, IBMSG_OK);
+  settle(h);
+  assert_int_equal(p.c->closed + p.a->closed, 0);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  expect_code(send_msg(*p.a, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1 && p.c->received == 1);
+  Conn &late = client(h, port);
+  RUN_UNTIL(h, late.closed);
+  expect_code(late.close_reason, IBMSG_ECONNREFUSED);
+  assert_int_equal(p.c->s.status, IBMSG_CONNECTED);
+}
+
+void closed_listener_refuses_new_connections(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  unsigned short port = port_of(l);
+  expect_code(ibmsg_disconnect(&l.s), IBMSG_OK);
+  RUN_UNTIL(h, l.closed);
+  Conn &c = client(h, port);
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_ECONNREFUSED);
+}
+
+void closing_the_listener_with_a_request_pending_rejects_it(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  Raw *r = new_raw(h);
+  expect_code(r->connect(port_of(l), fake::hello(8)),
+              IBMSG_OK);  // the request waits in the channel
+  expect_code(ibmsg_disconnect(&l.s), IBMSG_OK);
+  RUN_UNTIL(h, l.closed && r->state() == Raw::State::Rejected);
+  assert_int_equal(h->requests, 0);
+}
+
+void too_many_connections_are_rejected(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h, nullptr, 1);
+  Conn &c1 = client(h, port_of(l));
+  RUN_UNTIL(h, c1.established);
+  Conn &c2 = client(h, port_of(l));
+  RUN_UNTIL(h, c2.closed);
+  expect_code(c2.close_reason, IBMSG_EREJECTED);
+  assert_string_equal(c2.s.reject_reason, "too many connections");
+  expect_code(ibmsg_disconnect(&c1.s), IBMSG_OK);
+  RUN_UNTIL(h, c1.closed && h->accepted.back()->closed);
+  Conn &c3 = client(h, port_of(l));  // room again
+  RUN_UNTIL(h, c3.established);
+}
+
+void disconnect_inside_the_closed_callback_returns_enotconn(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  expect_code(p.c->disconnect_in_closed, IBMSG_ENOTCONN);
+  expect_code(p.a->disconnect_in_closed, IBMSG_ENOTCONN);
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_ENOTCONN);  // and afterwards
+}
+
+void listen_and_connect_on_an_open_socket_return_estate_and_leave_it_working(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  unsigned short port = port_of(*p.l);
+  expect_code(ibmsg_listen(&h->loop, &p.c->s, nullptr, 0, 1), IBMSG_ESTATE);
+  expect_code(ibmsg_connect(&h->loop, &p.c->s, "127.0.0.1", port), IBMSG_ESTATE);
+  expect_code(ibmsg_connect(&h->loop, &p.l->s, "127.0.0.1", port), IBMSG_ESTATE);
+  expect_code(ibmsg_listen(&h->loop, &p.l->s, nullptr, 0, 1), IBMSG_ESTATE);
+  assert_int_equal(p.c->s.status, IBMSG_CONNECTED);
+  assert_int_equal(p.l->s.status, IBMSG_LISTENING);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1 && p.c->sent_ok == 1);
+  Conn &c2 = client(h, port);  // the listener still listens
+  RUN_UNTIL(h, c2.established);
+}
+
+void accept_into_an_open_socket_returns_estate(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  h->policy = Policy::AcceptInto;
+  h->accept_into = p.c;
+  Conn &c2 = client(h, port_of(*p.l));
+  RUN_UNTIL(h, c2.closed);
+  expect_code(h->accept_rc, IBMSG_ESTATE);
+  expect_code(c2.close_reason, IBMSG_EREJECTED);
+  assert_int_equal(p.c->s.status, IBMSG_CONNECTED);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1);
+}
+
+void iwarp_device_fails_the_connect_with_enodev(void **state) {
+  H *h = h_of(state);
+  fake::set_iwarp(true);
+  Conn &l = listener(h);
+  Conn &c = client(h, port_of(l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_ENODEV);
+  assert_int_equal(h->requests, 0);
+}
+
+void iwarp_device_fails_the_accept_with_enodev(void **state) {
+  H *h = h_of(state);
+  fake::set_iwarp(true);
+  Conn &l = listener(h);
+  Raw *r = new_raw(h);
+  expect_code(r->connect(port_of(l), fake::hello(8)), IBMSG_OK);
+  RUN_UNTIL(h, r->state() == Raw::State::Rejected);
+  expect_code(h->accept_rc, IBMSG_ENODEV);
+  assert_string_equal(reject_text_of(r).c_str(), "the server could not set up the connection");
+}
+
+void device_option_naming_another_device_fails_with_enodev(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  ibmsg_options *o = ibmsg_options_new(&h->loop);
+  h->opts.push_back(o);
+  expect_code(ibmsg_options_set(o, IBMSG_OPT_DEVICE, "mlx5_0", 6), IBMSG_OK);
+  Conn &c = client(h, port_of(l), o);
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_ENODEV);
+  Conn &l2 = new_conn(h, "listener on 127.0.0.1");
+  expect_code(ibmsg_listen_opts(&h->loop, &l2.s, "127.0.0.1", 0, 1, o), IBMSG_ENODEV);
+}
+
+void socket_can_connect_again_from_its_own_closed_callback(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  unsigned short port = port_of(l);
+  Conn &c = client(h, port);
+  RUN_UNTIL(h, c.established == 1);
+  Conn *cp = &c;
+  c.when_closed = [h, cp, port] {  // the struct is the application's again: set it up anew
+    if (cp->lives > 1) return;
+    expect_code(ibmsg_connect(&h->loop, &cp->s, "127.0.0.1", port), IBMSG_OK);
+    ++cp->lives;
+  };
+  expect_code(ibmsg_disconnect(&c.s), IBMSG_OK);
+  RUN_UNTIL(h, c.closed == 1 && c.established == 2);
+  assert_int_equal(c.s.status, IBMSG_CONNECTED);
+  expect_code(send_msg(c, 16), IBMSG_OK);
+  RUN_UNTIL(h, h->accepted.back()->received == 1);
+}
+
+void loop_calls_from_inside_a_callback_return_ebusy(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  p.c->when_closed = [h] {
+    h->inner_dispatch = ibmsg_dispatch_event_loop_timeout(&h->loop, 0);
+    h->inner_destroy = ibmsg_destroy_event_loop(&h->loop);
+  };
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  expect_code(h->inner_dispatch, IBMSG_EBUSY);
+  expect_code(h->inner_destroy, IBMSG_EBUSY);
+}
+
+// Many connections on one listener, random traffic in both directions, receivers holding
+// messages for a while, a wire that stalls and acknowledgements that lag, connections closing
+// from either side: every guarantee the teardown checks must hold, and a confirmed message must
+// have arrived.
+void random_traffic(H *h, bool lagging_acks) {
+  ibmsg_options *o = options(h, {{IBMSG_OPT_RECV_DEPTH, 4},
+                                 {IBMSG_OPT_SEND_DEPTH, 8},
+                                 {IBMSG_OPT_SEND_QUEUE, 4},
+                                 {IBMSG_OPT_MAX_MSG_SIZE, 128}});
+  Conn *l = &listener(h, o, 16);
+  unsigned short port = port_of(*l);
+  h->hold_accepted = true;
+  const char *seed = getenv("FAKE_SEED");  // to explore other runs
+  std::mt19937 rng(seed ? unsigned(atoi(seed)) : 42u);
+  bool paused = false, delayed = false;
+  int results[4] = {0, 0, 0, 0};  // ok, EAGAIN, ENOTCONN, other
+  for (int step = 0; step < 5000; ++step) {
+    std::vector<Conn *> &up = h->up, &open = h->open, &holding = h->holding;
+    up.clear();
+    open.clear();
+    holding.clear();
+    for (Conn &c : h->conns) {
+      if (strcmp(c.name, "listener") == 0) continue;
+      if (c.opened && !c.closed && c.established) up.push_back(&c);
+      if (c.opened && !c.closed) open.push_back(&c);
+      if (!c.held.empty()) holding.push_back(&c);
+    }
+    unsigned op = rng() % 1000;
+    if (op < 40) {  // about 8 connections up at a time
+      if (up.size() < 16) client(h, port, o).hold = true;
+    } else if (op < 500) {
+      if (up.empty()) goto next;
+      Conn *c = up[rng() % up.size()];
+      int rc = send_msg(*c, 8 + rng() % 121);
+      ++results[rc == IBMSG_OK ? 0 : rc == IBMSG_EAGAIN ? 1 : rc == IBMSG_ENOTCONN ? 2 : 3];
+      if (rc != IBMSG_OK && rc != IBMSG_EAGAIN && rc != IBMSG_ENOTCONN)
+        fail_msg("step %d: sending on the %s socket: %s", step, c->name, ibmsg_err_name(rc));
+    } else if (op < 900) {
+      if (holding.empty()) goto next;
+      Conn *c = holding[rng() % holding.size()];
+      free_held(*c, 1 + rng() % c->held.size());
+    } else if (op < 905) {  // any open connection, also one still connecting
+      if (open.empty()) goto next;
+      Conn *c = open[rng() % open.size()];
+      int rc = ibmsg_disconnect(&c->s);
+      if (rc != IBMSG_OK && rc != IBMSG_ESTATE)
+        fail_msg("step %d: disconnecting the %s socket: %s", step, c->name, ibmsg_err_name(rc));
+    } else if (op < 915) {
+      fake::pause_wire(paused = !paused);
+    } else if (op < 925) {
+      if (lagging_acks) fake::delay_send_completions(delayed = !delayed);
+    } else if (op < 927) {  // a new listener; the old one's connections stay
+      expect_code(ibmsg_disconnect(&l->s), IBMSG_OK);
+      l = &listener(h, o, 16);
+      port = port_of(*l);
+    }
+  next:
+    ibmsg_dispatch_event_loop_timeout(&h->loop, 0);
+  }
+  fake::pause_wire(false);
+  fake::delay_send_completions(false);
+  // Quiet down: every posted message gets its message_sent.
+  bool quiet = run_until(h, [h] {
+    for (Conn &c : h->conns) free_held(c);
+    for (Conn &c : h->conns)
+      for (Out &x : c.outs)
+        if (x.posts != x.sent_cbs) return false;
+    return true;
+  });
+  if (!quiet) {
+    for (Conn &c : h->conns) {
+      int pending = 0;
+      for (Out &x : c.outs) pending += x.posts - x.sent_cbs;
+      if (!pending || !c.s.impl) continue;
+      const ibmsg::Credits &cr = c.s.impl->credits;
+      fprintf(stderr,
+              "%s :%u->:%u: %d unconfirmed, queue %zu, flight %zu, state %s; credits data %u "
+              "ctrl %u owed %u owed_ctrl %u held %u granted %u\n",
+              c.name, c.local_port, c.peer_port, pending, c.s.impl->queue.size(),
+              c.s.impl->flight.size(), ibmsg::state_name(c.s.impl->state), cr.data(), cr.ctrl(),
+              cr.owed(), cr.owed_ctrl(), cr.held(), cr.granted());
+      for (Conn &a : h->conns) {
+        if (&a == &c || a.peer_port != c.local_port || a.local_port != c.peer_port || !a.s.impl)
+          continue;
+        const ibmsg::Credits &ar = a.s.impl->credits;
+        fprintf(stderr,
+                "   peer %s: state %s held-by-app %zu; credits data %u ctrl %u owed %u owed_ctrl "
+                "%u held %u granted %u granted_ctrl %u\n",
+                a.name, ibmsg::state_name(a.s.impl->state), a.held.size(), ar.data(), ar.ctrl(),
+                ar.owed(), ar.owed_ctrl(), ar.held(), ar.granted(), ar.granted_ctrl());
+      }
+    }
+    fail_msg("some posted messages never got their message_sent");
+  }
+  int pairs = 0;
+  for (Conn &c : h->conns) {
+    if (strcmp(c.name, "client") != 0 || !c.established) continue;
+    for (Conn &a : h->conns) {
+      if (strcmp(a.name, "accepted") != 0 || a.peer_port != c.local_port) continue;
+      ++pairs;
+      if (uint64_t(c.sent_ok) > a.received || uint64_t(a.sent_ok) > c.received)
+        fail_msg("confirmed but not received: client %d/%llu, server %d/%llu", c.sent_ok,
+                 (unsigned long long)a.received, a.sent_ok, (unsigned long long)c.received);
+      if (!c.closed && !a.closed &&
+          (uint64_t(c.sent_ok) != a.received || uint64_t(a.sent_ok) != c.received))
+        fail_msg(
+            "an open connection lost messages: client sent %d, server got %llu; server sent %d, "
+            "client got %llu",
+            c.sent_ok, (unsigned long long)a.received, a.sent_ok, (unsigned long long)c.received);
+    }
+  }
+  assert_true(pairs >= 8);
+  assert_true(results[0] > 500);
+  if (getenv("FAKE_DEBUG")) {
+    int closed = 0, ok = 0, canceled = 0, other = 0;
+    uint64_t received = 0;
+    for (Conn &c : h->conns) {
+      closed += c.closed;
+      ok += c.sent_ok;
+      canceled += c.sent_canceled;
+      other += c.sent_other;
+      received += c.received;
+    }
+    std::map<std::string, int> reasons;
+    for (Conn &c : h->conns)
+      if (c.closed) ++reasons[std::string(c.name) + ":" + ibmsg_err_name(c.close_reason)];
+    for (auto &r : reasons) fprintf(stderr, "  %s %d\n", r.first.c_str(), r.second);
+    fprintf(stderr,
+            "%d pairs, %d closed, %d sent ok, %d canceled, %d failed, %llu received; posts: %d ok, "
+            "%d EAGAIN, %d ENOTCONN\n",
+            pairs, closed, ok, canceled, other, (unsigned long long)received, results[0],
+            results[1], results[2]);
+  }
+}
+
+void random_traffic_and_closes_keep_every_guarantee(void **state) {
+  random_traffic(h_of(state), false);
+}
+
+// The same with acknowledgements that lag behind the peer's answers (IB allows coalesced ACKs,
+// and a lost ACK is only repaired by a later one): a send's queue slot stays taken until its
+// completion is polled, while the peer already returned the credit it spent.
+void random_traffic_with_lagging_acknowledgements_keeps_every_guarantee(void **state) {
+  random_traffic(h_of(state), true);
+}
+
+// === 7. device and memory lifetime ============================================================
+
+void everything_is_released_once_the_sockets_close(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  expect_code(send_msg(*p.a, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1 && p.c->received == 1);
+  assert_int_equal(fake::open_objects().devices, 1);  // one loop, one device for both sides
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p.l->s), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed && p.l->closed);
+  RUN_UNTIL(h, fake::open_objects().devices == 0);
+  fake::Counts n = fake::open_objects();
+  assert_int_equal(n.ids + n.cqs + n.qps + n.mrs, 0);
+  assert_int_equal(n.channels, 1);  // the loop's, until it is destroyed
+}
+
+void held_message_keeps_the_device_and_blocks_loop_destroy(void **state) {
+  H *h = h_of(state);
+  h->hold_accepted = true;
+  Pair p = connected(h);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->held.size() == 1);
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p.l->s), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed && p.l->closed);
+  settle(h);
+  fake::Counts n = fake::open_objects();
+  assert_int_equal(n.devices, 1);  // the held message's registration needs it
+  assert_int_equal(n.mrs, 1);
+  assert_int_equal(n.ids + n.cqs + n.qps, 0);
+  expect_code(ibmsg_destroy_event_loop(&h->loop), IBMSG_EBUSY);
+  free_held(*p.a);
+  settle(h, 2);
+  n = fake::open_objects();
+  assert_int_equal(n.devices + n.mrs, 0);
+  expect_code(ibmsg_destroy_event_loop(&h->loop), IBMSG_OK);
+  h->loop_alive = false;
+}
+
+void device_removal_closes_connections_with_enodev_and_lets_the_device_go(void **state) {
+  H *h = h_of(state);
+  h->hold_accepted = true;
+  Pair p = connected(h);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->held.size() == 1);
+  fake::remove_device();
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  expect_code(p.c->close_reason, IBMSG_ENODEV);
+  expect_code(p.a->close_reason, IBMSG_ENODEV);
+  assert_int_equal(p.l->closed, 0);  // a wildcard listener is on no device
+  settle(h);
+  assert_int_equal(fake::open_objects().devices, 1);  // the held message still needs it
+  free_held(*p.a);
+  RUN_UNTIL(h, fake::open_objects().devices == 0);
+  assert_true(fake::stats().rescans > 0);  // rdma-core is told to let go of it
+  Conn &c2 = client(h, port_of(*p.l));
+  RUN_UNTIL(h, c2.closed);
+  expect_code(c2.close_reason, IBMSG_EHOSTUNREACH);
+}
+
+void allocated_send_buffer_keeps_the_device_until_freed(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  ibmsg_buffer m;
+  expect_code(ibmsg_alloc_msg(&m, &p.c->s, 16), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p.l->s), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed && p.l->closed);
+  settle(h);
+  assert_int_equal(fake::open_objects().devices, 1);
+  assert_int_equal(fake::open_objects().mrs, 1);
+  expect_code(ibmsg_destroy_event_loop(&h->loop), IBMSG_EBUSY);
+  expect_code(ibmsg_free_msg(&m), IBMSG_OK);
+  expect_code(ibmsg_destroy_event_loop(&h->loop), IBMSG_OK);  // releases the device itself
+  h->loop_alive = false;
+  assert_int_equal(fake::open_objects().devices, 0);
+}
+
+}  // namespace
+
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      // handshake
+      T(connect_and_accept_establish_both_sides_once),
+      T(a_message_arrives_with_its_payload),
+      T(max_msg_size_is_the_smaller_of_both_sides),
+      T(accepted_socket_sends_the_listeners_options_in_its_hello),
+      T(accept_opts_override_the_listeners_options),
+      T(data_overtaking_the_established_event_establishes_once),
+      T(loop_fd_and_process_drive_a_connection),
+      // hello
+      T(hello_of_another_major_is_rejected_naming_both_versions),
+      T(hello_of_a_higher_minor_with_unknown_features_connects),
+      T(hello_with_zero_max_msg_size_is_rejected),
+      T(hello_with_zero_recv_depth_is_rejected),
+      T(hello_with_zero_ctrl_depth_is_rejected),
+      T(hello_with_recv_depth_beyond_65535_is_rejected),
+      T(hello_with_ctrl_depth_beyond_255_is_rejected),
+      T(garbage_private_data_is_rejected_as_not_ibmsg),
+      T(request_without_private_data_is_rejected_as_not_ibmsg),
+      T(truncated_hello_is_refused),
+      T(invalid_hello_in_the_accept_closes_the_connector_with_eproto),
+      T(accept_hello_with_zero_depth_closes_the_connector_with_eproto),
+      // credits
+      T(many_messages_each_way_arrive_in_order_exactly_once),
+      T(sender_without_credits_queues_up_to_the_bound_then_eagain),
+      T(receiver_holding_messages_still_gets_the_credit_it_freed),
+      T(ibmsg_sends_no_more_than_the_peer_granted),
+      T(freed_messages_return_credits_in_credit_only_messages),
+      T(many_control_credits_from_the_peer_never_overflow_the_send_queue),
+      T(lagging_acknowledgements_never_overflow_the_send_queue),
+      // protocol violations
+      T(peer_using_all_its_credits_stays_connected),
+      T(peer_sending_beyond_its_data_credits_is_closed_with_eproto),
+      T(credit_only_message_with_payload_is_eproto),
+      T(more_credit_only_messages_than_control_credits_is_eproto),
+      T(reserved_opcode_is_eproto),
+      T(credits_returned_beyond_what_ibmsg_spent_are_eproto),
+      T(control_credits_returned_beyond_what_ibmsg_spent_are_eproto),
+      T(reserved_immediate_bits_are_eproto),
+      T(message_without_immediate_is_eproto),
+      // close paths
+      T(disconnect_confirms_delivered_and_cancels_in_flight_and_queued),
+      T(message_delivered_just_before_the_close_is_confirmed_not_canceled),
+      T(peer_disconnect_cancels_queued_messages_and_reports_econnreset),
+      T(connect_times_out_when_the_listener_never_answers),
+      T(accepted_connection_whose_handshake_never_completes_times_out),
+      T(rejection_reports_erejected_with_the_reason),
+      T(undecided_request_is_rejected_when_the_callback_returns),
+      T(rejection_without_reason_text_is_still_erejected),
+      T(connect_without_listener_is_refused),
+      T(connect_to_an_unreachable_host_fails_with_ehostunreach),
+      T(disconnect_while_connecting_closes_with_ok),
+      T(failed_post_returns_eio_keeps_the_message_and_closes),
+      T(failed_post_from_the_queue_closes_with_eio),
+      T(failed_credit_message_post_closes_with_eio),
+      T(failed_receive_repost_closes_with_eio),
+      T(failing_completion_queue_closes_with_eio),
+      T(failed_cq_create_closes_the_connect_with_its_error),
+      T(failed_receive_post_during_setup_closes_the_connect),
+      T(failed_registration_on_accept_rejects_the_peer),
+      T(accept_when_the_peer_went_away_returns_econnreset),
+      T(failed_cm_accept_rejects_the_peer),
+      T(closing_the_listener_keeps_accepted_connections),
+      T(closed_listener_refuses_new_connections),
+      T(closing_the_listener_with_a_request_pending_rejects_it),
+      T(too_many_connections_are_rejected),
+      T(disconnect_inside_the_closed_callback_returns_enotconn),
+      T(listen_and_connect_on_an_open_socket_return_estate_and_leave_it_working),
+      T(accept_into_an_open_socket_returns_estate),
+      T(iwarp_device_fails_the_connect_with_enodev),
+      T(iwarp_device_fails_the_accept_with_enodev),
+      T(device_option_naming_another_device_fails_with_enodev),
+      T(socket_can_connect_again_from_its_own_closed_callback),
+      T(loop_calls_from_inside_a_callback_return_ebusy),
+      T(random_traffic_and_closes_keep_every_guarantee),
+      T(random_traffic_with_lagging_acknowledgements_keeps_every_guarantee),
+      // lifetime
+      T(device_removal_closes_connections_with_enodev_and_lets_the_device_go),
+      T(everything_is_released_once_the_sockets_close),
+      T(held_message_keeps_the_device_and_blocks_loop_destroy),
+      T(allocated_send_buffer_keeps_the_device_until_freed),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
