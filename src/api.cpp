@@ -27,27 +27,6 @@ const Options *options_of(const ibmsg_options *o, bool *bad) {
   return o && !*bad ? &o->opts : nullptr;
 }
 
-int format_address(const sockaddr *sa, char *buf, size_t len, unsigned short *port) {
-  if (!sa) return IBMSG_ENOTCONN;
-  const void *addr;
-  unsigned short p;
-  if (sa->sa_family == AF_INET) {
-    auto in = reinterpret_cast<const sockaddr_in *>(sa);
-    addr = &in->sin_addr;
-    p = ntohs(in->sin_port);
-  } else if (sa->sa_family == AF_INET6) {
-    auto in6 = reinterpret_cast<const sockaddr_in6 *>(sa);
-    addr = &in6->sin6_addr;
-    p = ntohs(in6->sin6_port);
-  } else {
-    return IBMSG_ENOTCONN;
-  }
-  if (buf && len) {
-    if (!inet_ntop(sa->sa_family, addr, buf, socklen_t(len))) return IBMSG_EINVAL;
-  }
-  if (port) *port = p;
-  return IBMSG_OK;
-}
 
 }  // namespace
 

@@ -21,11 +21,8 @@ void teardown(Socket *s) {
   // canceled; callbacks may run here, and may call the API (posting now fails: closing).
   drain_cq(s);
   if (s->was_connected && s->id) tp::cm_disconnect(s->id);
-  conn_close_queues(s);
+  conn_release(s);  // the pools stay while the canceled messages below are the application's
   cancel_sends(s);
-  pool_disown(s->send_pool);
-  pool_disown(s->recv_pool);
-  s->send_pool = s->recv_pool = nullptr;
   if (s->id) tp::cm_id_destroy(s->id);
   s->id = nullptr;
   while (Socket *c = s->accepted.pop_front()) c->from_listener = nullptr;

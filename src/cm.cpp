@@ -14,8 +14,7 @@ namespace {
 
 void on_addr_resolved(Socket *s) {
   if (s->state != State::ResolvingAddr) return;
-  const char *name = tp::cm_device_name(s->id);
-  if (s->opts.device[0] && (!name || strcmp(name, s->opts.device) != 0)) {
+  if (!device_matches(s)) {
     socket_close(s, IBMSG_ENODEV);
     return;
   }
@@ -99,22 +98,18 @@ void on_connect_request(Loop *loop, const tp::CmEvent &ev) {
     reject_id(ev.id, no);
     return;
   }
+  const char *dev = tp::cm_device_name(ev.id);
+  if (l->opts.device[0] && (!dev || strcmp(dev, l->opts.device) != 0)) {
+    reject_id(ev.id, "not listening on this device");
+    return;
+  }
   if (l->accepted.size() >= size_t(l->max_connections)) {
     reject_id(ev.id, "too many connections");
     return;
   }
   char peer[INET6_ADDRSTRLEN] = "";
   unsigned short port = 0;
-  const sockaddr *sa = tp::cm_peer_addr(ev.id);
-  if (sa && sa->sa_family == AF_INET) {
-    auto in = reinterpret_cast<const sockaddr_in *>(sa);
-    inet_ntop(AF_INET, &in->sin_addr, peer, sizeof peer);
-    port = ntohs(in->sin_port);
-  } else if (sa && sa->sa_family == AF_INET6) {
-    auto in6 = reinterpret_cast<const sockaddr_in6 *>(sa);
-    inet_ntop(AF_INET6, &in6->sin6_addr, peer, sizeof peer);
-    port = ntohs(in6->sin6_port);
-  }
+  format_address(tp::cm_peer_addr(ev.id), peer, sizeof peer, &port);
   ibmsg_connection_request req;
   memset(&req, 0, sizeof req);
   req.status = IBMSG_UNDECIDED;
@@ -156,8 +151,11 @@ void on_cm_event(Loop *loop, const tp::CmEvent &ev) {
     return;
   }
   Socket *s = ev.id ? static_cast<Socket *>(tp::cm_id_user(ev.id)) : nullptr;
+  if (!s || s->magic != kSocketMagic) return;
+  // Also when it is closing already: the device must be rescanned once released.
+  if (ev.type == tp::CmEventType::DeviceRemoval && s->dev) s->dev->removed = true;
   // A socket on its way down hears nothing more: its teardown destroys the id.
-  if (!s || s->magic != kSocketMagic || s->state == State::Closing) return;
+  if (s->state == State::Closing) return;
   switch (ev.type) {
     case tp::CmEventType::AddrResolved: on_addr_resolved(s); break;
     case tp::CmEventType::RouteResolved: on_route_resolved(s); break;
@@ -168,10 +166,7 @@ void on_cm_event(Loop *loop, const tp::CmEvent &ev) {
     case tp::CmEventType::Rejected: on_rejected(s, ev); break;
     case tp::CmEventType::ConnectError: socket_close(s, IBMSG_EIO); break;
     case tp::CmEventType::Disconnected: socket_close(s, IBMSG_ECONNRESET); break;
-    case tp::CmEventType::DeviceRemoval:
-      if (s->dev) s->dev->removed = true;
-      socket_close(s, IBMSG_ENODEV);
-      break;
+    case tp::CmEventType::DeviceRemoval: socket_close(s, IBMSG_ENODEV); break;
     case tp::CmEventType::ConnectRequest:
     case tp::CmEventType::Other: break;
   }

@@ -27,10 +27,12 @@ void on_rescan(Timer *t) {
 
 void release(Device *dev) {
   Loop *loop = dev->loop;
+  // A removal that only sockets already closing heard of is not marked: ask the system.
+  bool removed = dev->removed || tp::device_gone(dev->tp);
   ev_io_stop(loop->ev, &dev->watcher);
   tp::device_close(dev->tp);
   loop->devices.remove(dev);
-  if (dev->removed) {
+  if (removed) {
     // rdma-core closes a removed device only once it notices it is gone from the device list,
     // which the kernel updates while the removal goes on: look again for a while.
     tp::devices_rescan();

@@ -221,14 +221,19 @@ bool socket_is_open(const ibmsg_socket *pub);
 void socket_unregister(Socket *s);  // it closed
 // Creates the CQ, the QP, the pools and posts every receive buffer (s->dev, s->opts set).
 int conn_open(Socket *s);
-// Destroys the QP and the CQ (the pools stay until the application returned every buffer).
-void conn_close_queues(Socket *s);
+// Destroys the QP and the CQ and gives the pools back (they go once the application returned
+// every buffer).
+void conn_release(Socket *s);
 wire::Hello my_hello(const Socket *s);
 // The hello (encoded into hello) and the transport settings for connect and accept.
 void fill_conn_param(const Socket *s, tp::ConnParam *p, uint8_t *hello);
 // Adopts the peer's hello: credits, maximum size, common features.
 void set_peer(Socket *s, const wire::Hello &h);
 bool set_state(Socket *s, Event ev);
+// Whether the socket's id is on the device IBMSG_OPT_DEVICE names (any, if it names none).
+bool device_matches(const Socket *s);
+// The numeric address of sa into buf and its port into *port (either may be NULL).
+int format_address(const sockaddr *sa, char *buf, size_t len, unsigned short *port);
 
 // --- cm.cpp ---
 void on_cm_event(Loop *loop, const tp::CmEvent &ev);

@@ -45,10 +45,6 @@ class List {
     if (e) remove(e);
     return e;
   }
-  // Moves every element of other to the end of this list.
-  void splice_back(List &other) {
-    while (T *e = other.pop_front()) push_back(e);
-  }
 
  private:
   static T *owner(const ListNode *n) {

@@ -87,6 +87,9 @@ int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev) {
   loop->cm_watcher.data = loop;
   ev_io_start(loop->ev, &loop->cm_watcher);
   ev_idle_init(&loop->idle, on_idle);
+  // libev runs an idle watcher only when nothing of its priority or higher is pending: at the
+  // default priority, a busy connection would hold back every teardown.
+  ev_set_priority(&loop->idle, EV_MAXPRI);
   loop->idle.data = loop;
   ev_timer_init(&loop->wakeup, on_wakeup, 0., 0.);
   pub->impl = loop;

@@ -73,17 +73,40 @@ void open_socket(Socket *s, Event ev) {
   s->pub->impl = s;
 }
 
-bool device_matches(const Socket *s) {
-  if (!s->opts.device[0]) return true;
-  const char *name = tp::cm_device_name(s->id);
-  return name && strcmp(name, s->opts.device) == 0;
-}
 
 Pool *make_pool(Socket *s, bool recv, uint32_t count, int *err) {
   return pool_acquire(s->dev, s, recv, count, size_t(s->opts.max_msg_size), err);
 }
 
 }  // namespace
+
+int format_address(const sockaddr *sa, char *buf, size_t len, unsigned short *port) {
+  if (!sa) return IBMSG_ENOTCONN;
+  const void *addr;
+  unsigned short p;
+  if (sa->sa_family == AF_INET) {
+    auto in = reinterpret_cast<const sockaddr_in *>(sa);
+    addr = &in->sin_addr;
+    p = ntohs(in->sin_port);
+  } else if (sa->sa_family == AF_INET6) {
+    auto in6 = reinterpret_cast<const sockaddr_in6 *>(sa);
+    addr = &in6->sin6_addr;
+    p = ntohs(in6->sin6_port);
+  } else {
+    return IBMSG_ENOTCONN;
+  }
+  if (buf && len) {
+    if (!inet_ntop(sa->sa_family, addr, buf, socklen_t(len))) return IBMSG_EINVAL;
+  }
+  if (port) *port = p;
+  return IBMSG_OK;
+}
+
+bool device_matches(const Socket *s) {
+  if (!s->opts.device[0]) return true;
+  const char *name = tp::cm_device_name(s->id);
+  return name && strcmp(name, s->opts.device) == 0;
+}
 
 void fill_conn_param(const Socket *s, tp::ConnParam *p, uint8_t *hello) {
   wire::encode_hello(my_hello(s), hello);
@@ -138,7 +161,9 @@ int conn_open(Socket *s) {
   const uint32_t recv_slots = uint32_t(s->opts.recv_depth) + kCtrlDepth;
   const uint32_t send_wrs = uint32_t(s->opts.send_depth) + kCtrlDepth;
   const tp::DeviceInfo &info = tp::device_info(s->dev->tp);
-  if (recv_slots > info.max_qp_wr || send_wrs > info.max_qp_wr) return IBMSG_EINVAL;
+  if (recv_slots > info.max_qp_wr || send_wrs > info.max_qp_wr ||
+      recv_slots + send_wrs > info.max_cqe)
+    return IBMSG_EINVAL;
   int err = tp::cq_create(s->dev->tp, recv_slots + send_wrs, s, &s->cq);
   if (err) return err;
   // Small messages go inline (no DMA read of the payload) where the device offers it.
@@ -157,18 +182,18 @@ int conn_open(Socket *s) {
     if (!err) slot->state = SlotState::Posted;
   }
   if (!err) return IBMSG_OK;
-  conn_close_queues(s);
-  pool_disown(s->send_pool);
-  pool_disown(s->recv_pool);
-  s->send_pool = s->recv_pool = nullptr;
+  conn_release(s);
   return err;
 }
 
-void conn_close_queues(Socket *s) {
+void conn_release(Socket *s) {
   if (s->has_qp) tp::qp_destroy(s->id);
   s->has_qp = false;
   if (s->cq) tp::cq_destroy(s->cq);
   s->cq = nullptr;
+  pool_disown(s->send_pool);
+  pool_disown(s->recv_pool);
+  s->send_pool = s->recv_pool = nullptr;
 }
 
 int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
@@ -239,9 +264,7 @@ int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Option
     err = tp::cm_accept(s->id, param);
     if (err) {
       // The peer went away during the handshake (its request is void), or the device failed.
-      conn_close_queues(s);
-      pool_disown(s->send_pool);
-      pool_disown(s->recv_pool);
+      conn_release(s);
     }
   }
   if (err) {

@@ -27,7 +27,7 @@ enum class Opcode : uint8_t {
   Rendezvous = 3,  // reserved
   RdmaNotice = 4,  // reserved
 };
-constexpr uint8_t kOpcodeCount = 16;
+constexpr uint8_t kOpcodeCount = 16;  // the opcode field has 4 bits
 
 struct Imm {
   Opcode op = Opcode::Data;

@@ -54,8 +54,9 @@ int device_open(DeviceKey key, Device **out) {
   d->info.max_cqe = uint32_t(attr.max_cqe);
   d->pd = ibv_alloc_pd(ctx);
   if (!d->pd) {
+    int err = alloc_error();
     delete d;
-    return alloc_error();
+    return err;
   }
   d->channel = ibv_create_comp_channel(ctx);
   if (!d->channel || set_nonblocking(d->channel->fd)) {
@@ -75,6 +76,16 @@ void device_close(Device *d) {
 }
 
 int device_fd(const Device *d) { return d->channel->fd; }
+
+bool device_gone(const Device *d) {
+  int n = 0;
+  ibv_device **list = ibv_get_device_list(&n);
+  if (!list) return false;  // cannot tell: assume present
+  bool found = false;
+  for (int i = 0; i < n && !found; ++i) found = list[i] == d->ctx->device;
+  ibv_free_device_list(list);
+  return !found;
+}
 const DeviceInfo &device_info(const Device *d) { return d->info; }
 
 void device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void *arg) {

@@ -75,6 +75,8 @@ const DeviceInfo &device_info(const Device *dev);
 // completion that arrived before the re-arm is then still found.
 void device_take_events(Device *dev, void (*ready)(void *cq_user, void *arg), void *arg);
 
+// Whether the device has gone from the system's device list (it is being removed).
+bool device_gone(const Device *dev);
 // rdma-core keeps a removed device open until it rescans its device list: this rescans, so that
 // a removed device nothing uses any more is closed and its removal can complete.
 void devices_rescan();

@@ -474,6 +474,7 @@ void device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void
 }
 
 void devices_rescan() { ++g.stats.rescans; }
+bool device_gone(const Device *) { return g.removed; }
 
 // --- completion queues ---
 

@@ -739,6 +739,31 @@ void receiver_holding_messages_still_gets_the_credit_it_freed(void **state) {
   RUN_UNTIL(h, p.a->received == 5);
 }
 
+// A connection that re-posts from every message_sent keeps the loop busy all the time.
+Conn *g_streaming = nullptr;
+void resend_on_sent(ibmsg_socket *s, ibmsg_buffer *m, int status) {
+  on_sent(s, m, status);
+  Conn *c = static_cast<Conn *>(s->user_data);
+  if (c == g_streaming && status == IBMSG_OK) send_msg(*c, 16);
+}
+
+void a_busy_connection_does_not_hold_back_another_ones_close(void **state) {
+  H *h = h_of(state);
+  Pair busy = connected(h);
+  Pair other = connected(h);
+  h->loop.message_sent = resend_on_sent;
+  g_streaming = busy.c;
+  expect_code(send_msg(*busy.c, 16), IBMSG_OK);
+  settle(h, 5);
+  expect_code(ibmsg_disconnect(&other.c->s), IBMSG_OK);
+  bool closed = run_until(h, [&] { return other.c->closed > 0; }, 200, 1);
+  g_streaming = nullptr;
+  if (!closed)
+    fail_msg("a socket did not close in 200 rounds of the loop while another connection "
+             "streamed: teardowns are starved by traffic");
+  RUN_UNTIL(h, other.a->closed);
+}
+
 // === credits against a raw peer ===
 
 void ibmsg_sends_no_more_than_the_peer_granted(void **state) {
@@ -1179,6 +1204,81 @@ void failed_receive_post_during_setup_closes_the_connect(void **state) {
   expect_code(c.close_reason, IBMSG_EIO);
 }
 
+void failed_qp_create_closes_the_connect_with_its_error(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  fake::fail_call(fake::Call::QpCreate, IBMSG_ENOMEM);
+  Conn &c = client(h, port_of(l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_ENOMEM);
+}
+
+void failed_qp_create_on_accept_rejects_the_peer(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  fake::fail_call(fake::Call::QpCreate, IBMSG_ENOMEM, 1);  // the client's goes through
+  Conn &c = client(h, port_of(l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(h->accept_rc, IBMSG_ENOMEM);
+  expect_code(c.close_reason, IBMSG_EREJECTED);
+}
+
+void failed_device_open_on_accept_returns_its_error(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  Raw *r = new_raw(h);
+  fake::fail_call(fake::Call::DeviceOpen, IBMSG_ENOMEM);
+  expect_code(r->connect(port_of(l), fake::hello(8)), IBMSG_OK);
+  RUN_UNTIL(h, h->accept_rc != -1);
+  expect_code(h->accept_rc, IBMSG_ENOMEM);
+}
+
+void failed_connect_or_route_closes_the_connect_with_its_error(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  fake::fail_call(fake::Call::CmConnect, IBMSG_EIO);
+  Conn &c1 = client(h, port_of(l));
+  RUN_UNTIL(h, c1.closed);
+  expect_code(c1.close_reason, IBMSG_EIO);
+  fake::fail_call(fake::Call::CmResolveRoute, IBMSG_EHOSTUNREACH);
+  Conn &c2 = client(h, port_of(l));
+  RUN_UNTIL(h, c2.closed);
+  expect_code(c2.close_reason, IBMSG_EHOSTUNREACH);
+}
+
+void failed_listen_bind_or_id_returns_the_error_and_opens_nothing(void **state) {
+  H *h = h_of(state);
+  Conn &l = new_conn(h, "listener");
+  fake::fail_call(fake::Call::CmListen, IBMSG_EADDRINUSE);
+  expect_code(ibmsg_listen(&h->loop, &l.s, nullptr, 0, 4), IBMSG_EADDRINUSE);
+  fake::fail_call(fake::Call::CmBind, IBMSG_EADDRNOTAVAIL);
+  expect_code(ibmsg_listen(&h->loop, &l.s, nullptr, 0, 4), IBMSG_EADDRNOTAVAIL);
+  fake::fail_call(fake::Call::CmIdCreate, IBMSG_ENOMEM);
+  expect_code(ibmsg_listen(&h->loop, &l.s, nullptr, 0, 4), IBMSG_ENOMEM);
+  assert_int_equal(fake::open_objects().ids, 0);
+}
+
+void failed_registration_on_connect_closes_with_its_error(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  fake::fail_call(fake::Call::MrRegister, IBMSG_ENOMEM, 1);  // the receive pool's
+  Conn &c = client(h, port_of(l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_ENOMEM);
+}
+
+void freeing_a_held_message_inside_the_closed_callback_works(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8), 4);
+  expect_code(p.r->send(fake::imm(0), "data", 4), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1);
+  Conn *a = p.a;
+  a->when_closed = [a] { free_held(*a); };
+  expect_code(ibmsg_disconnect(&a->s), IBMSG_OK);
+  RUN_UNTIL(h, a->closed);
+  assert_true(a->held.empty());
+}
+
 void failed_registration_on_accept_rejects_the_peer(void **state) {
   H *h = h_of(state);
   Conn &l = listener(h);
@@ -1563,6 +1663,19 @@ void held_message_keeps_the_device_and_blocks_loop_destroy(void **state) {
   h->loop_alive = false;
 }
 
+void device_removed_while_its_sockets_close_is_still_rescanned(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p.a->s), IBMSG_OK);
+  fake::remove_device();  // heard by sockets that are closing already
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  RUN_UNTIL(h, fake::open_objects().devices == 0);
+  if (fake::stats().rescans == 0)
+    fail_msg("the device went away while its sockets closed, and rdma-core was never told to "
+             "rescan: it keeps the removed device open");
+}
+
 void device_removal_closes_connections_with_enodev_and_lets_the_device_go(void **state) {
   H *h = h_of(state);
   h->hold_accepted = true;
@@ -1667,6 +1780,15 @@ int main(void) {
       T(failed_cq_create_closes_the_connect_with_its_error),
       T(failed_receive_post_during_setup_closes_the_connect),
       T(failed_registration_on_accept_rejects_the_peer),
+      T(failed_qp_create_closes_the_connect_with_its_error),
+      T(failed_qp_create_on_accept_rejects_the_peer),
+      T(failed_device_open_on_accept_returns_its_error),
+      T(failed_connect_or_route_closes_the_connect_with_its_error),
+      T(failed_listen_bind_or_id_returns_the_error_and_opens_nothing),
+      T(failed_registration_on_connect_closes_with_its_error),
+      T(freeing_a_held_message_inside_the_closed_callback_works),
+      T(a_busy_connection_does_not_hold_back_another_ones_close),
+      T(device_removed_while_its_sockets_close_is_still_rescanned),
       T(accept_when_the_peer_went_away_returns_econnreset),
       T(failed_cm_accept_rejects_the_peer),
       T(closing_the_listener_keeps_accepted_connections),

@@ -134,18 +134,6 @@ void a_removed_item_can_be_added_again(void **) {
   assert_values(l, {2, 1});
 }
 
-void splice_back_moves_everything_in_order(void **) {
-  Item it[4];
-  ListA l1, l2;
-  for (int i = 0; i < 4; ++i) {
-    it[i].value = i;
-    (i < 2 ? l1 : l2).push_back(&it[i]);
-  }
-  l1.splice_back(l2);
-  assert_values(l1, {0, 1, 2, 3});
-  assert_true(l2.empty());
-}
-
 void many_random_removals_keep_the_list_consistent(void **) {
   const int n = 1000;
   std::vector<Item> items(n);
@@ -176,7 +164,6 @@ int main(void) {
       cmocka_unit_test(pop_front_takes_items_in_order),
       cmocka_unit_test(an_item_can_be_in_two_lists_through_two_nodes),
       cmocka_unit_test(a_removed_item_can_be_added_again),
-      cmocka_unit_test(splice_back_moves_everything_in_order),
       cmocka_unit_test(many_random_removals_keep_the_list_consistent),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
