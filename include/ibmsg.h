@@ -95,7 +95,7 @@ IBMSG_EXPORT const char *ibmsg_version_string(void);
   X(ECANCELED, 125, "canceled: the connection closed first")                                      \
   X(ENODEV, 19, "no such RDMA device, or the device went away")                                   \
   X(EIO, 5, "RDMA transport error")                                                               \
-  X(EPROTO, 71, "protocol error: the peer does not speak this version of ibmsg")
+  X(EPROTO, 71, "protocol error: the peer broke the ibmsg protocol")
 
 /** X-macro of ibmsg's own codes: X(name, value, text) for each. */
 #define IBMSG_ERROR_MAP(X)                                                                        \
@@ -196,8 +196,9 @@ struct ibmsg_socket {
 };
 
 /** An incoming connection. Valid only during the connection_request callback, which must call
- *  ibmsg_accept() or ibmsg_reject(); a request left undecided (also after a failed
- *  ibmsg_accept()) is rejected when the callback returns. */
+ *  ibmsg_accept() or ibmsg_reject(); a request left undecided is rejected when the callback
+ *  returns. A failed ibmsg_accept() rejects it at once (status IBMSG_REJECTED), except when it
+ *  failed with IBMSG_ESTATE or IBMSG_ENOMEM before touching the request. */
 struct ibmsg_connection_request {
   enum ibmsg_request_status status; /**< ro */
   ibmsg_socket *listener;           /**< ro: the listening socket the request came to */
@@ -353,7 +354,9 @@ IBMSG_EXPORT int ibmsg_socket_peer_address(const ibmsg_socket *socket, char *buf
                                            unsigned short *port);
 /** The name of the RDMA device the socket uses ("rxe0"), or NULL if none yet. */
 IBMSG_EXPORT const char *ibmsg_socket_device(const ibmsg_socket *socket);
-/** The largest message this connection can send: the smaller of both sides' maximum. */
+/** The largest message this connection can send: the smaller of both sides' maximum once the
+ *  peer's hello is known (accepted, or CONNECTED), this side's maximum before; 0 for a listener
+ *  or a closed socket. */
 IBMSG_EXPORT size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket);
 
 /* ---------------------------------------------------------------------------------------------
@@ -363,8 +366,8 @@ IBMSG_EXPORT size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket);
 /** Takes a send buffer from the socket's pool: msg->data points at room for the socket's maximum
  *  message size, msg->size = size, msg->status = IBMSG_WAITING. IBMSG_EMSGSIZE if size is larger
  *  than the maximum, IBMSG_EAGAIN when all IBMSG_OPT_SEND_DEPTH buffers are in use, IBMSG_ENOTCONN
- *  before the socket has its buffers (CONNECTED, or accepted) or after it closed, IBMSG_ESTATE on
- *  a listening socket. */
+ *  before the socket has its buffers (they exist from ROUTE_RESOLVED on: connecting once the
+ *  route is known, or accepted) or after it closed, IBMSG_ESTATE on a listening socket. */
 IBMSG_EXPORT int ibmsg_alloc_msg(ibmsg_buffer *msg, ibmsg_socket *socket, size_t size);
 /** Sends msg->size bytes of msg->data. On success the library owns the message until its
  *  message_sent callback; then the application may post it again or free it. Messages are

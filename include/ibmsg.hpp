@@ -178,6 +178,11 @@ class options {
 
   /** The C option set (nullptr once moved from). */
   const ibmsg_options *handle() const noexcept { return o_; }
+  /** The C option set to pass on: a moved-from set is an error (IBMSG_EINVAL), not "defaults". */
+  const ibmsg_options *checked() const {
+    if (!o_) throw error(IBMSG_EINVAL);
+    return o_;
+  }
 
  private:
   ibmsg_options *o_;
@@ -501,7 +506,7 @@ class connection_request {
   }
   /** accept() with an option set instead of the listener's options. */
   void accept(socket &s, const options &opts) {
-    detail::check(ibmsg_accept_opts(r_, s.prepare(), opts.handle()));
+    detail::check(ibmsg_accept_opts(r_, s.prepare(), opts.checked()));
     s.opened();
   }
   /** Rejects the connection; the peer closes with IBMSG_EREJECTED and reason (at most 128
@@ -766,17 +771,19 @@ inline void socket::connect(loop &l, const char *ip, unsigned short port) {
 
 inline void socket::listen(loop &l, const char *ip, unsigned short port, int max_connections,
                            const options &opts) {
-  detail::check(ibmsg_listen_opts(l.handle(), prepare(), ip, port, max_connections, opts.handle()));
+  detail::check(ibmsg_listen_opts(l.handle(), prepare(), ip, port, max_connections, opts.checked()));
   opened();
 }
 
 inline void socket::connect(loop &l, const char *ip, unsigned short port, const options &opts) {
-  detail::check(ibmsg_connect_opts(l.handle(), prepare(), ip, port, opts.handle()));
+  detail::check(ibmsg_connect_opts(l.handle(), prepare(), ip, port, opts.checked()));
   opened();
 }
 
-inline options::options(loop &l) : o_(ibmsg_options_new(l.handle())) {
-  if (!o_) throw error(IBMSG_EINVAL);
+inline options::options(loop &l) : o_(nullptr) {
+  if (!l.handle()) throw error(IBMSG_EINVAL);
+  o_ = ibmsg_options_new(l.handle());
+  if (!o_) throw error(IBMSG_ENOMEM);
 }
 
 inline void socket::reset() noexcept {
