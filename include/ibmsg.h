@@ -43,6 +43,7 @@
  *  See the comment at the top of this file, ibmsg(7) and the section 3 man pages. */
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -95,7 +96,11 @@ IBMSG_EXPORT const char *ibmsg_version_string(void);
   X(ECANCELED, 125, "canceled: the connection closed first")                                      \
   X(ENODEV, 19, "no such RDMA device, or the device went away")                                   \
   X(EIO, 5, "RDMA transport error")                                                               \
-  X(EPROTO, 71, "protocol error: the peer broke the ibmsg protocol")
+  X(EPROTO, 71, "protocol error: the peer broke the ibmsg protocol")                             \
+  X(EACCES, 13, "access not granted: the region or descriptor lacks that right")                 \
+  X(EOPNOTSUPP, 95, "not supported: the peer did not offer one-sided RDMA or immediates")        \
+  X(ERANGE, 34, "offset and length reach outside the region or descriptor")                     \
+  X(EINPROGRESS, 115, "operation in progress")
 
 /** X-macro of ibmsg's own codes: X(name, value, text) for each. */
 #define IBMSG_ERROR_MAP(X)                                                                        \
@@ -103,7 +108,9 @@ IBMSG_EXPORT const char *ibmsg_version_string(void);
   X(ESTATE, 1001, "operation not allowed in the socket's current state")                          \
   X(ENOTALLOC, 1002, "message is not allocated (already freed, or never allocated)")             \
   X(ENOADDR, 1003, "cannot resolve the host name or address")                                     \
-  X(ESYS, 1004, "system or verbs call failed")
+  X(ESYS, 1004, "system or verbs call failed")                                                   \
+  X(EREMOTEACCESS, 1005, "remote access error: the peer refused the key, range or right")        \
+  X(EBADDESC, 1006, "not a valid remote descriptor")
 
 /** The error codes. IBMSG_OK is 0. */
 enum ibmsg_error {
@@ -177,7 +184,14 @@ struct ibmsg_buffer {
   enum ibmsg_buffer_status status; /**< ro */
   void *user_data;                 /**< rw: the application's; ibmsg never reads it */
   struct ibmsg__slot *impl;        /**< private */
-  void *reserved[4];               /**< private: room for later versions */
+  uint32_t imm;                    /**< ro: a received message's immediate (IBMSG_MSG_IMM set) */
+  unsigned flags;                  /**< ro: IBMSG_MSG_* flags of a received message */
+  void *reserved[3];               /**< private: room for later versions */
+};
+
+/** Flags of a received message (ibmsg_buffer.flags). */
+enum ibmsg_msg_flags {
+  IBMSG_MSG_IMM = 1 /**< the sender attached an immediate (ibmsg_post_send_imm): see imm */
 };
 
 /**
@@ -217,6 +231,9 @@ typedef void (*ibmsg_connection_established_cb)(ibmsg_socket *socket);
 typedef void (*ibmsg_message_received_cb)(ibmsg_socket *socket, ibmsg_buffer *msg);
 /** Called exactly once per posted message: status is IBMSG_OK when the peer has it. */
 typedef void (*ibmsg_message_sent_cb)(ibmsg_socket *socket, ibmsg_buffer *msg, int status);
+/** Called when the peer's ibmsg_rdma_write_imm() completed here: its length bytes are written and
+ *  visible in the local region it targeted, imm is its immediate. */
+typedef void (*ibmsg_write_received_cb)(ibmsg_socket *socket, uint32_t imm, size_t length);
 /** Called exactly once when a socket has closed; reason is IBMSG_OK after ibmsg_disconnect(),
  *  IBMSG_ECONNRESET when the peer disconnected, otherwise the error that closed it. */
 typedef void (*ibmsg_connection_closed_cb)(ibmsg_socket *socket, int reason);
@@ -233,7 +250,8 @@ struct ibmsg_event_loop {
   ibmsg_connection_closed_cb connection_closed;           /**< rw */
   void *user_data;                                        /**< rw: the application's */
   struct ibmsg__loop *impl;                               /**< private */
-  void *reserved[4];                                      /**< private: room for later versions */
+  ibmsg_write_received_cb write_received;                 /**< rw; NULL: write-immediates are not reported */
+  void *reserved[3];                                      /**< private: room for later versions */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -246,7 +264,7 @@ IBMSG_EXPORT int ibmsg_init_event_loop(ibmsg_event_loop *loop);
  *  runs `ev` itself (ev_run) and keeps it alive until ibmsg_destroy_event_loop(). */
 IBMSG_EXPORT int ibmsg_init_event_loop_ev(ibmsg_event_loop *loop, struct ev_loop *ev);
 /** Frees the loop. Fails with IBMSG_EBUSY while a socket is open (not yet closed), a message
- *  is still allocated or lent, or when called from one of the loop's callbacks; then nothing is
+ *  is still allocated or lent, a region is registered, or when called from one of the loop's callbacks; then nothing is
  *  freed. */
 IBMSG_EXPORT int ibmsg_destroy_event_loop(ibmsg_event_loop *loop);
 /** Waits for at least one event, processes all that are ready (running callbacks), returns.
@@ -275,12 +293,18 @@ enum ibmsg_option {
                                       credits return as the application frees received messages,
                                       at the latest when half of them are owed */
   IBMSG_OPT_SEND_DEPTH = 2,      /**< int: send buffers per connection for ibmsg_alloc_msg (32) */
-  IBMSG_OPT_SEND_QUEUE = 3,      /**< int: posted messages queued waiting for credits (32) */
+  IBMSG_OPT_SEND_QUEUE = 3,      /**< int: posted messages and operations queued waiting for credits
+                                      or room in flight (32) */
   IBMSG_OPT_MAX_MSG_SIZE = 4,    /**< int: largest message in bytes, at least 1 (65536) */
   IBMSG_OPT_CONNECT_TIMEOUT = 5, /**< int: ms for ibmsg_connect() or ibmsg_accept() to reach CONNECTED (5000) */
   IBMSG_OPT_RNR_RETRY = 6,       /**< int 0..7: RNR retries (7); credits make RNR impossible */
   IBMSG_OPT_SOURCE_ADDR = 7,     /**< string: local address ibmsg_connect() binds to ("": any) */
-  IBMSG_OPT_DEVICE = 8           /**< string: RDMA device connections must use, e.g. "rxe0" ("": any) */
+  IBMSG_OPT_DEVICE = 8,          /**< string: RDMA device connections must use, e.g. "rxe0" ("": any) */
+  IBMSG_OPT_RDMA = 9,            /**< int 0/1: offer one-sided RDMA to the peer (1): 0 lets the
+                                      peer neither read, write nor do atomics on this side's regions
+                                      and gives this side no one-sided operations either */
+  IBMSG_OPT_RDMA_DEPTH = 10      /**< int: one-sided operations in flight per connection (16);
+                                      more wait in the send queue (IBMSG_OPT_SEND_QUEUE) */
 };
 
 /** Sets an option: int options take a pointer to int and sizeof(int); string options a char
@@ -376,9 +400,155 @@ IBMSG_EXPORT int ibmsg_alloc_msg(ibmsg_buffer *msg, ibmsg_socket *socket, size_t
  *  IBMSG_EIO if the transport refused it: the message stays the application's and the
  *  connection closes. */
 IBMSG_EXPORT int ibmsg_post_send(ibmsg_socket *socket, ibmsg_buffer *msg);
+/** ibmsg_post_send() with a 32-bit immediate the receiver finds in msg->imm (with IBMSG_MSG_IMM
+ *  in msg->flags). IBMSG_EOPNOTSUPP if the peer's ibmsg does not take immediates on messages. */
+IBMSG_EXPORT int ibmsg_post_send_imm(ibmsg_socket *socket, ibmsg_buffer *msg, uint32_t imm);
 /** Returns a message to its pool: a send buffer that is not queued or in flight (IBMSG_EBUSY
  *  otherwise), or a received message (its buffer goes back to the peer as a credit). */
 IBMSG_EXPORT int ibmsg_free_msg(ibmsg_buffer *msg);
+
+/* ---------------------------------------------------------------------------------------------
+ * One-sided RDMA: memory regions, remote descriptors, operations (see ibmsg(7), ONE-SIDED RDMA)
+ * ------------------------------------------------------------------------------------------ */
+
+/** Access rights of a memory region (ibmsg_register_region), an OR of these. Local reads (the
+ *  source of a write, of a message) need no flag. */
+enum ibmsg_access {
+  IBMSG_ACCESS_LOCAL_WRITE = 1,  /**< the region may receive: the destination of ibmsg_rdma_read()
+                                      and of an atomic's result */
+  IBMSG_ACCESS_REMOTE_READ = 2,  /**< descriptors of the region may let a peer read it */
+  IBMSG_ACCESS_REMOTE_WRITE = 4, /**< ... write it (implies IBMSG_ACCESS_LOCAL_WRITE) */
+  IBMSG_ACCESS_REMOTE_ATOMIC = 8 /**< ... do atomics on it (implies IBMSG_ACCESS_LOCAL_WRITE) */
+};
+
+/**
+ * Application memory registered on a loop for one-sided RDMA. The application owns the struct;
+ * ibmsg_register_region() or ibmsg_alloc_region() initializes it, and it must stay at the same
+ * address until ibmsg_deregister_region(). The region works on every connection of the loop: it
+ * is registered on each RDMA device once, on the devices the loop has open when it is
+ * registered and lazily on a device that opens later.
+ */
+typedef struct ibmsg_region {
+  void *addr;                  /**< ro: the first byte */
+  size_t length;               /**< ro: bytes */
+  unsigned access;             /**< ro: IBMSG_ACCESS_* flags */
+  void *user_data;             /**< rw: the application's */
+  struct ibmsg__region *impl;  /**< private */
+  uintptr_t check;             /**< private */
+  void *reserved[4];           /**< private: room for later versions */
+} ibmsg_region;
+
+/** Bytes of a remote descriptor. */
+#define IBMSG_DESCRIPTOR_SIZE 32
+
+/**
+ * A remote descriptor: what a peer needs to reach length bytes of a region (address, length,
+ * key, rights, a check), in a fixed little-endian layout that the application copies into a
+ * message as it is. It grants exactly the bytes it describes, on one connection's device, until
+ * it is revoked or its region is deregistered.
+ */
+typedef struct ibmsg_descriptor {
+  unsigned char bytes[IBMSG_DESCRIPTOR_SIZE]; /**< opaque; copy as a whole */
+} ibmsg_descriptor;
+
+/** Registers length bytes at addr on loop with the IBMSG_ACCESS_* rights in access. IBMSG_EINVAL
+ *  for NULL, length 0 or unknown flags; IBMSG_ESTATE if region is registered already; the
+ *  transport's code if a device refuses the memory (e.g. IBMSG_EACCES for read-only pages with
+ *  a write right). */
+IBMSG_EXPORT int ibmsg_register_region(ibmsg_event_loop *loop, ibmsg_region *region, void *addr,
+                                       size_t length, unsigned access);
+/** Allocates length bytes (page-aligned, zeroed) and registers them like
+ *  ibmsg_register_region(); ibmsg_deregister_region() frees them. IBMSG_ENOMEM if out of
+ *  memory. */
+IBMSG_EXPORT int ibmsg_alloc_region(ibmsg_event_loop *loop, ibmsg_region *region, size_t length,
+                                    unsigned access);
+/** Deregisters a region (and frees it if ibmsg_alloc_region() made it); every descriptor of it
+ *  stops working. IBMSG_EBUSY while one of this side's operations on it is queued or in flight
+ *  (nothing changes); IBMSG_EINVAL if it is not a registered region. */
+IBMSG_EXPORT int ibmsg_deregister_region(ibmsg_region *region);
+
+/** Makes a descriptor granting the peer of socket the rights in access (IBMSG_ACCESS_REMOTE_*,
+ *  a subset of the region's) on exactly the bytes [offset, offset + length) of region. The range
+ *  is registered on its own, so the peer can reach no byte outside it; asking again for the same
+ *  range and rights gives the same descriptor. IBMSG_ERANGE outside the region; IBMSG_EINVAL for
+ *  length 0, NULL or rights that are not remote ones; IBMSG_EACCES for rights the region lacks;
+ *  IBMSG_ENOTCONN if socket has no device yet (before ROUTE_RESOLVED). */
+IBMSG_EXPORT int ibmsg_region_descriptor(ibmsg_region *region, ibmsg_socket *socket, size_t offset,
+                                         size_t length, unsigned access, ibmsg_descriptor *out);
+/** Revokes a descriptor made by ibmsg_region_descriptor() on region: the peer's next operation
+ *  on it fails with a remote access error (which closes that connection). Operations of the
+ *  peer already executing may still complete. IBMSG_EBADDESC if desc is not a descriptor of
+ *  region that is still granted. */
+IBMSG_EXPORT int ibmsg_revoke_descriptor(ibmsg_region *region, const ibmsg_descriptor *desc);
+/** Reads a descriptor's length and rights (either pointer may be NULL). IBMSG_EBADDESC if desc
+ *  is not a well-formed descriptor (its check fails). */
+IBMSG_EXPORT int ibmsg_descriptor_info(const ibmsg_descriptor *desc, size_t *length,
+                                       unsigned *access);
+
+/** What a one-sided operation does (ibmsg_op.type). */
+enum ibmsg_op_type {
+  IBMSG_OP_NONE = 0,   /**< not posted */
+  IBMSG_OP_WRITE,      /**< ibmsg_rdma_write() */
+  IBMSG_OP_READ,       /**< ibmsg_rdma_read() */
+  IBMSG_OP_WRITE_IMM,  /**< ibmsg_rdma_write_imm() */
+  IBMSG_OP_CAS,        /**< ibmsg_atomic_cas() */
+  IBMSG_OP_FADD        /**< ibmsg_atomic_fadd() */
+};
+
+typedef struct ibmsg_op ibmsg_op; /**< see struct ibmsg_op */
+/** Called exactly once per successfully posted operation: IBMSG_OK when it completed at the peer
+ *  (written, read, or the atomic done), else the reason (IBMSG_ECANCELED: the connection closed
+ *  first; IBMSG_EREMOTEACCESS: the peer refused it, which closes the connection). */
+typedef void (*ibmsg_op_cb)(ibmsg_socket *socket, ibmsg_op *op, int status);
+
+/**
+ * One one-sided operation. The application owns the struct, sets `done` (and user_data), and
+ * keeps it at the same address from the posting call until `done` has been called; then it may
+ * post it again.
+ */
+struct ibmsg_op {
+  ibmsg_op_cb done;         /**< rw: the completion callback (NULL: none) */
+  void *user_data;          /**< rw: the application's */
+  enum ibmsg_op_type type;  /**< ro: set by the posting call */
+  int status;               /**< ro: IBMSG_EINPROGRESS while posted, then the status `done` got */
+  struct ibmsg__op *impl;   /**< private */
+  uintptr_t check;          /**< private */
+  void *reserved[4];        /**< private: room for later versions */
+};
+
+/** Writes length bytes of local (from local_offset) into the peer's memory that remote describes,
+ *  at remote_offset. Checked before anything is posted: IBMSG_EINVAL (NULL, length 0, op still
+ *  posted), IBMSG_ERANGE (outside local or remote), IBMSG_EACCES (remote lacks the write
+ *  right), IBMSG_EBADDESC (remote is not a descriptor), IBMSG_EOPNOTSUPP (the peer offers no
+ *  one-sided RDMA), IBMSG_ENOTCONN (not connected), IBMSG_EAGAIN (IBMSG_OPT_SEND_QUEUE
+ *  messages and operations wait already). On success `done` follows exactly once. */
+IBMSG_EXPORT int ibmsg_rdma_write(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local,
+                                  size_t local_offset, size_t length,
+                                  const ibmsg_descriptor *remote, size_t remote_offset);
+/** Reads length bytes at remote_offset of what remote describes into local at local_offset
+ *  (local needs IBMSG_ACCESS_LOCAL_WRITE, else IBMSG_EACCES). Codes as ibmsg_rdma_write(). */
+IBMSG_EXPORT int ibmsg_rdma_read(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local,
+                                 size_t local_offset, size_t length,
+                                 const ibmsg_descriptor *remote, size_t remote_offset);
+/** ibmsg_rdma_write() whose arrival the peer's write_received callback reports with imm, once the
+ *  bytes are visible there. Spends one of the peer's receive credits like a message (it waits
+ *  for one like a message). */
+IBMSG_EXPORT int ibmsg_rdma_write_imm(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local,
+                                      size_t local_offset, size_t length,
+                                      const ibmsg_descriptor *remote, size_t remote_offset,
+                                      uint32_t imm);
+/** Atomically: if the 8-byte word at remote_offset (8-byte aligned in the peer's memory, else
+ *  IBMSG_EINVAL) equals compare, it becomes swap. The word's previous value (host byte order) is
+ *  stored in 8 bytes of local at local_offset (local needs IBMSG_ACCESS_LOCAL_WRITE). Needs the
+ *  remote atomic right. */
+IBMSG_EXPORT int ibmsg_atomic_cas(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local,
+                                  size_t local_offset, const ibmsg_descriptor *remote,
+                                  size_t remote_offset, uint64_t compare, uint64_t swap);
+/** Atomically adds add to the 8-byte word at remote_offset; the previous value goes to local at
+ *  local_offset as with ibmsg_atomic_cas(). */
+IBMSG_EXPORT int ibmsg_atomic_fadd(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local,
+                                   size_t local_offset, const ibmsg_descriptor *remote,
+                                   size_t remote_offset, uint64_t add);
 
 /* ---------------------------------------------------------------------------------------------
  * Names of the original ibmsg, kept so that programs written for it compile unchanged.

@@ -234,12 +234,112 @@ int ibmsg_post_send(ibmsg_socket *socket, ibmsg_buffer *msg) {
   if (!msg || !socket) return IBMSG_EINVAL;
   Socket *s = socket_of(socket);
   if (!s) return IBMSG_ENOTCONN;
-  return msg_post(s, msg);
+  return msg_post(s, msg, false, 0);
+}
+
+int ibmsg_post_send_imm(ibmsg_socket *socket, ibmsg_buffer *msg, uint32_t imm) {
+  if (!msg || !socket) return IBMSG_EINVAL;
+  Socket *s = socket_of(socket);
+  if (!s) return IBMSG_ENOTCONN;
+  return msg_post(s, msg, true, imm);
 }
 
 int ibmsg_free_msg(ibmsg_buffer *msg) {
   if (!msg) return IBMSG_EINVAL;
   return msg_free(msg);
+}
+
+// --- one-sided RDMA ---
+
+int ibmsg_register_region(ibmsg_event_loop *loop, ibmsg_region *region, void *addr, size_t length,
+                          unsigned access) {
+  Loop *l = loop_of(loop);
+  if (!l) return IBMSG_EINVAL;
+  return region_register(l, region, addr, length, access, false);
+}
+
+int ibmsg_alloc_region(ibmsg_event_loop *loop, ibmsg_region *region, size_t length,
+                       unsigned access) {
+  Loop *l = loop_of(loop);
+  if (!l) return IBMSG_EINVAL;
+  return region_register(l, region, nullptr, length, access, true);
+}
+
+int ibmsg_deregister_region(ibmsg_region *region) {
+  Region *r = region_of(region);
+  if (!r) return IBMSG_EINVAL;
+  return region_deregister(r);
+}
+
+int ibmsg_region_descriptor(ibmsg_region *region, ibmsg_socket *socket, size_t offset,
+                            size_t length, unsigned access, ibmsg_descriptor *out) {
+  Region *r = region_of(region);
+  if (!r || !socket) return IBMSG_EINVAL;
+  Socket *s = socket_of(socket);
+  if (!s) return IBMSG_ENOTCONN;
+  return region_descriptor(r, s, offset, length, access, out);
+}
+
+int ibmsg_revoke_descriptor(ibmsg_region *region, const ibmsg_descriptor *desc) {
+  Region *r = region_of(region);
+  if (!r || !desc) return IBMSG_EINVAL;
+  return region_revoke(r, desc);
+}
+
+int ibmsg_descriptor_info(const ibmsg_descriptor *desc, size_t *length, unsigned *access) {
+  if (!desc) return IBMSG_EINVAL;
+  wire::Descriptor d;
+  if (!wire::decode_descriptor(desc->bytes, &d) || d.length > SIZE_MAX) return IBMSG_EBADDESC;
+  if (length) *length = size_t(d.length);
+  if (access) *access = d.access;
+  return IBMSG_OK;
+}
+
+namespace {
+
+int post_op(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local, size_t loff, size_t len,
+            const ibmsg_descriptor *remote, size_t roff, const OpArgs &a) {
+  if (!socket || !op || !remote) return IBMSG_EINVAL;
+  Region *r = region_of(local);
+  if (!r) return IBMSG_EINVAL;
+  Socket *s = socket_of(socket);
+  if (!s) return IBMSG_ENOTCONN;
+  return op_post(s, op, r, loff, len, remote, roff, a);
+}
+
+}  // namespace
+
+int ibmsg_rdma_write(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local, size_t local_offset,
+                     size_t length, const ibmsg_descriptor *remote, size_t remote_offset) {
+  return post_op(socket, op, local, local_offset, length, remote, remote_offset,
+                 OpArgs{IBMSG_OP_WRITE, 0, 0, 0});
+}
+
+int ibmsg_rdma_read(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local, size_t local_offset,
+                    size_t length, const ibmsg_descriptor *remote, size_t remote_offset) {
+  return post_op(socket, op, local, local_offset, length, remote, remote_offset,
+                 OpArgs{IBMSG_OP_READ, 0, 0, 0});
+}
+
+int ibmsg_rdma_write_imm(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local,
+                         size_t local_offset, size_t length, const ibmsg_descriptor *remote,
+                         size_t remote_offset, uint32_t imm) {
+  return post_op(socket, op, local, local_offset, length, remote, remote_offset,
+                 OpArgs{IBMSG_OP_WRITE_IMM, imm, 0, 0});
+}
+
+int ibmsg_atomic_cas(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local, size_t local_offset,
+                     const ibmsg_descriptor *remote, size_t remote_offset, uint64_t compare,
+                     uint64_t swap) {
+  return post_op(socket, op, local, local_offset, 8, remote, remote_offset,
+                 OpArgs{IBMSG_OP_CAS, 0, compare, swap});
+}
+
+int ibmsg_atomic_fadd(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local,
+                      size_t local_offset, const ibmsg_descriptor *remote, size_t remote_offset,
+                      uint64_t add) {
+  return post_op(socket, op, local, local_offset, 8, remote, remote_offset,
+                 OpArgs{IBMSG_OP_FADD, 0, add, 0});
 }
 
 }  // extern "C"

@@ -45,6 +45,9 @@ class Credits {
     --data_;
     return take_owed(false);
   }
+  // Spends one data credit on something that returns no credits (an RDMA write with immediate:
+  // its immediate is the application's).
+  void spend_data() { --data_; }
   // Spends one control credit for a credit-only message.
   wire::Imm take_ctrl() {
     --ctrl_;

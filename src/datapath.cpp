@@ -1,12 +1,25 @@
 // The data path: the send queue and the in-flight list, credit-only messages, completions, and
 // the bodies of alloc / post / free. Nothing here allocates or registers memory.
+#include <initializer_list>
+
 #include "internal.hpp"
 
 namespace ibmsg {
 namespace {
 
-int post_data(Socket *s, Slot *slot, const wire::Imm &imm) {
-  return tp::post_send_imm(s->id, &slot->wr, slot->buf, uint32_t(slot->msg->size), slot->pool->mr,
+int post_data(Socket *s, Slot *slot, wire::Imm imm) {
+  uint32_t len = uint32_t(slot->msg->size);
+  if (slot->has_imm) {
+    // The immediate follows the payload, little-endian (the pools have room for it).
+    uint8_t *t = slot->buf + len;
+    t[0] = uint8_t(slot->imm);
+    t[1] = uint8_t(slot->imm >> 8);
+    t[2] = uint8_t(slot->imm >> 16);
+    t[3] = uint8_t(slot->imm >> 24);
+    len += wire::kImmTrailer;
+    imm.op = wire::Opcode::DataImm;
+  }
+  return tp::post_send_imm(s->id, &slot->work.wr, slot->buf, len, slot->pool->mr,
                            wire::encode_imm(imm), s->max_inline);
 }
 
@@ -19,20 +32,13 @@ int send_now(Socket *s, Slot *slot) {
     return rc;
   }
   slot->state = SlotState::InFlight;
-  s->flight.push_back(slot);
+  s->flight.push_back(&slot->work);
   return IBMSG_OK;
 }
 
-void flush_queue(Socket *s) {
-  while (!s->queue.empty() && s->state == State::Connected && s->credits.can_send_data()) {
-    Slot *slot = s->queue.pop_front();
-    if (send_now(s, slot)) {
-      // Back in front: the teardown cancels it in order with the rest.
-      s->queue.push_front(slot);
-      socket_close(s, IBMSG_EIO);
-      return;
-    }
-  }
+int post_work(Socket *s, Work *w) {
+  if (w->wr.op == tp::Op::Send) return send_now(s, static_cast<Slot *>(w->wr.owner));
+  return op_send_now(s, static_cast<Op *>(w->wr.owner));
 }
 
 // A credit-only message, when credits are owed and no data message can carry them.
@@ -50,6 +56,33 @@ void maybe_send_ctrl(Socket *s) {
   ++s->ctrl_in_flight;
 }
 
+}  // namespace
+
+bool work_can_go(const Socket *s, const Work *w) {
+  switch (w->wr.op) {
+    case tp::Op::Send: return s->credits.can_send_data();
+    case tp::Op::WriteImm:
+      return s->credits.can_send_data() && s->ops_in_flight < uint32_t(s->opts.rdma_depth);
+    default: return s->ops_in_flight < uint32_t(s->opts.rdma_depth);
+  }
+}
+
+void flush_sends(Socket *s) {
+  while (s->state == State::Connected) {
+    Work *w = s->queue.front();
+    if (!w || !work_can_go(s, w)) return;
+    s->queue.remove(w);
+    if (post_work(s, w)) {
+      // Back in front: the teardown cancels it in order with the rest.
+      s->queue.push_front(w);
+      socket_close(s, IBMSG_EIO);
+      return;
+    }
+  }
+}
+
+namespace {
+
 void notify_sent(Socket *s, Slot *slot, int status) {
   ibmsg_buffer *msg = slot->msg;
   slot->state = SlotState::Allocated;
@@ -57,10 +90,14 @@ void notify_sent(Socket *s, Slot *slot, int status) {
   if (auto cb = s->loop->pub->message_sent) cb(s->pub, msg, status);
 }
 
-int wc_error(tp::WcStatus st) { return st == tp::WcStatus::Flushed ? IBMSG_ECONNRESET : IBMSG_EIO; }
+int wc_error(tp::WcStatus st) {
+  return st == tp::WcStatus::Flushed        ? IBMSG_ECONNRESET
+         : st == tp::WcStatus::RemoteAccess ? IBMSG_EREMOTEACCESS
+                                            : IBMSG_EIO;
+}
 
 void on_send_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
-  s->flight.remove(slot);
+  s->flight.remove(&slot->work);
   if (wc.status == tp::WcStatus::Ok) {
     notify_sent(s, slot, IBMSG_OK);
     return;
@@ -83,7 +120,7 @@ void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::
   }
   slot->state = SlotState::Free;
   if (s->state != State::Closing) {
-    if (tp::post_recv(s->id, &slot->wr, slot->buf, uint32_t(slot->pool->slot_size),
+    if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
                       slot->pool->mr)) {
       socket_close(s, IBMSG_EIO);
     } else {
@@ -91,13 +128,24 @@ void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::
       s->credits.on_ctrl_received();
     }
   }
-  flush_queue(s);
+  flush_sends(s);
   maybe_send_ctrl(s);
 }
 
 void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
-  if (!s->credits.on_data_arrived() || !s->credits.on_returned(imm)) {
-    // more data messages than the credits we granted, or credits returned that it never had
+  uint32_t len = wc.len;
+  bool has_imm = imm.op == wire::Opcode::DataImm;
+  if (has_imm) {
+    if (!(s->features & wire::kFeatureImm) || len < wire::kImmTrailer) {
+      drop_recv(s, slot, IBMSG_EPROTO);  // not agreed on, or no room for the immediate
+      return;
+    }
+    len -= wire::kImmTrailer;
+  }
+  if (len > uint32_t(s->opts.max_msg_size) || !s->credits.on_data_arrived() ||
+      !s->credits.on_returned(imm)) {
+    // larger than we take, more data messages than the credits we granted, or credits returned
+    // that it never had
     drop_recv(s, slot, IBMSG_EPROTO);
     return;
   }
@@ -107,18 +155,46 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   ++slot->pool->out;
   ibmsg_buffer *msg = &slot->own;
   msg->data = slot->buf;
-  msg->size = wc.len;
+  msg->size = len;
   msg->status = IBMSG_RECEIVED;
   msg->user_data = nullptr;
-  flush_queue(s);
+  msg->flags = has_imm ? IBMSG_MSG_IMM : 0;
+  const uint8_t *t = slot->buf + len;
+  msg->imm = has_imm ? uint32_t(t[0]) | uint32_t(t[1]) << 8 | uint32_t(t[2]) << 16 | uint32_t(t[3]) << 24 : 0;
+  flush_sends(s);
   maybe_send_ctrl(s);
   if (auto cb = s->loop->pub->message_received) cb(s->pub, msg);
   else msg_free(msg);
 }
 
+// The peer's RDMA write with immediate landed: its immediate is the application's, its data
+// credit returns at once (the buffer was not used).
+void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
+  if (!(s->features & wire::kFeatureRdma) || !s->credits.on_data_arrived()) {
+    drop_recv(s, slot, IBMSG_EPROTO);
+    return;
+  }
+  if (s->state == State::Accepting) establish(s);
+  slot->state = SlotState::Free;
+  if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
+                    slot->pool->mr)) {
+    s->credits.on_data_dropped();
+    socket_close(s, IBMSG_EIO);
+    return;
+  }
+  slot->state = SlotState::Posted;
+  s->credits.on_data_freed();
+  maybe_send_ctrl(s);
+  if (auto cb = s->loop->pub->write_received) cb(s->pub, wc.imm, wc.len);
+}
+
 void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (wc.status != tp::WcStatus::Ok) {
     drop_recv(s, slot, wc_error(wc.status));
+    return;
+  }
+  if (wc.write_imm) {
+    on_write_imm(s, slot, wc);
     return;
   }
   wire::Imm imm;
@@ -127,7 +203,8 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
     return;
   }
   switch (imm.op) {
-    case wire::Opcode::Data: on_data_msg(s, slot, wc, imm); break;
+    case wire::Opcode::Data:
+    case wire::Opcode::DataImm: on_data_msg(s, slot, wc, imm); break;
     case wire::Opcode::Credit: on_credit_msg(s, slot, wc, imm); break;
     default: drop_recv(s, slot, IBMSG_EPROTO); break;  // no feature agreed that uses it
   }
@@ -142,7 +219,11 @@ void on_completion(Socket *s, const tp::Completion &wc) {
       if (wc.status != tp::WcStatus::Ok) socket_close(s, wc_error(wc.status));
       else maybe_send_ctrl(s);  // it may have waited for room in the send queue
       break;
-    default: socket_close(s, IBMSG_EIO); break;  // nothing else is posted yet
+    case tp::Op::RdmaWrite:
+    case tp::Op::RdmaRead:
+    case tp::Op::WriteImm:
+    case tp::Op::Atomic: op_on_wc(s, static_cast<Op *>(wc.ctx->owner), wc); break;
+    default: socket_close(s, IBMSG_EIO); break;  // nothing else is posted
   }
 }
 
@@ -165,8 +246,12 @@ void drain_cq(Socket *s) {
 void on_cq_ready(void *cq_user, void *) { drain_cq(static_cast<Socket *>(cq_user)); }
 
 void cancel_sends(Socket *s) {
-  while (Slot *slot = s->flight.pop_front()) notify_sent(s, slot, IBMSG_ECANCELED);
-  while (Slot *slot = s->queue.pop_front()) notify_sent(s, slot, IBMSG_ECANCELED);
+  for (auto *list : {&s->flight, &s->queue}) {
+    while (Work *w = list->pop_front()) {
+      if (w->wr.op == tp::Op::Send) notify_sent(s, static_cast<Slot *>(w->wr.owner), IBMSG_ECANCELED);
+      else op_cancel(s, static_cast<Op *>(w->wr.owner));
+    }
+  }
 }
 
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
@@ -184,7 +269,7 @@ int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
   return IBMSG_OK;
 }
 
-int msg_post(Socket *s, ibmsg_buffer *msg) {
+int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
   if (s->listener) return IBMSG_ESTATE;
   if (!state_can_post(s->state)) return IBMSG_ENOTCONN;
   Slot *slot = msg->impl;
@@ -192,6 +277,9 @@ int msg_post(Socket *s, ibmsg_buffer *msg) {
   if (slot->pool->recv || slot->pool->user != s) return IBMSG_EINVAL;
   if (slot->state != SlotState::Allocated) return IBMSG_EBUSY;
   if (msg->size > s->max_msg) return IBMSG_EMSGSIZE;
+  if (has_imm && !(s->features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
+  slot->has_imm = has_imm;
+  slot->imm = imm;
   if (s->queue.empty() && s->credits.can_send_data()) {
     // A queue pair that refuses a work request is broken: the connection closes, as it does when
     // a queued message fails to go out. The message stays the application's (no callback).
@@ -203,7 +291,7 @@ int msg_post(Socket *s, ibmsg_buffer *msg) {
   } else {
     if (s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
     slot->state = SlotState::Queued;
-    s->queue.push_back(slot);
+    s->queue.push_back(&slot->work);
   }
   msg->status = IBMSG_WAITING;
   return IBMSG_OK;
@@ -228,7 +316,7 @@ int msg_free(ibmsg_buffer *msg) {
   --p->out;
   Socket *s = p->user;
   if (s && s->has_qp && s->state != State::Closing) {
-    if (tp::post_recv(s->id, &slot->wr, slot->buf, uint32_t(p->slot_size), p->mr) == IBMSG_OK) {
+    if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(p->slot_size), p->mr) == IBMSG_OK) {
       slot->state = SlotState::Posted;
       s->credits.on_data_freed();
       maybe_send_ctrl(s);

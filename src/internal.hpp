@@ -9,6 +9,8 @@
 //                      options.cpp   option values, loop defaults and ibmsg_options sets
 //                      device.cpp    a loop's devices, reference-counted
 //                      memory.cpp    registered pools, owned by a device, lent to connections
+//                      region.cpp    application memory regions, their registrations and grants
+//                      rdma.cpp      one-sided operations: checks, posting, completions
 //                      setup.cpp     listen / connect / accept / reject, the connection's queues
 //                      cm.cpp        connection-manager events and the hello
 //                      datapath.cpp  send queue, in flight, completions, alloc / post / free
@@ -22,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "credits.hpp"
 #include "ibmsg.h"
@@ -38,6 +41,8 @@ namespace ibmsg {
 constexpr uint32_t kLoopMagic = 0x1b5910b0;
 constexpr uint32_t kSocketMagic = 0x1b550c4e;
 constexpr uint32_t kOptionsMagic = 0x1b5007a5;
+constexpr uint32_t kRegionMagic = 0x1b5e610a;
+constexpr uint32_t kOpMagic = 0x1b50b0b0;
 constexpr size_t kNameMax = 64;
 
 using Loop = ::ibmsg__loop;
@@ -51,6 +56,8 @@ struct Options {
   int max_msg_size = 65536;
   int connect_timeout_ms = 5000;
   int rnr_retry = 7;
+  int rdma = 1;          // offer one-sided RDMA
+  int rdma_depth = 16;   // one-sided operations in flight
   char source_addr[kNameMax] = "";
   char device[kNameMax] = "";
 };
@@ -106,6 +113,47 @@ void pool_maybe_release(Pool *p);
 
 }  // namespace ibmsg
 
+// An application memory region (ibmsg_region). Its registrations belong to the devices they are
+// on (each holds a reference), its grants are the exact-range registrations behind descriptors.
+struct ibmsg__region {
+  struct Reg {
+    ibmsg::Device *dev;
+    ibmsg::tp::Mr *mr;
+    ibmsg::ListNode node;
+  };
+  struct Grant {
+    ibmsg::Device *dev;
+    size_t offset, length;
+    unsigned access;
+    ibmsg::tp::Mr *mr;
+    uint8_t desc[ibmsg::wire::kDescriptorSize];
+    ibmsg::ListNode node;
+  };
+  uint32_t magic = ibmsg::kRegionMagic;
+  ibmsg::Loop *loop = nullptr;
+  ibmsg_region *pub = nullptr;
+  uint8_t *addr = nullptr;
+  size_t length = 0;
+  unsigned access = 0;
+  bool owned = false;   // ibmsg_alloc_region's memory: freed on deregistration
+  uint32_t busy = 0;    // this side's operations queued or in flight on it
+  ibmsg::List<Reg, &Reg::node> regs;
+  ibmsg::List<Grant, &Grant::node> grants;
+  ibmsg::ListNode loop_node;
+};
+
+// A one-sided operation as a connection holds it: an entry of its operation table, lent to the
+// application's ibmsg_op from posting until the done callback.
+struct ibmsg__op {
+  uint32_t magic = ibmsg::kOpMagic;
+  ibmsg_op *pub = nullptr;
+  ibmsg__socket *sock = nullptr;
+  ibmsg__region *local = nullptr;
+  ibmsg::Work work;
+  ibmsg::tp::RdmaWr rw{};
+  ibmsg::ListNode free_link;
+};
+
 struct ibmsg__socket {
   using Loop = ibmsg::Loop;
   using Socket = ::ibmsg__socket;
@@ -138,8 +186,16 @@ struct ibmsg__socket {
   uint32_t features = 0;     // feature bits both sides have
   uint32_t max_inline = 0;
   ibmsg::Credits credits;
-  ibmsg::List<ibmsg__slot, &ibmsg__slot::link> queue;   // posted, waiting for credits
-  ibmsg::List<ibmsg__slot, &ibmsg__slot::link> flight;  // posted to the QP, in order
+  // Messages and operations in posting order: waiting (for credits or room in flight), then
+  // posted to the QP until their completion.
+  ibmsg::List<ibmsg::Work, &ibmsg::Work::link> queue;
+  ibmsg::List<ibmsg::Work, &ibmsg::Work::link> flight;
+  // One-sided operations: the table (rdma_depth + send_queue entries) and its free entries.
+  std::unique_ptr<ibmsg__op[]> ops;
+  ibmsg::List<ibmsg__op, &ibmsg__op::free_link> free_ops;
+  uint32_t ops_in_flight = 0;
+  uint8_t responder_resources = 0;  // what fill_conn_param offers
+  uint8_t initiator_depth = 0;
   ibmsg::tp::WorkCtx ctrl_wr{ibmsg::tp::Op::Ctrl, nullptr};
   // Credit-only messages posted and not yet completed here: the send queue has room for
   // kCtrlDepth of them. Control credits alone do not bound them: the peer returns a control
@@ -169,6 +225,7 @@ struct ibmsg__loop {
   ibmsg::List<Socket, &Socket::loop_node> sockets;       // open sockets
   ibmsg::List<Socket, &Socket::close_node> closing;      // due for teardown
   ibmsg::List<ibmsg::Timer, &ibmsg::Timer::node> timers;  // running timers
+  ibmsg::List<ibmsg__region, &ibmsg__region::loop_node> regions;  // registered regions
   int epfd = -1;     // for ibmsg_event_loop_fd
   int depth = 0;     // > 0 while a watcher callback runs (no re-entry)
   ibmsg::Options opts;
@@ -248,8 +305,40 @@ void drain_cq(Socket *s);
 // Completions of the flight and queue lists with IBMSG_ECANCELED (closing).
 void cancel_sends(Socket *s);
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
-int msg_post(Socket *s, ibmsg_buffer *msg);
+int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm);
 int msg_free(ibmsg_buffer *msg);
+
+// Hands the queue's head to the QP while it can go (credits, room in flight); a refusal closes.
+void flush_sends(Socket *s);
+// Whether the head of the send queue could go now.
+bool work_can_go(const Socket *s, const Work *w);
+
+// --- region.cpp ---
+using Region = ::ibmsg__region;
+int region_register(Loop *loop, ibmsg_region *pub, void *addr, size_t len, unsigned access,
+                    bool allocate);
+int region_deregister(Region *r);
+Region *region_of(const ibmsg_region *pub);  // validated impl or nullptr
+// The registration of r on dev (made now if r has none there yet).
+tp::Mr *region_mr(Region *r, Device *dev, int *err);
+int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned access,
+                      ibmsg_descriptor *out);
+int region_revoke(Region *r, const ibmsg_descriptor *d);
+
+// --- rdma.cpp ---
+using Op = ::ibmsg__op;
+// What an operation does beyond its ranges.
+struct OpArgs {
+  ibmsg_op_type type;
+  uint32_t imm;
+  uint64_t compare_add, swap;
+};
+int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
+            const ibmsg_descriptor *remote, size_t roff, const OpArgs &a);
+int ops_open(Socket *s);      // the operation table (conn_open); freed with the socket
+int op_send_now(Socket *s, Op *op);  // posts a queued operation (flush_sends)
+void op_on_wc(Socket *s, Op *op, const tp::Completion &wc);
+void op_cancel(Socket *s, Op *op);   // ECANCELED (teardown)
 
 // --- close.cpp ---
 // The one close path, for every cause: records the first reason, moves the socket to Closing

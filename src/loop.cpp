@@ -97,7 +97,8 @@ int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev) {
 }
 
 int loop_destroy(Loop *loop) {
-  if (loop->depth || !loop->sockets.empty() || !loop->closing.empty()) return IBMSG_EBUSY;
+  if (loop->depth || !loop->sockets.empty() || !loop->closing.empty() || !loop->regions.empty())
+    return IBMSG_EBUSY;
   devices_collect(loop);
   if (!loop->devices.empty()) return IBMSG_EBUSY;  // the application still holds messages
   devices_stop_rescans(loop);

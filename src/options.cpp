@@ -15,6 +15,8 @@ int *int_option(Options *o, int option) {
     case IBMSG_OPT_MAX_MSG_SIZE: return &o->max_msg_size;
     case IBMSG_OPT_CONNECT_TIMEOUT: return &o->connect_timeout_ms;
     case IBMSG_OPT_RNR_RETRY: return &o->rnr_retry;
+    case IBMSG_OPT_RDMA: return &o->rdma;
+    case IBMSG_OPT_RDMA_DEPTH: return &o->rdma_depth;
     default: return nullptr;
   }
 }
@@ -35,6 +37,8 @@ bool int_option_valid(int option, int v) {
     case IBMSG_OPT_MAX_MSG_SIZE: return v >= 1 && v <= 1 << 30;
     case IBMSG_OPT_CONNECT_TIMEOUT: return v >= 1 && v <= 3600 * 1000;
     case IBMSG_OPT_RNR_RETRY: return v >= 0 && v <= 7;
+    case IBMSG_OPT_RDMA: return v == 0 || v == 1;
+    case IBMSG_OPT_RDMA_DEPTH: return v >= 1 && v <= 4096;
     default: return false;
   }
 }

@@ -35,8 +35,8 @@ Pool *pool_create(bool recv, uint32_t count, size_t slot_size) {
     s.msg = recv ? &s.own : nullptr;
     s.own.impl = &s;
     s.own.status = IBMSG_FREED;
-    s.wr.op = recv ? tp::Op::Recv : tp::Op::Send;
-    s.wr.owner = &s;
+    s.work.wr.op = recv ? tp::Op::Recv : tp::Op::Send;
+    s.work.wr.owner = &s;
     if (!recv) p->free_list.push_back(&s);
   }
   return p;

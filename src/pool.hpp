@@ -31,6 +31,14 @@ enum class SlotState : uint8_t {
 
 constexpr uint32_t kSlotMagic = 0x51a7b0c5;
 
+// Something a connection hands to its queue pair: a message or a one-sided operation. It waits in
+// the connection's send queue (posting order) and then sits in its in-flight list until its
+// completion; wr comes back in the completion and says which it is (wr.owner: a Slot or an Op).
+struct Work {
+  ListNode link;   // the connection's send queue or in-flight list
+  tp::WorkCtx wr;
+};
+
 }  // namespace ibmsg
 
 struct ibmsg__slot {
@@ -40,8 +48,10 @@ struct ibmsg__slot {
   uint8_t *buf;
   ibmsg_buffer *msg;  // send: the application's struct; recv: &own
   ibmsg_buffer own;   // recv: the struct lent to the application
-  ibmsg::ListNode link;  // free list, send queue or in-flight list
-  ibmsg::tp::WorkCtx wr;  // what the transport hands back when its work request completes
+  ibmsg::ListNode link;  // send pools: the free list
+  ibmsg::Work work;      // what the transport hands back when its work request completes
+  bool has_imm;          // send: posted with ibmsg_post_send_imm
+  uint32_t imm;
 };
 
 namespace ibmsg {

@@ -75,7 +75,8 @@ void open_socket(Socket *s, Event ev) {
 
 
 Pool *make_pool(Socket *s, bool recv, uint32_t count, int *err) {
-  return pool_acquire(s->dev, s, recv, count, size_t(s->opts.max_msg_size), err);
+  // Room for the immediate that may follow a payload (wire::Opcode::DataImm).
+  return pool_acquire(s->dev, s, recv, count, size_t(s->opts.max_msg_size) + wire::kImmTrailer, err);
 }
 
 }  // namespace
@@ -114,8 +115,10 @@ void fill_conn_param(const Socket *s, tp::ConnParam *p, uint8_t *hello) {
   p->plen = wire::kHelloSize;
   p->retry_count = 7;
   p->rnr_retry_count = uint8_t(s->opts.rnr_retry);
-  p->responder_resources = 0;  // two-sided messages only: no RDMA reads or atomics yet
-  p->initiator_depth = 0;
+  // RDMA reads and atomics each side may have outstanding: the device's limits (librdmacm takes
+  // the smaller of both sides'), none without one-sided RDMA.
+  p->responder_resources = s->responder_resources;
+  p->initiator_depth = s->initiator_depth;
 }
 
 bool set_state(Socket *s, Event ev) {
@@ -146,6 +149,7 @@ wire::Hello my_hello(const Socket *s) {
   h.recv_depth = uint32_t(s->opts.recv_depth);
   h.ctrl_depth = kCtrlDepth;
   h.max_msg_size = uint32_t(s->opts.max_msg_size);
+  h.features = wire::kFeatures & ~(s->opts.rdma ? 0 : wire::kFeatureRdma);
   return h;
 }
 
@@ -153,18 +157,24 @@ void set_peer(Socket *s, const wire::Hello &h) {
   s->credits.init(h.recv_depth, h.ctrl_depth, uint32_t(s->opts.recv_depth));
   uint32_t mine = uint32_t(s->opts.max_msg_size);
   s->max_msg = h.max_msg_size < mine ? h.max_msg_size : mine;
-  s->features = h.features & wire::kFeatures;
+  s->features = h.features & my_hello(s).features;
   s->have_peer = true;
 }
 
 int conn_open(Socket *s) {
   const uint32_t recv_slots = uint32_t(s->opts.recv_depth) + kCtrlDepth;
-  const uint32_t send_wrs = uint32_t(s->opts.send_depth) + kCtrlDepth;
+  const uint32_t send_wrs =
+      uint32_t(s->opts.send_depth) + kCtrlDepth + uint32_t(s->opts.rdma ? s->opts.rdma_depth : 0);
   const tp::DeviceInfo &info = tp::device_info(s->dev->tp);
+  if (s->opts.rdma) {
+    s->responder_resources = uint8_t(info.max_rd_atom > 255 ? 255 : info.max_rd_atom);
+    s->initiator_depth = uint8_t(info.max_init_rd_atom > 255 ? 255 : info.max_init_rd_atom);
+  }
   if (recv_slots > info.max_qp_wr || send_wrs > info.max_qp_wr ||
       recv_slots + send_wrs > info.max_cqe)
     return IBMSG_EINVAL;
-  int err = tp::cq_create(s->dev->tp, recv_slots + send_wrs, s, &s->cq);
+  int err = s->opts.rdma ? ops_open(s) : IBMSG_OK;
+  if (!err) err = tp::cq_create(s->dev->tp, recv_slots + send_wrs, s, &s->cq);
   if (err) return err;
   // Small messages go inline (no DMA read of the payload) where the device offers it.
   tp::QpCaps caps{send_wrs, recv_slots, 256};
@@ -177,7 +187,7 @@ int conn_open(Socket *s) {
   if (!err) s->recv_pool = make_pool(s, true, recv_slots, &err);
   for (uint32_t i = 0; !err && i < recv_slots; ++i) {
     Slot *slot = &s->recv_pool->slots[i];
-    err = tp::post_recv(s->id, &slot->wr, slot->buf, uint32_t(s->recv_pool->slot_size),
+    err = tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(s->recv_pool->slot_size),
                         s->recv_pool->mr);
     if (!err) slot->state = SlotState::Posted;
   }

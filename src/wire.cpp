@@ -29,6 +29,20 @@ void put_header(uint8_t *p, uint8_t kind) {
 }
 bool check_header(const uint8_t *p, uint8_t kind) { return get32(p) == kMagic && p[6] == kind; }
 
+void put64(uint8_t *p, uint64_t v) {
+  put32(p, uint32_t(v));
+  put32(p + 4, uint32_t(v >> 32));
+}
+uint64_t get64(const uint8_t *p) { return uint64_t(get32(p)) | uint64_t(get32(p + 4)) << 32; }
+
+constexpr uint16_t kDescMagic = 0xd35c;
+constexpr uint8_t kDescVersion = 1;
+uint32_t fnv1a(const uint8_t *p, size_t n) {
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 16777619u;
+  return h;
+}
+
 }  // namespace
 
 uint32_t encode_imm(const Imm &imm) {
@@ -91,6 +105,29 @@ bool decode_reject(const void *data, size_t len, char *out, size_t out_size) {
   memcpy(out, p + kRejectHeader, n);
   out[n] = '\0';
   return true;
+}
+
+void encode_descriptor(const Descriptor &d, uint8_t out[kDescriptorSize]) {
+  out[0] = uint8_t(kDescMagic);
+  out[1] = uint8_t(kDescMagic >> 8);
+  out[2] = kDescVersion;
+  out[3] = d.access;
+  put32(out + 4, d.rkey);
+  put64(out + 8, d.addr);
+  put64(out + 16, d.length);
+  put32(out + 24, 0);
+  put32(out + 28, fnv1a(out, 28));
+}
+
+bool decode_descriptor(const uint8_t in[kDescriptorSize], Descriptor *out) {
+  if (in[0] != uint8_t(kDescMagic) || in[1] != uint8_t(kDescMagic >> 8) || in[2] != kDescVersion ||
+      get32(in + 24) != 0 || get32(in + 28) != fnv1a(in, 28))
+    return false;
+  out->access = in[3];
+  out->rkey = get32(in + 4);
+  out->addr = get64(in + 8);
+  out->length = get64(in + 16);
+  return out->length != 0 && out->addr + out->length > out->addr;
 }
 
 }  // namespace ibmsg::wire

@@ -6,8 +6,13 @@
 //   bits  0..15  data credits returned (receive buffers the sender re-posted since its last message)
 //   bits 16..23  control credits returned
 //   bits 24..27  zero (reserved)
-//   bits 28..31  opcode: 0 data, 1 credit-only; 2..15 reserved (2 keepalive, 3 rendezvous,
-//                4 RDMA notice are set aside for the features that will use them)
+//   bits 28..31  opcode: 0 data, 1 credit-only, 5 data with an application immediate (the
+//                payload ends in 4 more bytes: the immediate, little-endian; needs
+//                kFeatureImm); 2..4 and 6..15 reserved (2 keepalive, 3 rendezvous, 4 RDMA
+//                notice are set aside for the features that will use them)
+// An RDMA write with immediate (kFeatureRdma) carries the application's immediate in all 32 bits:
+// the receiver tells it from a message by its completion (not a receive), and it spends one data
+// credit without returning any.
 // Connection set-up exchanges a Hello in the rdma_cm private data (connect and accept): protocol
 // major/minor version and feature bits, and the receive depths and maximum size; a rejection
 // carries a Reject with the reason text. Multi-byte fields are little-endian.
@@ -26,7 +31,9 @@ enum class Opcode : uint8_t {
   Keepalive = 2,   // reserved
   Rendezvous = 3,  // reserved
   RdmaNotice = 4,  // reserved
+  DataImm = 5,     // a message whose payload ends in a 4-byte application immediate
 };
+constexpr uint32_t kImmTrailer = 4;  // bytes a DataImm message adds after the payload
 constexpr uint8_t kOpcodeCount = 16;  // the opcode field has 4 bits
 
 struct Imm {
@@ -46,8 +53,12 @@ constexpr uint32_t kMagic = 0x49424d53;  // "IBMS"
 // different major is refused with a reject text naming both versions.
 constexpr uint8_t kMajor = 1;
 constexpr uint8_t kMinor = 0;
-// Feature bits of the hello (none yet: the bits are for the next minor versions).
-constexpr uint32_t kFeatures = 0;
+// Feature bits of the hello: a connection uses a feature when both hellos have its bit.
+constexpr uint32_t kFeatureRdma = 1u << 0;  // one-sided RDMA: this side accepts RDMA reads,
+                                            // writes, write-immediates and atomics on the regions
+                                            // it describes, and issues them
+constexpr uint32_t kFeatureImm = 1u << 1;   // DataImm messages
+constexpr uint32_t kFeatures = kFeatureRdma | kFeatureImm;  // every feature this version knows
 
 // Limits a hello must respect to make sense.
 constexpr uint32_t kMaxDepth = 65535;     // data credits fit 16 bits
@@ -83,5 +94,21 @@ constexpr size_t kRejectMaxSize = kRejectHeader + kRejectTextMax;  // within the
 size_t encode_reject(const char *text, uint8_t out[kRejectMaxSize]);
 // Copies the NUL-terminated text into out (size >= kRejectTextMax + 1); false if not an ibmsg reject.
 bool decode_reject(const void *data, size_t len, char *out, size_t out_size);
+
+// A remote descriptor (ibmsg_descriptor): 32 bytes, little-endian:
+//   0..1 magic 0xd35c, 2 version 1, 3 rights (IBMSG_ACCESS_REMOTE_*), 4..7 rkey, 8..15 address,
+//   16..23 length, 24..27 zero, 28..31 check (FNV-1a of bytes 0..27)
+// The check catches a corrupted or made-up descriptor before anything is posted; it is no
+// protection against a forged one (the key and the range registered on exactly those bytes are).
+constexpr size_t kDescriptorSize = 32;
+struct Descriptor {
+  uint8_t access = 0;
+  uint32_t rkey = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+void encode_descriptor(const Descriptor &d, uint8_t out[kDescriptorSize]);
+// false if the magic, version, reserved bytes or check are wrong, or the range wraps around.
+bool decode_descriptor(const uint8_t in[kDescriptorSize], Descriptor *out);
 
 }  // namespace ibmsg::wire

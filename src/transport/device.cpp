@@ -52,6 +52,9 @@ int device_open(DeviceKey key, Device **out) {
   d->info.iwarp = ctx->device->transport_type == IBV_TRANSPORT_IWARP;
   d->info.max_qp_wr = uint32_t(attr.max_qp_wr);
   d->info.max_cqe = uint32_t(attr.max_cqe);
+  d->info.max_rd_atom = uint32_t(attr.max_qp_rd_atom);
+  d->info.max_init_rd_atom = uint32_t(attr.max_qp_init_rd_atom);
+  d->info.atomics = attr.atomic_cap != IBV_ATOMIC_NONE;
   d->pd = ibv_alloc_pd(ctx);
   if (!d->pd) {
     int err = alloc_error();
@@ -144,9 +147,13 @@ int cq_poll(Cq *c, Completion *out, int max) {
   for (int i = 0; i < n; ++i) {
     Completion &o = out[i];
     o.ctx = reinterpret_cast<WorkCtx *>(uintptr_t(wc[i].wr_id));
-    o.status = wc[i].status == IBV_WC_SUCCESS        ? WcStatus::Ok
-               : wc[i].status == IBV_WC_WR_FLUSH_ERR ? WcStatus::Flushed
-                                                     : WcStatus::Failed;
+    switch (wc[i].status) {
+      case IBV_WC_SUCCESS: o.status = WcStatus::Ok; break;
+      case IBV_WC_WR_FLUSH_ERR: o.status = WcStatus::Flushed; break;
+      case IBV_WC_REM_ACCESS_ERR: o.status = WcStatus::RemoteAccess; break;
+      default: o.status = WcStatus::Failed; break;
+    }
+    o.write_imm = wc[i].status == IBV_WC_SUCCESS && wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM;
     o.has_imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) != 0;
     o.imm = o.has_imm ? ntohl(wc[i].imm_data) : 0;
     o.len = wc[i].byte_len;
@@ -155,7 +162,7 @@ int cq_poll(Cq *c, Completion *out, int max) {
 }
 
 int mr_register(Device *d, void *addr, size_t len, unsigned access, Mr **out) {
-  int flags = IBV_ACCESS_LOCAL_WRITE;
+  int flags = access & kLocalReadOnly ? 0 : IBV_ACCESS_LOCAL_WRITE;
   if (access & kRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
   if (access & kRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE;
   if (access & kRemoteAtomic) flags |= IBV_ACCESS_REMOTE_ATOMIC;

@@ -60,4 +60,40 @@ int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const M
   return ibv_post_send(id->qp, &wr, &bad) ? IBMSG_EIO : IBMSG_OK;
 }
 
+int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
+  ibv_sge sge;
+  sge.addr = reinterpret_cast<uintptr_t>(w.local);
+  sge.length = w.len;
+  sge.lkey = mr_lkey(w.mr);
+  ibv_send_wr wr{}, *bad = nullptr;
+  wr.wr_id = reinterpret_cast<uintptr_t>(ctx);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  switch (ctx->op) {
+    case Op::RdmaWrite:
+    case Op::WriteImm:
+      wr.opcode = ctx->op == Op::WriteImm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+      wr.imm_data = htonl(w.imm);
+      if (w.len <= max_inline) wr.send_flags |= IBV_SEND_INLINE;
+      wr.wr.rdma.remote_addr = w.remote;
+      wr.wr.rdma.rkey = w.rkey;
+      break;
+    case Op::RdmaRead:
+      wr.opcode = IBV_WR_RDMA_READ;
+      wr.wr.rdma.remote_addr = w.remote;
+      wr.wr.rdma.rkey = w.rkey;
+      break;
+    case Op::Atomic:
+      wr.opcode = w.cas ? IBV_WR_ATOMIC_CMP_AND_SWP : IBV_WR_ATOMIC_FETCH_AND_ADD;
+      wr.wr.atomic.remote_addr = w.remote;
+      wr.wr.atomic.rkey = w.rkey;
+      wr.wr.atomic.compare_add = w.compare_add;
+      wr.wr.atomic.swap = w.swap;
+      break;
+    default: return IBMSG_EINVAL;
+  }
+  return ibv_post_send(id->qp, &wr, &bad) ? IBMSG_EIO : IBMSG_OK;
+}
+
 }  // namespace ibmsg::tp

@@ -17,8 +17,8 @@ namespace ibmsg::tp {
 // --- work requests and completions ------------------------------------------------------------
 
 // What a work request was for. The core embeds a WorkCtx in the object a work request belongs to
-// (a buffer slot, a connection's control context) and gets it back in the completion; the values
-// past Ctrl are reserved for one-sided operations, keepalive and rendezvous.
+// (a buffer slot, a connection's control context, a one-sided operation) and gets it back in the
+// completion; Keepalive and Rendezvous are reserved.
 enum class Op : uint8_t {
   Recv,        // a receive buffer
   Send,        // a data message
@@ -39,7 +39,8 @@ struct WorkCtx {
 enum class WcStatus : uint8_t {
   Ok,
   Flushed,  // the queue pair went to the error state first (closing)
-  Failed,   // a transport error (retries exceeded, remote access, ...)
+  RemoteAccess,  // the peer refused a one-sided operation: key, range or rights
+  Failed,   // another transport error (retries exceeded, ...)
 };
 
 struct Completion {
@@ -48,6 +49,7 @@ struct Completion {
   bool has_imm;
   uint32_t imm;   // host byte order
   uint32_t len;   // bytes received (receives only)
+  bool write_imm; // a receive consumed by the peer's RDMA write with immediate (len: bytes written)
 };
 
 // --- devices --------------------------------------------------------------------------------
@@ -60,6 +62,9 @@ struct DeviceInfo {
   bool iwarp;            // iWARP delivers no immediate data: ibmsg cannot run on it
   uint32_t max_qp_wr;    // largest queue a QP may have
   uint32_t max_cqe;
+  uint32_t max_rd_atom;       // RDMA reads / atomics a QP may serve at once (as responder)
+  uint32_t max_init_rd_atom;  // ... and issue at once
+  bool atomics;               // compare-and-swap and fetch-and-add work
 };
 
 // A device as used by one loop: its protection domain and a completion channel (one fd) shared
@@ -97,6 +102,7 @@ enum Access : unsigned {
   kRemoteRead = 1u << 0,
   kRemoteWrite = 1u << 1,
   kRemoteAtomic = 1u << 2,
+  kLocalReadOnly = 1u << 3,   // no local write (read-only memory); not with remote write/atomic
 };
 
 struct Mr;
@@ -192,5 +198,20 @@ int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr);
 // Payloads up to the granted max_inline are sent inline.
 int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr,
                   uint32_t imm, uint32_t max_inline);
+
+// A one-sided operation; ctx->op says which (RdmaWrite, RdmaRead, WriteImm, Atomic).
+struct RdmaWr {
+  void *local;        // local bytes (source of a write, destination of a read / atomic result)
+  uint32_t len;       // bytes (8 for atomics)
+  const Mr *mr;       // registration of the local bytes
+  uint64_t remote;    // the peer's address
+  uint32_t rkey;
+  uint32_t imm;       // WriteImm: the immediate (host byte order)
+  bool cas;           // Atomic: compare-and-swap (else fetch-and-add)
+  uint64_t compare_add;  // Atomic: compare value, or the addend
+  uint64_t swap;
+};
+// Writes of up to max_inline bytes go inline.
+int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline);
 
 }  // namespace ibmsg::tp

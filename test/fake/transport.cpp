@@ -285,11 +285,11 @@ void cq_push(Cq *c, Qp *qp, bool send, const Completion &wc) {
 void complete_recv(Qp *q, WorkCtx *ctx, WcStatus st, bool has_imm = false, uint32_t imm = 0,
                    uint32_t len = 0) {
   ++q->recv_unpolled;
-  cq_push(q->cq, q, false, Completion{ctx, st, has_imm, has_imm ? imm : 0, len});
+  cq_push(q->cq, q, false, Completion{ctx, st, has_imm, has_imm ? imm : 0, len, false});
 }
 
 void complete_send(Qp *q, WorkCtx *ctx, WcStatus st) {
-  cq_push(q->cq, q, true, Completion{ctx, st, false, 0, 0});
+  cq_push(q->cq, q, true, Completion{ctx, st, false, 0, 0, false});
 }
 
 // Moves a QP to the error state: everything posted completes as flushed, in order.
@@ -869,6 +869,9 @@ int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const M
                   uint32_t max_inline) {
   return post_send(id, ctx, buf, len, mr, true, imm, max_inline);
 }
+
+// TODO(one-sided in the fake): not modelled yet.
+int post_rdma(CmId *, WorkCtx *, const RdmaWr &, uint32_t) { return IBMSG_EIO; }
 
 }  // namespace ibmsg::tp
 
