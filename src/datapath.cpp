@@ -176,15 +176,17 @@ void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
   }
   if (s->state == State::Accepting) establish(s);
   slot->state = SlotState::Free;
-  if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
-                    slot->pool->mr)) {
+  if (s->state == State::Closing) {
+    s->credits.on_data_dropped();
+  } else if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
+                           slot->pool->mr)) {
     s->credits.on_data_dropped();
     socket_close(s, IBMSG_EIO);
-    return;
+  } else {
+    slot->state = SlotState::Posted;
+    s->credits.on_data_freed();
+    maybe_send_ctrl(s);
   }
-  slot->state = SlotState::Posted;
-  s->credits.on_data_freed();
-  maybe_send_ctrl(s);
   if (auto cb = s->loop->pub->write_received) cb(s->pub, wc.imm, wc.len);
 }
 

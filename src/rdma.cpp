@@ -55,6 +55,12 @@ int check(Socket *s, Region *local, size_t loff, size_t len, const ibmsg_descrip
   return IBMSG_OK;
 }
 
+bool work_can_go_as(const Socket *s, tp::Op kind) {
+  Work w;
+  w.wr.op = kind;
+  return work_can_go(s, &w);
+}
+
 void finish(Socket *s, Op *op, int status) {
   ibmsg_op *pub = op->pub;
   --op->local->busy;
@@ -88,7 +94,7 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
   wire::Descriptor d;
   int err = check(s, local, loff, len, remote, roff, a, &d);
   if (err) return err;
-  const bool go = s->queue.empty();
+  const bool go = s->queue.empty() && work_can_go_as(s, wr_op(a.type));
   if (!go && s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
   tp::Mr *mr = region_mr(local, s->dev, &err);  // registers on first use on this device
   if (!mr) return err;
@@ -112,7 +118,7 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
   pub->status = IBMSG_EINPROGRESS;
   pub->impl = op;
   pub->check = op_check(pub, op);
-  if (go && work_can_go(s, &op->work)) {
+  if (go) {
     err = op_send_now(s, op);
     if (err) {
       // A queue pair that refuses a work request is broken: the connection closes; the call
