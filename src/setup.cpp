@@ -271,6 +271,12 @@ int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Option
     tp::ConnParam param;
     uint8_t hello[wire::kHelloSize];
     fill_conn_param(s, &param, hello);
+    if (s->opts.rdma) {
+      // Accepting: no more than the connecting side offered either (the transport takes the
+      // smaller of its request and the device's limits).
+      param.responder_resources = tp::kMaxRdAtomic;
+      param.initiator_depth = tp::kMaxRdAtomic;
+    }
     err = tp::cm_accept(s->id, param);
     if (err) {
       // The peer went away during the handshake (its request is void), or the device failed.

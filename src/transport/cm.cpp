@@ -9,6 +9,9 @@
 
 namespace ibmsg::tp {
 
+static_assert(kMaxRdAtomic == RDMA_MAX_RESP_RES && kMaxRdAtomic == RDMA_MAX_INIT_DEPTH,
+              "kMaxRdAtomic is librdmacm's \"as many as possible\"");
+
 namespace {
 
 CmEventType type_of(rdma_cm_event_type t) {

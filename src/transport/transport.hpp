@@ -170,6 +170,8 @@ struct ConnParam {
   uint8_t responder_resources;  // RDMA reads/atomics the peer may have outstanding to us
   uint8_t initiator_depth;      // ... and we to the peer
 };
+// For cm_accept: as many as the connecting side asked for and the device allows.
+constexpr uint8_t kMaxRdAtomic = 0xff;
 int cm_connect(CmId *id, const ConnParam &p);
 int cm_accept(CmId *id, const ConnParam &p);
 int cm_reject(CmId *id, const void *pdata, uint8_t plen);
