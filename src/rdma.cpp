@@ -61,7 +61,8 @@ bool work_can_go_as(const Socket *s, tp::Op kind) {
   return work_can_go(s, &w);
 }
 
-void finish(Socket *s, Op *op, int status) {
+// Gives the table entry back and detaches the application's struct; returns it.
+ibmsg_op *release(Socket *s, Op *op, int status) {
   ibmsg_op *pub = op->pub;
   --op->local->busy;
   op->pub = nullptr;
@@ -70,6 +71,11 @@ void finish(Socket *s, Op *op, int status) {
   pub->impl = nullptr;
   pub->check = 0;
   pub->status = status;
+  return pub;
+}
+
+void finish(Socket *s, Op *op, int status) {
+  ibmsg_op *pub = release(s, op, status);
   if (pub->done) pub->done(s->pub, pub, status);
 }
 
@@ -123,13 +129,7 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
     if (err) {
       // A queue pair that refuses a work request is broken: the connection closes; the call
       // fails, so no callback fires for it.
-      --local->busy;
-      op->pub = nullptr;
-      op->local = nullptr;
-      s->free_ops.push_front(op);
-      pub->impl = nullptr;
-      pub->check = 0;
-      pub->status = err;
+      release(s, op, err);
       socket_close(s, err);
       return err;
     }
