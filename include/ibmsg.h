@@ -21,11 +21,13 @@
  *     application's own ev_run(); never inside another ibmsg call. If a call fails, no callback
  *     fires for it.
  *   - connection_established fires once per connection that becomes IBMSG_CONNECTED.
- *   - message_sent fires exactly once per successful ibmsg_post_send(), with IBMSG_OK or the
- *     reason the message was not delivered (for example IBMSG_ECANCELED when the connection closed
- *     while it was queued or in flight).
+ *   - message_sent fires exactly once per successful ibmsg_post_send() or ibmsg_post_send_imm(),
+ *     with IBMSG_OK or the reason the message was not delivered (for example IBMSG_ECANCELED when
+ *     the connection closed while it was queued or in flight).
+ *   - an operation's done callback (ibmsg_op) fires exactly once per successful one-sided call
+ *     (ibmsg_rdma_write() ...), likewise; write_received once per write-with-immediate arrived.
  *   - connection_closed fires exactly once per socket that ibmsg_listen(), ibmsg_connect() or
- *     ibmsg_accept() set up successfully, after all its message_sent callbacks. After it returns
+ *     ibmsg_accept() set up successfully, after all its message_sent and done callbacks. After it returns
  *     the library never touches that ibmsg_socket again: the application may free or reuse it.
  *
  * Threading: an ibmsg_event_loop and everything created on it belong to one thread at a time.
@@ -61,7 +63,7 @@ extern "C" {
  * ------------------------------------------------------------------------------------------ */
 
 #define IBMSG_VERSION_MAJOR 1 /**< major version: changes break compatibility */
-#define IBMSG_VERSION_MINOR 0 /**< minor version: compatible additions */
+#define IBMSG_VERSION_MINOR 1 /**< minor version: compatible additions */
 #define IBMSG_VERSION_PATCH 0 /**< patch level: fixes only */
 /** The version as one number, for compile-time checks: 10000 * major + 100 * minor + patch. */
 #define IBMSG_VERSION (IBMSG_VERSION_MAJOR * 10000 + IBMSG_VERSION_MINOR * 100 + IBMSG_VERSION_PATCH)
@@ -83,7 +85,7 @@ IBMSG_EXPORT const char *ibmsg_version_string(void);
 #define IBMSG_ERRNO_MAP(X)                                                                        \
   X(EINVAL, 22, "invalid argument")                                                               \
   X(ENOMEM, 12, "out of memory")                                                                  \
-  X(EAGAIN, 11, "resource temporarily unavailable: retry after a message_sent callback")         \
+  X(EAGAIN, 11, "resource temporarily unavailable: retry after a message_sent or done callback") \
   X(EMSGSIZE, 90, "message larger than the connection's maximum message size")                    \
   X(ENOTCONN, 107, "socket is not connected")                                                     \
   X(EBUSY, 16, "resource busy")                                                                   \
@@ -98,7 +100,7 @@ IBMSG_EXPORT const char *ibmsg_version_string(void);
   X(EIO, 5, "RDMA transport error")                                                               \
   X(EPROTO, 71, "protocol error: the peer broke the ibmsg protocol")                             \
   X(EACCES, 13, "access not granted: the region or descriptor lacks that right")                 \
-  X(EOPNOTSUPP, 95, "not supported: the peer did not offer one-sided RDMA or immediates")        \
+  X(EOPNOTSUPP, 95, "not supported on this connection: one-sided RDMA, immediates or atomics")    \
   X(ERANGE, 34, "offset and length reach outside the region or descriptor")                     \
   X(EINPROGRESS, 115, "operation in progress")
 
@@ -185,8 +187,9 @@ struct ibmsg_buffer {
   void *user_data;                 /**< rw: the application's; ibmsg never reads it */
   struct ibmsg__slot *impl;        /**< private */
   uint32_t imm;                    /**< ro: a received message's immediate (IBMSG_MSG_IMM set) */
-  unsigned flags;                  /**< ro: IBMSG_MSG_* flags of a received message */
-  void *reserved[3];               /**< private: room for later versions */
+  uint32_t flags;                  /**< ro: IBMSG_MSG_* flags of a received message */
+  /** private: room for later versions (imm and flags took 8 of its bytes in 1.1) */
+  void *reserved[4 - 8 / sizeof(void *)];
 };
 
 /** Flags of a received message (ibmsg_buffer.flags). */
@@ -300,9 +303,12 @@ enum ibmsg_option {
   IBMSG_OPT_RNR_RETRY = 6,       /**< int 0..7: RNR retries (7); credits make RNR impossible */
   IBMSG_OPT_SOURCE_ADDR = 7,     /**< string: local address ibmsg_connect() binds to ("": any) */
   IBMSG_OPT_DEVICE = 8,          /**< string: RDMA device connections must use, e.g. "rxe0" ("": any) */
-  IBMSG_OPT_RDMA = 9,            /**< int 0/1: offer one-sided RDMA to the peer (1): 0 lets the
-                                      peer neither read, write nor do atomics on this side's regions
-                                      and gives this side no one-sided operations either */
+  IBMSG_OPT_RDMA = 9,            /**< int 0/1: one-sided RDMA on the connection (1). With 0 the
+                                      hello offers none: operations on it fail with
+                                      IBMSG_EOPNOTSUPP on both sides, no descriptor is made for
+                                      it, and it serves no RDMA reads or atomics (the queue pair
+                                      rdma_cm sets up still takes RDMA writes that carry a valid
+                                      key of the device's other connections) */
   IBMSG_OPT_RDMA_DEPTH = 10      /**< int: one-sided operations in flight per connection (16);
                                       more wait in the send queue (IBMSG_OPT_SEND_QUEUE) */
 };
@@ -396,7 +402,8 @@ IBMSG_EXPORT int ibmsg_alloc_msg(ibmsg_buffer *msg, ibmsg_socket *socket, size_t
 /** Sends msg->size bytes of msg->data. On success the library owns the message until its
  *  message_sent callback; then the application may post it again or free it. Messages are
  *  delivered in order. Without credits the message is queued; IBMSG_EAGAIN when the queue holds
- *  IBMSG_OPT_SEND_QUEUE messages already (nothing was sent: retry after a message_sent).
+ *  IBMSG_OPT_SEND_QUEUE messages and operations already (nothing was sent: retry after a
+ *  message_sent or done callback).
  *  IBMSG_EIO if the transport refused it: the message stays the application's and the
  *  connection closes. */
 IBMSG_EXPORT int ibmsg_post_send(ibmsg_socket *socket, ibmsg_buffer *msg);
@@ -452,9 +459,9 @@ typedef struct ibmsg_descriptor {
 } ibmsg_descriptor;
 
 /** Registers length bytes at addr on loop with the IBMSG_ACCESS_* rights in access. IBMSG_EINVAL
- *  for NULL, length 0 or unknown flags; IBMSG_ESTATE if region is registered already; the
- *  transport's code if a device refuses the memory (e.g. IBMSG_EACCES for read-only pages with
- *  a write right). */
+ *  for NULL, length 0 or unknown flags; IBMSG_ESTATE if region is registered already;
+ *  IBMSG_ENOMEM, or IBMSG_ESYS if a device the loop has open refuses the memory (e.g. read-only
+ *  pages with a write right). */
 IBMSG_EXPORT int ibmsg_register_region(ibmsg_event_loop *loop, ibmsg_region *region, void *addr,
                                        size_t length, unsigned access);
 /** Allocates length bytes (page-aligned, zeroed) and registers them like
@@ -467,12 +474,16 @@ IBMSG_EXPORT int ibmsg_alloc_region(ibmsg_event_loop *loop, ibmsg_region *region
  *  (nothing changes); IBMSG_EINVAL if it is not a registered region. */
 IBMSG_EXPORT int ibmsg_deregister_region(ibmsg_region *region);
 
-/** Makes a descriptor granting the peer of socket the rights in access (IBMSG_ACCESS_REMOTE_*,
- *  a subset of the region's) on exactly the bytes [offset, offset + length) of region. The range
- *  is registered on its own, so the peer can reach no byte outside it; asking again for the same
- *  range and rights gives the same descriptor. IBMSG_ERANGE outside the region; IBMSG_EINVAL for
- *  length 0, NULL or rights that are not remote ones; IBMSG_EACCES for rights the region lacks;
- *  IBMSG_ENOTCONN if socket has no device yet (before ROUTE_RESOLVED). */
+/** Makes a descriptor granting the rights in access (IBMSG_ACCESS_REMOTE_*, a subset of the
+ *  region's) on exactly the bytes [offset, offset + length) of region, for peers on the RDMA
+ *  device socket uses (the key belongs to the device: any connection of the loop on that device
+ *  may use it). The range is registered on its own, so a peer can reach no byte outside it; asking
+ *  again for the same range, rights and device gives the same descriptor. IBMSG_ERANGE outside
+ *  the region; IBMSG_EINVAL for length 0, NULL, no rights or rights that are not remote ones, a
+ *  listener, or a socket of another loop; IBMSG_EACCES for rights the region lacks;
+ *  IBMSG_ENOTCONN if socket has no device yet (before ROUTE_RESOLVED) or closed;
+ *  IBMSG_EOPNOTSUPP if socket has IBMSG_OPT_RDMA 0; IBMSG_ENOMEM or IBMSG_ESYS if the
+ *  registration fails. */
 IBMSG_EXPORT int ibmsg_region_descriptor(ibmsg_region *region, ibmsg_socket *socket, size_t offset,
                                          size_t length, unsigned access, ibmsg_descriptor *out);
 /** Revokes a descriptor made by ibmsg_region_descriptor() on region: the peer's next operation
@@ -498,7 +509,8 @@ enum ibmsg_op_type {
 typedef struct ibmsg_op ibmsg_op; /**< see struct ibmsg_op */
 /** Called exactly once per successfully posted operation: IBMSG_OK when it completed at the peer
  *  (written, read, or the atomic done), else the reason (IBMSG_ECANCELED: the connection closed
- *  first; IBMSG_EREMOTEACCESS: the peer refused it, which closes the connection). */
+ *  first; IBMSG_EREMOTEACCESS: the peer refused it, which closes the connection; IBMSG_EIO:
+ *  another transport error, which closes it too). */
 typedef void (*ibmsg_op_cb)(ibmsg_socket *socket, ibmsg_op *op, int status);
 
 /**
@@ -517,11 +529,15 @@ struct ibmsg_op {
 };
 
 /** Writes length bytes of local (from local_offset) into the peer's memory that remote describes,
- *  at remote_offset. Checked before anything is posted: IBMSG_EINVAL (NULL, length 0, op still
- *  posted), IBMSG_ERANGE (outside local or remote), IBMSG_EACCES (remote lacks the write
- *  right), IBMSG_EBADDESC (remote is not a descriptor), IBMSG_EOPNOTSUPP (the peer offers no
- *  one-sided RDMA), IBMSG_ENOTCONN (not connected), IBMSG_EAGAIN (IBMSG_OPT_SEND_QUEUE
- *  messages and operations wait already). On success `done` follows exactly once. */
+ *  at remote_offset. Checked before anything is posted: IBMSG_EINVAL (NULL, length 0 or above
+ *  4 GiB - 1, op still posted, local registered on another loop), IBMSG_ERANGE (outside local or
+ *  remote), IBMSG_EACCES (remote lacks the right), IBMSG_EBADDESC (remote is not a descriptor),
+ *  IBMSG_EOPNOTSUPP (this side or the peer has one-sided RDMA off, or an ibmsg without it),
+ *  IBMSG_ENOTCONN (not connected), IBMSG_ESTATE (a listener), IBMSG_EAGAIN
+ *  (IBMSG_OPT_SEND_QUEUE messages and operations wait already); IBMSG_ENOMEM or IBMSG_ESYS if
+ *  local must be registered on the connection's device first and that fails; IBMSG_EIO if the
+ *  transport refused the operation (the connection closes). On success `done` follows exactly
+ *  once; on failure no callback fires. */
 IBMSG_EXPORT int ibmsg_rdma_write(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local,
                                   size_t local_offset, size_t length,
                                   const ibmsg_descriptor *remote, size_t remote_offset);
@@ -539,8 +555,9 @@ IBMSG_EXPORT int ibmsg_rdma_write_imm(ibmsg_socket *socket, ibmsg_op *op, ibmsg_
                                       uint32_t imm);
 /** Atomically: if the 8-byte word at remote_offset (8-byte aligned in the peer's memory, else
  *  IBMSG_EINVAL) equals compare, it becomes swap. The word's previous value (host byte order) is
- *  stored in 8 bytes of local at local_offset (local needs IBMSG_ACCESS_LOCAL_WRITE). Needs the
- *  remote atomic right. */
+ *  stored in 8 bytes of local at local_offset (local needs IBMSG_ACCESS_LOCAL_WRITE, else
+ *  IBMSG_EACCES). Needs the remote atomic right; IBMSG_EOPNOTSUPP on a device without atomics.
+ *  Other codes as ibmsg_rdma_write(). */
 IBMSG_EXPORT int ibmsg_atomic_cas(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local,
                                   size_t local_offset, const ibmsg_descriptor *remote,
                                   size_t remote_offset, uint64_t compare, uint64_t swap);

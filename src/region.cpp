@@ -3,6 +3,8 @@
 // remote descriptors. A grant is a registration of its own because a memory window does not
 // confine remote access on every device (rxe checks the underlying region's range), while a
 // registration of exactly the granted bytes does.
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -11,6 +13,11 @@
 
 namespace ibmsg {
 namespace {
+
+size_t page_size() {
+  long p = sysconf(_SC_PAGESIZE);
+  return p > 0 ? size_t(p) : 4096;
+}
 
 uintptr_t region_check(const ibmsg_region *pub, const Region *r) {
   return reinterpret_cast<uintptr_t>(r) ^ reinterpret_cast<uintptr_t>(pub) ^ 0x1b5e610a5eedull;
@@ -82,7 +89,8 @@ int region_register(Loop *loop, ibmsg_region *pub, void *addr, size_t len, unsig
   Region *r = new (std::nothrow) Region();
   if (!r) return IBMSG_ENOMEM;
   if (allocate) {
-    size_t bytes = (len + 4095) & ~size_t(4095);
+    const size_t page = page_size();
+    size_t bytes = (len + page - 1) & ~(page - 1);
     if (bytes < len || posix_memalign(&addr, 4096, bytes) != 0) {
       delete r;
       return IBMSG_ENOMEM;

@@ -52,7 +52,7 @@ constexpr uint32_t kMagic = 0x49424d53;  // "IBMS"
 // The protocol version: peers with the same major connect, using the features both have; a
 // different major is refused with a reject text naming both versions.
 constexpr uint8_t kMajor = 1;
-constexpr uint8_t kMinor = 0;
+constexpr uint8_t kMinor = 1;
 // Feature bits of the hello: a connection uses a feature when both hellos have its bit.
 constexpr uint32_t kFeatureRdma = 1u << 0;  // one-sided RDMA: this side accepts RDMA reads,
                                             // writes, write-immediates and atomics on the regions
