@@ -8,11 +8,28 @@
  *   ibmsg::socket              owns a heap-allocated ibmsg_socket (listener or connection)
  *   ibmsg::message             owns one message: a send buffer, or a received message
  *   ibmsg::connection_request  a view of an incoming connection inside the request callback
+ *   ibmsg::region              owns a memory region registered for one-sided RDMA
+ *   ibmsg::descriptor          a remote descriptor (value type): what a peer needs to reach a range
  *
  * Every class exposes its C object with handle(), so any C function can be used alongside, and
  * adds no behaviour of its own beyond RAII and error translation: a C function that fails throws
- * ibmsg::error carrying its code, except would-block (IBMSG_EAGAIN from message::alloc() and
- * message::post()), which returns false as cppzmq does.
+ * ibmsg::error carrying its code, except would-block (IBMSG_EAGAIN from message::alloc(),
+ * message::post(), message::post_imm() and the one-sided operations of ibmsg::socket), which
+ * returns false as cppzmq does.
+ *
+ * One-sided RDMA: socket::rdma_write(), rdma_read(), rdma_write_imm(), atomic_cas() and
+ * atomic_fadd() take a std::function handler instead of an ibmsg_op; the wrapper allocates the
+ * ibmsg_op (with the handler) for each operation and frees it after the library's done callback,
+ * which the library gives every posted operation, also one canceled by a closing connection. The
+ * handler runs exactly once, with IBMSG_OK or the reason (IBMSG_ECANCELED, IBMSG_EREMOTEACCESS,
+ * IBMSG_EIO), unless the socket's wrapper died first (then nothing reaches the application, as
+ * for messages). A call that fails posts nothing and frees the ibmsg_op at once; no handler runs.
+ *
+ *     ibmsg::region mem(loop, 4096, IBMSG_ACCESS_LOCAL_WRITE);
+ *     ibmsg::descriptor remote = ibmsg::descriptor::from_bytes(msg.data(), msg.size());
+ *     bool posted = conn.rdma_read(mem, 0, 4096, remote, 0, [&](ibmsg::socket &, int status) {
+ *       if (status == IBMSG_OK) use(mem.data());
+ *     });
  *
  * A complete program, which says hello to a server and disconnects:
  *
@@ -43,8 +60,11 @@
  *     library is done with it, and its message_sent callback does not reach the application.
  *   - received messages come to the message_received callback as an owning ibmsg::message:
  *     freed (its credit returned to the peer) when that object dies, so keep it by moving it.
- *   - the loop must outlive its sockets and messages: create it first so that C++ destroys it
- *     last. See loop::~loop() and loop::close().
+ *   - destroying an ibmsg::region deregisters it (and frees the memory of an allocated one); one
+ *     that this side's operations still use is deregistered by the loop after the last of them
+ *     (see region::~region()).
+ *   - the loop must outlive its sockets, messages and regions: create it first so that C++
+ *     destroys it last. See loop::~loop() and loop::close().
  *
  * Exceptions thrown by a callback do not cross the C library: the first one is held and
  * rethrown by the dispatch() or process() call that ran the callback (later ones in the same
@@ -63,8 +83,11 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -79,6 +102,8 @@ class loop;
 class socket;
 class message;
 class connection_request;
+class region;
+class descriptor;
 
 namespace detail {
 /* The user_data of a C struct whose wrapper has died while the library still holds it: the
@@ -189,6 +214,95 @@ class options {
 };
 
 /* ---------------------------------------------------------------------------------------------
+ * Remote descriptor
+ * ------------------------------------------------------------------------------------------ */
+
+/**
+ * A remote descriptor (ibmsg_descriptor): the IBMSG_DESCRIPTOR_SIZE bytes a peer needs to reach a
+ * range of a region, made by region::descriptor() and sent to the peer in a message as they are
+ * (bytes(), size()); the peer turns the payload back into a descriptor with from_bytes(). A plain
+ * value: copying it copies the bytes, and owns nothing (region::revoke() ends the grant).
+ *
+ * A default-constructed descriptor is all zero bytes, which is not a valid descriptor: valid() is
+ * false, and operations with it throw ibmsg::error (IBMSG_EBADDESC).
+ */
+class descriptor {
+ public:
+  /** All zero bytes: not a valid descriptor. */
+  descriptor() noexcept : d_() {}
+  /** A copy of the C descriptor d (not checked; see valid()). */
+  explicit descriptor(const ibmsg_descriptor &d) noexcept : d_(d) {}
+
+  /**
+   * The descriptor in size bytes at data, e.g. a received message's payload: checked with
+   * ibmsg_descriptor_info(). Throws ibmsg::error (IBMSG_EBADDESC) unless size is
+   * IBMSG_DESCRIPTOR_SIZE and the bytes are a well-formed descriptor. The check catches damaged
+   * or random bytes; it is no protection against forgery (the peer's key and range are).
+   */
+  static descriptor from_bytes(const void *data, std::size_t size) {
+    if (!data || size != IBMSG_DESCRIPTOR_SIZE) throw error(IBMSG_EBADDESC);
+    descriptor d;
+    std::memcpy(d.d_.bytes, data, IBMSG_DESCRIPTOR_SIZE);
+    detail::check(ibmsg_descriptor_info(&d.d_, nullptr, nullptr));
+    return d;
+  }
+
+  /** True if the bytes are a well-formed descriptor (ibmsg_descriptor_info() succeeds). */
+  bool valid() const noexcept { return ibmsg_descriptor_info(&d_, nullptr, nullptr) == IBMSG_OK; }
+  /** The number of bytes the descriptor grants. Throws ibmsg::error (IBMSG_EBADDESC). */
+  std::size_t length() const {
+    std::size_t n = 0;
+    detail::check(ibmsg_descriptor_info(&d_, &n, nullptr));
+    return n;
+  }
+  /** The rights it grants (IBMSG_ACCESS_REMOTE_*). Throws ibmsg::error (IBMSG_EBADDESC). */
+  unsigned access() const {
+    unsigned rights = 0;
+    detail::check(ibmsg_descriptor_info(&d_, nullptr, &rights));
+    return rights;
+  }
+
+  /** The bytes to send to the peer: size() of them. */
+  const unsigned char *bytes() const noexcept { return d_.bytes; }
+  /** IBMSG_DESCRIPTOR_SIZE: the number of bytes(). */
+  static constexpr std::size_t size() noexcept { return IBMSG_DESCRIPTOR_SIZE; }
+  /** The C descriptor. */
+  const ibmsg_descriptor &handle() const noexcept { return d_; }
+
+  /** True if a and b are the same bytes (the same grant). */
+  friend bool operator==(const descriptor &a, const descriptor &b) noexcept {
+    return std::memcmp(a.d_.bytes, b.d_.bytes, IBMSG_DESCRIPTOR_SIZE) == 0;
+  }
+  /** True if a and b differ in any byte. */
+  friend bool operator!=(const descriptor &a, const descriptor &b) noexcept { return !(a == b); }
+
+ private:
+  ibmsg_descriptor d_;
+};
+
+namespace detail {
+/* The C region of an ibmsg::region, on the heap so that moving the wrapper moves nothing the
+ * library points to, and so that it can outlive its wrapper until this side's operations on it
+ * are done (see region::~region()). */
+struct region_box {
+  ibmsg_region c{};
+  ibmsg_event_loop *loop = nullptr;  // the C loop it is registered on
+  std::size_t ops = 0;               // operations posted through the wrapper, handler not yet run
+  bool orphan = false;               // the wrapper died: deregister after the last operation
+};
+
+/* One operation posted through the wrapper: the ibmsg_op the library holds, and the handler.
+ * Allocated by the posting call, freed after the library's done callback. */
+struct op_box {
+  ibmsg_op op{};
+  region_box *local = nullptr;
+  std::size_t local_offset = 0;  // atomics: where the previous value lands
+  std::function<void(socket &, int)> done;
+  std::function<void(socket &, int, std::uint64_t)> atomic_done;
+};
+}  // namespace detail
+
+/* ---------------------------------------------------------------------------------------------
  * Socket
  * ------------------------------------------------------------------------------------------ */
 
@@ -201,10 +315,33 @@ class options {
  * is open and inside callbacks: callbacks then get the object it was moved to.
  *
  * The destructor of an open socket calls ibmsg_disconnect() and lets the C struct live until
- * the library has closed it; no callback for it reaches the application after that.
+ * the library has closed it; no callback for it reaches the application after that, including
+ * the handlers of its one-sided operations (their storage is freed all the same).
+ *
+ * One-sided operations (rdma_write(), rdma_read(), rdma_write_imm(), atomic_cas(),
+ * atomic_fadd()) need a CONNECTED socket whose peer offers one-sided RDMA (IBMSG_OPT_RDMA on
+ * both sides). Each successful call runs its handler exactly once from the loop: IBMSG_OK when
+ * it completed at the peer; IBMSG_ECANCELED when the connection closed first (queued or in
+ * flight; all handlers of a socket run before its connection_closed callback);
+ * IBMSG_EREMOTEACCESS when the peer refused it (the connection then closes); IBMSG_EIO for other
+ * transport errors. The handler may be empty. A call returns false when IBMSG_OPT_SEND_QUEUE
+ * messages and operations wait already (IBMSG_EAGAIN: nothing was posted, the handler is
+ * dropped; retry after a handler or message_sent callback), and throws ibmsg::error when the
+ * library refuses it (nothing was posted, no handler runs): IBMSG_ERANGE, IBMSG_EACCES,
+ * IBMSG_EBADDESC, IBMSG_EOPNOTSUPP, IBMSG_ENOTCONN, IBMSG_EINVAL (for an empty region, too), ...
+ * (see ibmsg_rdma_write()). The local region must stay registered, and its bytes untouched while
+ * a read or an atomic writes them, until the handler runs (region::~region() keeps it registered
+ * until then).
  */
 class socket {
  public:
+  /** Handler of a write, read or write-with-immediate: runs exactly once with IBMSG_OK or the
+   *  reason it failed (see the class comment). */
+  using op_handler = std::function<void(socket &, int status)>;
+  /** Handler of an atomic: like op_handler, and previous is the remote word's value before
+   *  the atomic (read from the local region at completion; 0 unless status is IBMSG_OK). */
+  using atomic_handler = std::function<void(socket &, int status, std::uint64_t previous)>;
+
   /** An empty socket: nothing allocated, status IBMSG_UNCONNECTED. */
   socket() noexcept = default;
   /** Disconnects an open socket (see the class comment) and frees the C struct. */
@@ -302,6 +439,49 @@ class socket {
   /** The largest message this connection can send (0 if not connected). */
   std::size_t max_msg_size() const noexcept { return ibmsg_socket_max_msg_size(s_); }
 
+  /**
+   * Writes length bytes of local, from local_offset, into the peer's memory that remote
+   * describes, at remote_offset (ibmsg_rdma_write()); done runs once it is there. Returns
+   * false if the send queue is full; throws ibmsg::error (see the class comment).
+   */
+  [[nodiscard]] bool rdma_write(region &local, std::size_t local_offset, std::size_t length,
+                                const descriptor &remote, std::size_t remote_offset,
+                                op_handler done);
+  /**
+   * Reads length bytes at remote_offset of what remote describes into local at local_offset
+   * (ibmsg_rdma_read(); local needs IBMSG_ACCESS_LOCAL_WRITE); the bytes are there when done
+   * runs with IBMSG_OK. Returns false if the send queue is full; throws ibmsg::error.
+   */
+  [[nodiscard]] bool rdma_read(region &local, std::size_t local_offset, std::size_t length,
+                               const descriptor &remote, std::size_t remote_offset,
+                               op_handler done);
+  /**
+   * rdma_write() that the peer's loop reports to its write_received handler with imm, once the
+   * bytes are visible there (ibmsg_rdma_write_imm()); it spends one of the peer's receive
+   * credits like a message. Returns false if the send queue is full; throws ibmsg::error.
+   */
+  [[nodiscard]] bool rdma_write_imm(region &local, std::size_t local_offset, std::size_t length,
+                                    const descriptor &remote, std::size_t remote_offset,
+                                    std::uint32_t imm, op_handler done);
+  /**
+   * Atomically replaces the 8-byte word at remote_offset of what remote describes (8-byte
+   * aligned in the peer's memory) with swap if it equals compare (ibmsg_atomic_cas()). The
+   * word's previous value lands in 8 bytes of local at local_offset (local needs
+   * IBMSG_ACCESS_LOCAL_WRITE) and is passed to done. Returns false if the send queue is full;
+   * throws ibmsg::error (IBMSG_EINVAL for an unaligned word).
+   */
+  [[nodiscard]] bool atomic_cas(region &local, std::size_t local_offset, const descriptor &remote,
+                                std::size_t remote_offset, std::uint64_t compare,
+                                std::uint64_t swap, atomic_handler done);
+  /**
+   * Atomically adds add to the 8-byte word at remote_offset of what remote describes
+   * (ibmsg_atomic_fadd()); its previous value lands in local at local_offset and is passed to
+   * done, as with atomic_cas(). Returns false if the send queue is full; throws ibmsg::error.
+   */
+  [[nodiscard]] bool atomic_fadd(region &local, std::size_t local_offset, const descriptor &remote,
+                                 std::size_t remote_offset, std::uint64_t add,
+                                 atomic_handler done);
+
   /** The C socket, or nullptr for an empty socket. Stays the same across moves. */
   ibmsg_socket *handle() const noexcept { return s_; }
   /** True if the socket holds a C socket. */
@@ -328,6 +508,12 @@ class socket {
     open_ = true;
   }
   void reset() noexcept;
+  /* Posts one operation through call(op, local C region); see the class comment. */
+  template <class Call>
+  bool post_op(region &local, std::size_t local_offset, op_handler done,
+               atomic_handler atomic_done, Call &&call);
+  /* The done callback of every operation posted through the wrapper. */
+  static void on_op_done(ibmsg_socket *s, ibmsg_op *op, int status) noexcept;
 
   ibmsg_socket *s_ = nullptr;
   bool open_ = false;
@@ -400,6 +586,18 @@ class message {
   }
 
   /**
+   * post() with a 32-bit immediate, which the receiver finds in imm() (with has_imm() true)
+   * (ibmsg_post_send_imm()). Returns false when the send queue is full; throws ibmsg::error as
+   * post() does, and IBMSG_EOPNOTSUPP if the peer's ibmsg takes no immediates on messages.
+   */
+  [[nodiscard]] bool post_imm(socket &s, std::uint32_t imm) {
+    int rc = ibmsg_post_send_imm(s.handle(), b_, imm);
+    if (rc == IBMSG_EAGAIN) return false;
+    detail::check(rc);
+    return true;
+  }
+
+  /**
    * Frees the message now (ibmsg_free_msg()) and leaves this object empty. Throws ibmsg::error:
    * IBMSG_EBUSY if it is queued or in flight, IBMSG_EINVAL if the message is empty.
    */
@@ -444,6 +642,10 @@ class message {
   ibmsg_buffer_status status() const noexcept { return b_ ? b_->status : IBMSG_FREED; }
   /** True for a message from the message_received callback. */
   bool received() const noexcept { return received_; }
+  /** True for a received message that the sender posted with an immediate (post_imm()). */
+  bool has_imm() const noexcept { return b_ && received_ && (b_->flags & IBMSG_MSG_IMM) != 0; }
+  /** A received message's immediate (0 unless has_imm()). */
+  std::uint32_t imm() const noexcept { return has_imm() ? b_->imm : 0; }
 
   /** The C message, or nullptr for an empty one. Stays the same across moves. */
   ibmsg_buffer *handle() const noexcept { return b_; }
@@ -533,6 +735,131 @@ class connection_request {
 };
 
 /* ---------------------------------------------------------------------------------------------
+ * Memory region
+ * ------------------------------------------------------------------------------------------ */
+
+/**
+ * Memory registered on a loop for one-sided RDMA (ibmsg_region): the local memory of the
+ * socket's operations, and the memory descriptor() lets a peer reach. Move-only; the C region is
+ * on the heap, so moving the wrapper is allowed at any time, also while operations use it.
+ *
+ * Destruction: the destructor deregisters the region (ibmsg_deregister_region()), which revokes
+ * every descriptor of it and frees the memory of an allocated region. It never throws. While
+ * operations posted through the wrapper with this region as local memory are queued or in
+ * flight (pending() > 0), the library refuses that (IBMSG_EBUSY); the destructor then leaves
+ * the region registered and the loop deregisters it (and frees allocated memory) right after
+ * the last of those operations completes, before its handler runs; they do complete, at the
+ * latest as canceled when their connection closes. Until then the loop's destructor waits for
+ * it like for a closing socket. For memory the application registered (the pointer
+ * constructor), this means: the memory must stay valid until those handlers have run, because
+ * a read or an atomic may still write into it. To be sure, call deregister() instead, which
+ * throws IBMSG_EBUSY and changes nothing while operations are pending, and destroy the memory
+ * only after it succeeded (or after pending() is 0). Operations posted with the C API on
+ * handle() are not counted: with such operations in flight, deregister() yourself.
+ *
+ * The region must die before its loop (ibmsg_destroy_event_loop() fails while a region is
+ * registered). The C region's user_data is the application's; the wrapper does not use it.
+ */
+class region {
+ public:
+  /** An empty region (handle() is nullptr). */
+  region() noexcept = default;
+  /**
+   * Registers length bytes at addr, which the application owns and keeps valid until the
+   * region is deregistered, on loop l with the IBMSG_ACCESS_* rights in rights
+   * (ibmsg_register_region()). Throws ibmsg::error: IBMSG_EINVAL for nullptr, length 0 or
+   * unknown flags; the transport's code if the device refuses the memory (IBMSG_EACCES for
+   * read-only pages with a write right).
+   */
+  region(loop &l, void *addr, std::size_t length, unsigned rights);
+  /**
+   * Allocates length bytes (page-aligned, zeroed) and registers them on loop l with the
+   * IBMSG_ACCESS_* rights in rights (ibmsg_alloc_region()); deregistering frees them. Throws
+   * ibmsg::error (IBMSG_ENOMEM, IBMSG_EINVAL, ...).
+   */
+  region(loop &l, std::size_t length, unsigned rights);
+  /** Deregisters the region, now or after its pending operations (see the class comment). */
+  ~region() { reset(); }
+
+  /** Takes over other's region; other becomes empty. Allowed while operations use it. */
+  region(region &&other) noexcept : b_(std::exchange(other.b_, nullptr)) {}
+  /** Deregisters this region as the destructor does, then takes over other's. */
+  region &operator=(region &&other) noexcept {
+    if (this != &other) {
+      reset();
+      b_ = std::exchange(other.b_, nullptr);
+    }
+    return *this;
+  }
+  /** Not copyable: one wrapper owns each region. */
+  region(const region &) = delete;
+  /** Not copyable. */
+  region &operator=(const region &) = delete;
+
+  /**
+   * Deregisters the region now (ibmsg_deregister_region()) and leaves this object empty; every
+   * descriptor of it stops working. Throws ibmsg::error, changing nothing: IBMSG_EBUSY while one
+   * of this side's operations uses it as local memory, IBMSG_EINVAL if the region is empty.
+   */
+  void deregister() {
+    detail::check(ibmsg_deregister_region(b_ ? &b_->c : nullptr));
+    delete std::exchange(b_, nullptr);
+  }
+
+  /**
+   * A descriptor granting the peer of s the rights in rights (IBMSG_ACCESS_REMOTE_*, a subset
+   * of the region's) on exactly the bytes [offset, offset + length) of this region
+   * (ibmsg_region_descriptor()); send its bytes() to the peer. Asking again for the same range
+   * and rights gives the same descriptor without registering anything; registering costs a
+   * system call, so make descriptors at set-up. Throws ibmsg::error: IBMSG_ERANGE outside the
+   * region, IBMSG_EACCES for rights the region lacks, IBMSG_EINVAL for length 0 or rights that
+   * are not remote ones, IBMSG_ENOTCONN if s has no device yet.
+   */
+  ibmsg::descriptor descriptor(socket &s, std::size_t offset, std::size_t length,
+                               unsigned rights) {
+    ibmsg_descriptor d{};
+    detail::check(ibmsg_region_descriptor(handle(), s.handle(), offset, length, rights, &d));
+    return ibmsg::descriptor(d);
+  }
+  /**
+   * Revokes d, a descriptor of this region (ibmsg_revoke_descriptor()): the peer's next
+   * operation on it fails with a remote access error, which closes that connection; operations
+   * already executing may complete. Throws ibmsg::error (IBMSG_EBADDESC if d is not a
+   * descriptor of this region that is still granted).
+   */
+  void revoke(const ibmsg::descriptor &d) {
+    detail::check(ibmsg_revoke_descriptor(handle(), &d.handle()));
+  }
+
+  /** The first byte (nullptr for an empty region). */
+  void *data() noexcept { return b_ ? b_->c.addr : nullptr; }
+  /** The first byte (nullptr for an empty region). */
+  const void *data() const noexcept { return b_ ? b_->c.addr : nullptr; }
+  /** The length in bytes (0 for an empty region). */
+  std::size_t size() const noexcept { return b_ ? b_->c.length : 0; }
+  /** The IBMSG_ACCESS_* rights, including IBMSG_ACCESS_LOCAL_WRITE implied by a remote write
+   *  or atomic right (0 for an empty region). */
+  unsigned access() const noexcept { return b_ ? b_->c.access : 0; }
+  /** Operations posted through the wrapper with this region as local memory whose handler has
+   *  not run yet. */
+  std::size_t pending() const noexcept { return b_ ? b_->ops : 0; }
+
+  /** The C region, or nullptr for an empty one. Stays the same across moves. */
+  ibmsg_region *handle() const noexcept { return b_ ? &b_->c : nullptr; }
+  /** True if the region holds a registration. */
+  explicit operator bool() const noexcept { return b_ != nullptr; }
+
+ private:
+  friend class socket;
+
+  void reset() noexcept;
+  /* After an operation on b completed: an orphaned region is deregistered after its last. */
+  static void op_done(detail::region_box *b) noexcept;
+
+  detail::region_box *b_ = nullptr;
+};
+
+/* ---------------------------------------------------------------------------------------------
  * Loop
  * ------------------------------------------------------------------------------------------ */
 
@@ -544,10 +871,10 @@ class connection_request {
  * A callback may be replaced at any time, except from inside itself (that would destroy the
  * std::function while it runs).
  *
- * Teardown: the loop must outlive its sockets and messages. Disconnect the sockets and dispatch
- * until their closed callbacks have run, let the messages die, then let the loop die or call
- * close(). The destructor does not disconnect anything itself; it only finishes what the
- * sockets' and messages' destructors started (see ~loop()).
+ * Teardown: the loop must outlive its sockets, messages and regions. Disconnect the sockets and
+ * dispatch until their closed callbacks have run, let the messages and regions die, then let the
+ * loop die or call close(). The destructor does not disconnect anything itself; it only finishes
+ * what the sockets', messages' and regions' destructors started (see ~loop()).
  */
 class loop {
  public:
@@ -564,6 +891,11 @@ class loop {
    *  IBMSG_ECONNRESET when the peer disconnected, otherwise the error that closed it. The
    *  socket may be destroyed inside the callback. */
   using connection_closed_handler = std::function<void(socket &, int reason)>;
+  /** Callback when the peer's socket::rdma_write_imm() completed here: its length bytes are
+   *  written and visible in the local region it targeted, imm is its immediate. It runs in
+   *  order with the messages of that connection. */
+  using write_received_handler =
+      std::function<void(socket &, std::uint32_t imm, std::size_t length)>;
 
   /** A loop with its own libev loop (ibmsg_init_event_loop()). Throws ibmsg::error. */
   loop() { init(nullptr); }
@@ -578,9 +910,9 @@ class loop {
 
   /**
    * Destroys the C loop (ibmsg_destroy_event_loop()). Never throws. The callbacks are dropped
-   * first, so that none runs from here. While sockets or messages whose wrappers have died are
-   * still closing, a loop with its own libev loop is dispatched for up to close_wait_ms until
-   * they are done. If anything is still open or allocated after that, the C loop is leaked on
+   * first, so that none runs from here. While sockets, messages or regions whose wrappers have
+   * died are still closing (a region: its operations are still pending), a loop with its own
+   * libev loop is dispatched for up to close_wait_ms until they are done. If anything is still open or allocated after that, the C loop is leaked on
    * purpose rather than freed under the library's feet.
    */
   ~loop() { reset(); }
@@ -595,7 +927,8 @@ class loop {
         established_cb_(std::move(other.established_cb_)),
         received_cb_(std::move(other.received_cb_)),
         sent_cb_(std::move(other.sent_cb_)),
-        closed_cb_(std::move(other.closed_cb_)) {
+        closed_cb_(std::move(other.closed_cb_)),
+        write_cb_(std::move(other.write_cb_)) {
     if (l_) l_->user_data = this;
   }
   /** Destroys this loop as the destructor does, then takes over other's. */
@@ -611,6 +944,7 @@ class loop {
       received_cb_ = std::move(other.received_cb_);
       sent_cb_ = std::move(other.sent_cb_);
       closed_cb_ = std::move(other.closed_cb_);
+      write_cb_ = std::move(other.write_cb_);
       if (l_) l_->user_data = this;
     }
     return *this;
@@ -620,12 +954,14 @@ class loop {
   /** Not copyable. */
   loop &operator=(const loop &) = delete;
 
-  /** How long the destructor waits for sockets and messages whose wrappers died to close. */
+  /** How long the destructor waits for sockets, messages and regions whose wrappers died to
+   *  close. */
   static constexpr int close_wait_ms = 5000;
 
   /**
    * Destroys the C loop now and leaves this object empty. Throws ibmsg::error, leaving the loop
-   * as it was: IBMSG_EBUSY while a socket is open (or still closing) or a message is allocated.
+   * as it was: IBMSG_EBUSY while a socket is open (or still closing), a message is allocated or
+   * a region is registered.
    */
   void close() {
     detail::check(ibmsg_destroy_event_loop(l_));
@@ -645,6 +981,8 @@ class loop {
   void on_message_sent(message_sent_handler cb) { sent_cb_ = std::move(cb); }
   /** Sets the callback for closed sockets. */
   void on_connection_closed(connection_closed_handler cb) { closed_cb_ = std::move(cb); }
+  /** Sets the callback for the peers' writes with immediate (none: they are not reported). */
+  void on_write_received(write_received_handler cb) { write_cb_ = std::move(cb); }
 
   /** Waits for at least one event and processes all that are ready, running callbacks
    *  (ibmsg_dispatch_event_loop()). Throws ibmsg::error, or what a callback threw. */
@@ -696,6 +1034,7 @@ class loop {
  private:
   friend class socket;
   friend class message;
+  friend class region;
 
   void init(struct ev_loop *ev) {
     l_ = new ibmsg_event_loop();
@@ -710,6 +1049,7 @@ class loop {
     l_->message_received = on_received;
     l_->message_sent = on_sent;
     l_->connection_closed = on_closed;
+    l_->write_received = on_write;
     l_->user_data = this;
   }
   static loop *from(ibmsg_event_loop *l) noexcept {
@@ -733,6 +1073,7 @@ class loop {
     received_cb_ = nullptr;
     sent_cb_ = nullptr;
     closed_cb_ = nullptr;
+    write_cb_ = nullptr;
   }
   void reset() noexcept;
 
@@ -743,16 +1084,18 @@ class loop {
   static void on_received(ibmsg_socket *s, ibmsg_buffer *b) noexcept;
   static void on_sent(ibmsg_socket *s, ibmsg_buffer *b, int status) noexcept;
   static void on_closed(ibmsg_socket *s, int reason) noexcept;
+  static void on_write(ibmsg_socket *s, std::uint32_t imm, std::size_t length) noexcept;
 
   ibmsg_event_loop *l_ = nullptr;
   bool own_ev_ = true;          // false: runs on the application's libev loop
-  std::size_t closing_ = 0;     // orphaned sockets and messages the library still holds
+  std::size_t closing_ = 0;     // orphaned sockets, messages and regions the library still holds
   std::exception_ptr pending_;  // the first exception a callback threw
   connection_request_handler request_cb_;
   connection_established_handler established_cb_;
   message_received_handler received_cb_;
   message_sent_handler sent_cb_;
   connection_closed_handler closed_cb_;
+  write_received_handler write_cb_;
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -846,8 +1189,144 @@ inline void loop::reset() noexcept {
     }
   }
   if (rc == IBMSG_OK) delete l_;  // otherwise leaked: the library may still point into it
+  else l_->user_data = nullptr;   // ... and nothing may find this (dead) wrapper through it
   l_ = nullptr;
   pending_ = nullptr;
+}
+
+inline region::region(loop &l, void *addr, std::size_t length, unsigned rights)
+    : b_(new detail::region_box()) {
+  b_->loop = l.handle();
+  int rc = ibmsg_register_region(l.handle(), &b_->c, addr, length, rights);
+  if (rc != IBMSG_OK) {
+    delete std::exchange(b_, nullptr);
+    throw error(rc);
+  }
+}
+
+inline region::region(loop &l, std::size_t length, unsigned rights)
+    : b_(new detail::region_box()) {
+  b_->loop = l.handle();
+  int rc = ibmsg_alloc_region(l.handle(), &b_->c, length, rights);
+  if (rc != IBMSG_OK) {
+    delete std::exchange(b_, nullptr);
+    throw error(rc);
+  }
+}
+
+inline void region::reset() noexcept {
+  detail::region_box *b = std::exchange(b_, nullptr);
+  if (!b) return;
+  if (ibmsg_deregister_region(&b->c) == IBMSG_EBUSY) {
+    // Operations still use it: region::op_done deregisters it after the last one.
+    b->orphan = true;
+    if (loop *l = loop::from(b->loop)) ++l->closing_;
+    return;
+  }
+  delete b;  // deregistered (or IBMSG_EINVAL: deregistered already through handle())
+}
+
+inline void region::op_done(detail::region_box *b) noexcept {
+  if (b->ops > 0) --b->ops;
+  if (!b->orphan || b->ops > 0) return;
+  // IBMSG_EBUSY here means operations posted with the C API hold it: it stays (see the class
+  // comment).
+  if (ibmsg_deregister_region(&b->c) != IBMSG_OK) return;
+  loop *l = loop::from(b->loop);
+  if (l && l->closing_ > 0) --l->closing_;
+  delete b;
+}
+
+template <class Call>
+bool socket::post_op(region &local, std::size_t local_offset, op_handler done,
+                     atomic_handler atomic_done, Call &&call) {
+  std::unique_ptr<detail::op_box> box(new detail::op_box());
+  box->op.done = on_op_done;
+  box->op.user_data = box.get();
+  box->local = local.b_;
+  box->local_offset = local_offset;
+  box->done = std::move(done);
+  box->atomic_done = std::move(atomic_done);
+  // No callback runs inside the call: the box is the library's only once it succeeded.
+  int rc = call(&box->op, local.handle());
+  if (rc == IBMSG_EAGAIN) return false;
+  detail::check(rc);
+  ++local.b_->ops;
+  box.release();  // freed by on_op_done
+  return true;
+}
+
+inline bool socket::rdma_write(region &local, std::size_t local_offset, std::size_t length,
+                               const descriptor &remote, std::size_t remote_offset,
+                               op_handler done) {
+  return post_op(local, local_offset, std::move(done), nullptr,
+                 [&](ibmsg_op *op, ibmsg_region *r) {
+                   return ibmsg_rdma_write(s_, op, r, local_offset, length, &remote.handle(),
+                                           remote_offset);
+                 });
+}
+
+inline bool socket::rdma_read(region &local, std::size_t local_offset, std::size_t length,
+                              const descriptor &remote, std::size_t remote_offset,
+                              op_handler done) {
+  return post_op(local, local_offset, std::move(done), nullptr,
+                 [&](ibmsg_op *op, ibmsg_region *r) {
+                   return ibmsg_rdma_read(s_, op, r, local_offset, length, &remote.handle(),
+                                          remote_offset);
+                 });
+}
+
+inline bool socket::rdma_write_imm(region &local, std::size_t local_offset, std::size_t length,
+                                   const descriptor &remote, std::size_t remote_offset,
+                                   std::uint32_t imm, op_handler done) {
+  return post_op(local, local_offset, std::move(done), nullptr,
+                 [&](ibmsg_op *op, ibmsg_region *r) {
+                   return ibmsg_rdma_write_imm(s_, op, r, local_offset, length, &remote.handle(),
+                                               remote_offset, imm);
+                 });
+}
+
+inline bool socket::atomic_cas(region &local, std::size_t local_offset, const descriptor &remote,
+                               std::size_t remote_offset, std::uint64_t compare,
+                               std::uint64_t swap, atomic_handler done) {
+  return post_op(local, local_offset, nullptr, std::move(done),
+                 [&](ibmsg_op *op, ibmsg_region *r) {
+                   return ibmsg_atomic_cas(s_, op, r, local_offset, &remote.handle(),
+                                           remote_offset, compare, swap);
+                 });
+}
+
+inline bool socket::atomic_fadd(region &local, std::size_t local_offset, const descriptor &remote,
+                                std::size_t remote_offset, std::uint64_t add,
+                                atomic_handler done) {
+  return post_op(local, local_offset, nullptr, std::move(done),
+                 [&](ibmsg_op *op, ibmsg_region *r) {
+                   return ibmsg_atomic_fadd(s_, op, r, local_offset, &remote.handle(),
+                                            remote_offset, add);
+                 });
+}
+
+inline void socket::on_op_done(ibmsg_socket *s, ibmsg_op *op, int status) noexcept {
+  // The library is done with the ibmsg_op: the box is freed whatever happens below.
+  std::unique_ptr<detail::op_box> box(static_cast<detail::op_box *>(op->user_data));
+  const bool atomic = static_cast<bool>(box->atomic_done);
+  std::uint64_t previous = 0;
+  if (atomic && status == IBMSG_OK)
+    std::memcpy(&previous, static_cast<const unsigned char *>(box->local->c.addr) +
+                               box->local_offset, sizeof previous);
+  region::op_done(box->local);  // may deregister and free an orphaned region
+  box->local = nullptr;
+  loop *self = loop::from(s->loop);
+  socket *sock = from(s);
+  if (!self || !sock) return;
+  try {
+    if (atomic)
+      box->atomic_done(*sock, status, previous);
+    else if (box->done)
+      box->done(*sock, status);
+  } catch (...) {
+    loop::hold(s->loop);
+  }
 }
 
 inline void loop::on_request(ibmsg_connection_request *r) noexcept {
@@ -898,6 +1377,17 @@ inline void loop::on_sent(ibmsg_socket *s, ibmsg_buffer *b, int status) noexcept
   if (!self || !sock || !msg || !self->sent_cb_) return;
   try {
     self->sent_cb_(*sock, *msg, status);
+  } catch (...) {
+    hold(s->loop);
+  }
+}
+
+inline void loop::on_write(ibmsg_socket *s, std::uint32_t imm, std::size_t length) noexcept {
+  loop *self = from(s->loop);
+  socket *sock = socket::from(s);
+  if (!self || !sock || !self->write_cb_) return;
+  try {
+    self->write_cb_(*sock, imm, length);
   } catch (...) {
     hold(s->loop);
   }

@@ -17,6 +17,7 @@ extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -49,6 +50,14 @@ static_assert(std::is_nothrow_move_constructible_v<ibmsg::socket> &&
 static_assert(std::is_nothrow_move_constructible_v<ibmsg::message> &&
               std::is_nothrow_move_assignable_v<ibmsg::message>);
 static_assert(std::is_base_of_v<std::runtime_error, ibmsg::error>);
+static_assert(!std::is_copy_constructible_v<ibmsg::region> &&
+              !std::is_copy_assignable_v<ibmsg::region>);
+static_assert(std::is_nothrow_move_constructible_v<ibmsg::region> &&
+              std::is_nothrow_move_assignable_v<ibmsg::region>);
+// A descriptor is a plain value of IBMSG_DESCRIPTOR_SIZE bytes.
+static_assert(std::is_nothrow_copy_constructible_v<ibmsg::descriptor> &&
+              std::is_nothrow_copy_assignable_v<ibmsg::descriptor>);
+static_assert(ibmsg::descriptor::size() == IBMSG_DESCRIPTOR_SIZE);
 
 #define CHECK(cond, ...)                        \
   do {                                          \
@@ -99,6 +108,8 @@ struct peers {
     ibmsg::socket *sock;
     ibmsg_socket *handle;
     std::string data;
+    bool has_imm;
+    std::uint32_t imm;
   };
   struct sent_msg {
     ibmsg::socket *sock;
@@ -134,7 +145,7 @@ struct peers {
     });
     lp.on_connection_established([this](ibmsg::socket &s) { established.push_back(&s); });
     lp.on_message_received([this](ibmsg::socket &s, ibmsg::message m) {
-      received.push_back({&s, s.handle(), text_of(m)});
+      received.push_back({&s, s.handle(), text_of(m), m.has_imm(), m.imm()});
       if (hold) held.push_back(std::move(m));
     });
     lp.on_message_sent([this](ibmsg::socket &s, ibmsg::message &m, int status) {
@@ -776,6 +787,608 @@ void application_ev_loop_runs_callbacks(void **) {
   ev_loop_destroy(ev);
 }
 
+/* ---- one-sided RDMA ---------------------------------------------------------------------------
+ */
+
+constexpr unsigned kRemoteRW = IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_WRITE;
+
+// What the handler of one operation saw.
+struct op_rec {
+  int calls = 0;
+  int status = -1;
+  std::uint64_t previous = 0;
+  ibmsg::socket *sock = nullptr;
+};
+
+ibmsg::socket::op_handler record(op_rec &r) {
+  return [&r](ibmsg::socket &s, int status) {
+    ++r.calls;
+    r.status = status;
+    r.sock = &s;
+  };
+}
+
+ibmsg::socket::atomic_handler record_atomic(op_rec &r) {
+  return [&r](ibmsg::socket &s, int status, std::uint64_t previous) {
+    ++r.calls;
+    r.status = status;
+    r.previous = previous;
+    r.sock = &s;
+  };
+}
+
+std::uint64_t word_at(const ibmsg::region &r, std::size_t offset) {
+  std::uint64_t v;
+  std::memcpy(&v, static_cast<const unsigned char *>(r.data()) + offset, sizeof v);
+  return v;
+}
+
+// Sends d from the server to the client in a message, as an application does, and returns what
+// the client makes of the payload.
+ibmsg::descriptor share(peers &p, const ibmsg::descriptor &d) {
+  std::size_t before = p.received.size();
+  p.send(p.server, std::string(reinterpret_cast<const char *>(d.bytes()), d.size()));
+  CHECK(p.wait([&] { return p.received.size() == before + 1; }), "the descriptor never arrived");
+  const std::string &payload = p.received.back().data;
+  CHECK(p.received.back().sock == &p.client, "the descriptor arrived at the wrong socket");
+  return ibmsg::descriptor::from_bytes(payload.data(), payload.size());
+}
+
+void region_write_then_read_back_is_byte_exact(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    constexpr std::size_t n = 256 * 1024 + 13, off = 7;
+    ibmsg::region target(p.lp, n + 64, kRemoteRW);
+    CHECK(target && target.size() == n + 64 && target.data() != nullptr, "allocated region: %zu bytes",
+          target.size());
+    CHECK(target.access() == (kRemoteRW | IBMSG_ACCESS_LOCAL_WRITE),
+          "access() is %#x: remote write implies local write", target.access());
+    ibmsg::descriptor mine = target.descriptor(p.server, off, n, kRemoteRW);
+    CHECK(mine.valid() && mine.length() == n && mine.access() == kRemoteRW,
+          "descriptor: valid %d, length %zu, access %#x", mine.valid(), mine.length(), mine.access());
+    CHECK(target.descriptor(p.server, off, n, kRemoteRW) == mine,
+          "asking again for the same range and rights gave another descriptor");
+    ibmsg::descriptor remote = share(p, mine);
+    CHECK(remote == mine, "the descriptor changed on the way");
+
+    std::vector<unsigned char> src_mem(n + 16);  // the application's memory, registered
+    for (std::size_t j = 0; j < src_mem.size(); ++j)
+      src_mem[j] = static_cast<unsigned char>(j * 7 + (j >> 9) + 1);
+    ibmsg::region src(p.lp, src_mem.data(), src_mem.size(), 0);
+    CHECK(src.data() == src_mem.data() && src.size() == src_mem.size() && src.access() == 0,
+          "registered region: data %p, size %zu, access %#x", src.data(), src.size(),
+          src.access());
+    ibmsg::region dst(p.lp, n + 16, IBMSG_ACCESS_LOCAL_WRITE);
+
+    op_rec w, r;
+    CHECK(p.client.rdma_write(src, 5, n, remote, 0, record(w)), "rdma_write would block");
+    CHECK(src.pending() == 1, "pending() is %zu while the write is posted", src.pending());
+    CHECK(p.wait([&] { return w.calls > 0; }), "the write's handler did not run");
+    CHECK(w.status == IBMSG_OK, "write: %s", code_name(w.status));
+    CHECK(w.sock == &p.client, "the write's handler got the wrong socket");
+    CHECK(src.pending() == 0, "pending() is %zu after the handler", src.pending());
+    const unsigned char *t = static_cast<const unsigned char *>(target.data());
+    CHECK(std::memcmp(t + off, src_mem.data() + 5, n) == 0, "written bytes differ");
+    CHECK(t[off - 1] == 0 && t[off + n] == 0, "bytes beside the granted range changed");
+
+    CHECK(p.client.rdma_read(dst, 3, n, remote, 0, record(r)), "rdma_read would block");
+    CHECK(p.wait([&] { return r.calls > 0; }), "the read's handler did not run");
+    CHECK(r.status == IBMSG_OK, "read: %s", code_name(r.status));
+    CHECK(std::memcmp(static_cast<const unsigned char *>(dst.data()) + 3, src_mem.data() + 5, n) == 0,
+          "read bytes differ");
+    p.step(50);
+    CHECK(w.calls == 1 && r.calls == 1, "handlers ran %d and %d times", w.calls, r.calls);
+    src.deregister();
+    CHECK(!src && src.handle() == nullptr && src.data() == nullptr, "deregister() left it behind");
+    dst = ibmsg::region();  // deregistered by the assignment
+    target = ibmsg::region();
+    p.close_all();  // IBMSG_EBUSY if a region were still registered
+  });
+}
+
+void write_imm_reaches_on_write_received(void **) {
+  guarded([] {
+    peers p;
+    struct seen {
+      ibmsg::socket *sock;
+      std::uint32_t imm;
+      std::size_t length;
+      bool bytes_visible;
+    };
+    std::vector<seen> writes;
+    ibmsg::region target(p.lp, 8192, IBMSG_ACCESS_REMOTE_WRITE);
+    ibmsg::region src(p.lp, 8192, 0);
+    std::memset(src.data(), 0x5a, src.size());
+    p.lp.on_write_received([&](ibmsg::socket &s, std::uint32_t imm, std::size_t length) {
+      const unsigned char *t = static_cast<const unsigned char *>(target.data());
+      bool visible = std::all_of(t + 100, t + 100 + length, [](unsigned char c) { return c == 0x5a; });
+      writes.push_back({&s, imm, length, visible});
+    });
+    p.connect();
+    ibmsg::descriptor remote = share(p, target.descriptor(p.server, 100, 4000, IBMSG_ACCESS_REMOTE_WRITE));
+    op_rec w;
+    CHECK(p.client.rdma_write_imm(src, 0, 4000, remote, 0, 0xdeadbeef, record(w)),
+          "rdma_write_imm would block");
+    CHECK(p.wait([&] { return w.calls > 0 && !writes.empty(); }),
+          "handler ran %d times, write_received %zu times", w.calls, writes.size());
+    CHECK(w.status == IBMSG_OK, "write_imm: %s", code_name(w.status));
+    CHECK(writes[0].sock == &p.server, "write_received got the wrong socket");
+    CHECK(writes[0].imm == 0xdeadbeef && writes[0].length == 4000,
+          "write_received got imm %#x, length %zu", writes[0].imm, writes[0].length);
+    CHECK(writes[0].bytes_visible, "the bytes were not there when write_received ran");
+    p.step(50);
+    CHECK(writes.size() == 1 && w.calls == 1, "write_received ran %zu times, the handler %d",
+          writes.size(), w.calls);
+    src = ibmsg::region();
+    target = ibmsg::region();
+    p.close_all();
+  });
+}
+
+void atomics_pass_previous_values_to_lambdas(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    ibmsg::region counter(p.lp, 64, IBMSG_ACCESS_REMOTE_ATOMIC);
+    ibmsg::region results(p.lp, 64, IBMSG_ACCESS_LOCAL_WRITE);
+    ibmsg::descriptor remote = share(p, counter.descriptor(p.server, 8, 16, IBMSG_ACCESS_REMOTE_ATOMIC));
+    // Posted together: they execute, and their handlers run, in posting order.
+    op_rec fadd[5];
+    for (int i = 0; i < 5; ++i)
+      CHECK(p.client.atomic_fadd(results, 8 * i, remote, 0, i + 1, record_atomic(fadd[i])),
+            "atomic_fadd %d would block", i);
+    CHECK(p.wait([&] { return fadd[4].calls > 0; }), "the last fadd's handler did not run");
+    const std::uint64_t before[5] = {0, 1, 3, 6, 10};
+    for (int i = 0; i < 5; ++i) {
+      CHECK(fadd[i].calls == 1 && fadd[i].status == IBMSG_OK, "fadd %d: %d calls, %s", i,
+            fadd[i].calls, code_name(fadd[i].status));
+      CHECK(fadd[i].previous == before[i], "fadd %d: previous %llu, expected %llu", i,
+            static_cast<unsigned long long>(fadd[i].previous),
+            static_cast<unsigned long long>(before[i]));
+      CHECK(word_at(results, 8 * i) == before[i], "fadd %d: the local region holds %llu", i,
+            static_cast<unsigned long long>(word_at(results, 8 * i)));
+    }
+    CHECK(word_at(counter, 8) == 15, "the counter is %llu after adding 1..5",
+          static_cast<unsigned long long>(word_at(counter, 8)));
+
+    op_rec hit, miss;
+    CHECK(p.client.atomic_cas(results, 40, remote, 0, 15, 100, record_atomic(hit)), "cas would block");
+    CHECK(p.wait([&] { return hit.calls > 0; }), "the cas handler did not run");
+    CHECK(hit.status == IBMSG_OK && hit.previous == 15, "matching cas: %s, previous %llu",
+          code_name(hit.status), static_cast<unsigned long long>(hit.previous));
+    CHECK(word_at(counter, 8) == 100, "after a matching cas the word is %llu",
+          static_cast<unsigned long long>(word_at(counter, 8)));
+    CHECK(p.client.atomic_cas(results, 48, remote, 8, 1, 7, record_atomic(miss)), "cas would block");
+    CHECK(p.wait([&] { return miss.calls > 0; }), "the second cas handler did not run");
+    CHECK(miss.status == IBMSG_OK && miss.previous == 0, "cas on the second word: %s, previous %llu",
+          code_name(miss.status), static_cast<unsigned long long>(miss.previous));
+    CHECK(word_at(counter, 16) == 0 && word_at(counter, 8) == 100,
+          "a cas whose compare failed changed memory: %llu, %llu",
+          static_cast<unsigned long long>(word_at(counter, 16)),
+          static_cast<unsigned long long>(word_at(counter, 8)));
+    results = ibmsg::region();
+    counter = ibmsg::region();
+    p.close_all();
+  });
+}
+
+void message_post_imm_carries_the_immediate(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    ibmsg::message m;
+    CHECK(m.alloc(p.client, 4), "alloc would block");
+    std::memcpy(m.data(), "imm!", 4);
+    CHECK(m.post_imm(p.client, 0x12345678), "post_imm would block");
+    p.outbox.push_back(std::move(m));
+    p.send(p.client, "none");
+    CHECK(p.wait([&] { return p.received.size() == 2; }), "%zu of 2 messages received",
+          p.received.size());
+    CHECK(p.received[0].data == "imm!" && p.received[0].has_imm && p.received[0].imm == 0x12345678,
+          "first message \"%s\": has_imm %d, imm %#x", p.received[0].data.c_str(),
+          p.received[0].has_imm, p.received[0].imm);
+    CHECK(p.received[1].data == "none" && !p.received[1].has_imm && p.received[1].imm == 0,
+          "second message \"%s\": has_imm %d, imm %#x", p.received[1].data.c_str(),
+          p.received[1].has_imm, p.received[1].imm);
+    p.close_all();
+  });
+}
+
+void operation_errors_throw_and_post_nothing(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    int code = error_code_of([&] { ibmsg::region bad(p.lp, 0, IBMSG_ACCESS_LOCAL_WRITE); });
+    CHECK(code == IBMSG_EINVAL, "region of 0 bytes: %s, expected IBMSG_EINVAL", code_name(code));
+    ibmsg::region target(p.lp, 4096, IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_ATOMIC);
+    ibmsg::region plain(p.lp, 4096, 0);  // no local write
+    ibmsg::region empty;
+    code = error_code_of([&] { (void)target.descriptor(p.server, 4000, 100, IBMSG_ACCESS_REMOTE_READ); });
+    CHECK(code == IBMSG_ERANGE, "descriptor past the end: %s, expected IBMSG_ERANGE", code_name(code));
+    code = error_code_of([&] { (void)target.descriptor(p.server, 0, 100, IBMSG_ACCESS_REMOTE_WRITE); });
+    CHECK(code == IBMSG_EACCES, "descriptor with a right the region lacks: %s, expected IBMSG_EACCES",
+          code_name(code));
+    ibmsg::descriptor remote =
+        share(p, target.descriptor(p.server, 0, 1024, IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_ATOMIC));
+
+    // Bytes that are no descriptor.
+    ibmsg::descriptor none;
+    CHECK(!none.valid(), "a default descriptor is valid");
+    code = error_code_of([&] { (void)none.length(); });
+    CHECK(code == IBMSG_EBADDESC, "length() of a default descriptor: %s", code_name(code));
+    code = error_code_of([&] { (void)ibmsg::descriptor::from_bytes(remote.bytes(), remote.size() - 1); });
+    CHECK(code == IBMSG_EBADDESC, "from_bytes of 31 bytes: %s, expected IBMSG_EBADDESC", code_name(code));
+    unsigned char damaged[IBMSG_DESCRIPTOR_SIZE];
+    std::memcpy(damaged, remote.bytes(), sizeof damaged);
+    damaged[20] ^= 1;
+    code = error_code_of([&] { (void)ibmsg::descriptor::from_bytes(damaged, sizeof damaged); });
+    CHECK(code == IBMSG_EBADDESC, "from_bytes of a damaged descriptor: %s, expected IBMSG_EBADDESC",
+          code_name(code));
+
+    auto token = std::make_shared<int>(0);  // every handler holds it: its storage is freed
+    int calls = 0;
+    auto counting = [&calls, token](ibmsg::socket &, int) { ++calls; };
+    auto counting_atomic = [&calls, token](ibmsg::socket &, int, std::uint64_t) { ++calls; };
+    // Each attempt has exactly one fault, so the order of the library's checks does not matter.
+    struct attempt {
+      const char *what;
+      int expected;
+      std::function<bool()> post;
+    };
+    const attempt attempts[] = {
+        {"read past the descriptor", IBMSG_ERANGE,
+         [&] { return p.client.rdma_read(target, 0, 100, remote, 1000, counting); }},
+        {"write without the write right", IBMSG_EACCES,
+         [&] { return p.client.rdma_write(plain, 0, 100, remote, 0, counting); }},
+        {"read into a region without local write", IBMSG_EACCES,
+         [&] { return p.client.rdma_read(plain, 0, 100, remote, 0, counting); }},
+        {"read past the local region", IBMSG_ERANGE,
+         [&] { return p.client.rdma_read(target, 4090, 100, remote, 0, counting); }},
+        {"read of 0 bytes", IBMSG_EINVAL,
+         [&] { return p.client.rdma_read(target, 0, 0, remote, 0, counting); }},
+        {"read from a default descriptor", IBMSG_EBADDESC,
+         [&] { return p.client.rdma_read(target, 0, 8, none, 0, counting); }},
+        {"read into an empty region", IBMSG_EINVAL,
+         [&] { return p.client.rdma_read(empty, 0, 8, remote, 0, counting); }},
+        {"fadd on an unaligned word", IBMSG_EINVAL,
+         [&] { return p.client.atomic_fadd(target, 0, remote, 4, 1, counting_atomic); }},
+        {"cas into a region without local write", IBMSG_EACCES,
+         [&] { return p.client.atomic_cas(plain, 0, remote, 0, 0, 1, counting_atomic); }},
+        {"read on the listener", IBMSG_ESTATE,
+         [&] { return p.listener.rdma_read(target, 0, 8, remote, 0, counting); }},
+    };
+    for (const attempt &a : attempts) {
+      code = error_code_of([&] { (void)a.post(); });
+      CHECK(code == a.expected, "%s: %s, expected %s", a.what, code_name(code), code_name(a.expected));
+    }
+    CHECK(plain.pending() == 0 && target.pending() == 0, "a failed call left pending operations");
+    p.step(50);
+    CHECK(calls == 0, "%d handlers ran for calls that failed", calls);
+    CHECK(token.use_count() == 3, "%ld holders of the token: a failed call kept its handler",
+          token.use_count());
+    code = error_code_of([&] { target.revoke(none); });
+    CHECK(code == IBMSG_EBADDESC, "revoking a default descriptor: %s", code_name(code));
+    code = error_code_of([&] { empty.deregister(); });
+    CHECK(code == IBMSG_EINVAL, "deregistering an empty region: %s", code_name(code));
+    plain = ibmsg::region();
+    target = ibmsg::region();
+    p.close_all();
+  });
+}
+
+void rdma_options_work_through_the_generic_setters(void **) {
+  guarded([] {
+    peers p;
+    CHECK(p.lp.get_option(IBMSG_OPT_RDMA) == 1, "loop's RDMA default %d", p.lp.get_option(IBMSG_OPT_RDMA));
+    CHECK(p.lp.get_option(IBMSG_OPT_RDMA_DEPTH) == 16, "loop's RDMA_DEPTH default %d",
+          p.lp.get_option(IBMSG_OPT_RDMA_DEPTH));
+    p.lp.set_option(IBMSG_OPT_RDMA_DEPTH, 4);
+    CHECK(p.lp.get_option(IBMSG_OPT_RDMA_DEPTH) == 4, "RDMA_DEPTH reads back %d",
+          p.lp.get_option(IBMSG_OPT_RDMA_DEPTH));
+    int code = error_code_of([&] { p.lp.set_option(IBMSG_OPT_RDMA_DEPTH, 0); });
+    CHECK(code == IBMSG_EINVAL, "RDMA_DEPTH 0: %s, expected IBMSG_EINVAL", code_name(code));
+    code = error_code_of([&] { p.lp.set_option(IBMSG_OPT_RDMA, 2); });
+    CHECK(code == IBMSG_EINVAL, "RDMA 2: %s, expected IBMSG_EINVAL", code_name(code));
+    ibmsg::options off(p.lp);
+    CHECK(off.get(IBMSG_OPT_RDMA_DEPTH) == 4, "a set from the loop has RDMA_DEPTH %d",
+          off.get(IBMSG_OPT_RDMA_DEPTH));
+    off.set(IBMSG_OPT_RDMA, 0);
+    CHECK(off.get(IBMSG_OPT_RDMA) == 0, "RDMA reads back %d from the set", off.get(IBMSG_OPT_RDMA));
+
+    // A client without one-sided RDMA: its operations and descriptors are refused.
+    p.listen();
+    p.client.connect(p.lp, addr, p.port, off);
+    p.client_h = p.client.handle();
+    CHECK(p.wait([&] { return p.established.size() == 2; }), "%zu of 2 sockets established",
+          p.established.size());
+    ibmsg::region target(p.lp, 4096, IBMSG_ACCESS_REMOTE_WRITE);
+    ibmsg::region src(p.lp, 4096, 0);
+    ibmsg::descriptor remote = share(p, target.descriptor(p.server, 0, 4096, IBMSG_ACCESS_REMOTE_WRITE));
+    op_rec w;
+    code = error_code_of([&] { (void)p.client.rdma_write(src, 0, 8, remote, 0, record(w)); });
+    CHECK(code == IBMSG_EOPNOTSUPP, "write with RDMA off: %s, expected IBMSG_EOPNOTSUPP",
+          code_name(code));
+    code = error_code_of([&] { (void)target.descriptor(p.client, 0, 8, IBMSG_ACCESS_REMOTE_WRITE); });
+    CHECK(code == IBMSG_EOPNOTSUPP, "descriptor on a socket with RDMA off: %s, expected "
+          "IBMSG_EOPNOTSUPP", code_name(code));
+    p.step(50);
+    CHECK(w.calls == 0, "the refused write's handler ran");
+    src = ibmsg::region();
+    target = ibmsg::region();
+    p.close_all();
+  });
+}
+
+void full_send_queue_returns_false_and_drops_the_handler(void **) {
+  guarded([] {
+    peers p;
+    p.lp.set_option(IBMSG_OPT_RDMA_DEPTH, 1);
+    p.lp.set_option(IBMSG_OPT_SEND_QUEUE, 2);
+    p.connect();
+    ibmsg::region target(p.lp, 1 << 20, IBMSG_ACCESS_REMOTE_WRITE);
+    ibmsg::region src(p.lp, 1 << 20, 0);
+    ibmsg::descriptor remote = share(p, target.descriptor(p.server, 0, 1 << 20, IBMSG_ACCESS_REMOTE_WRITE));
+    auto token = std::make_shared<int>(0);
+    std::vector<int> statuses;
+    auto handler = [&statuses, token](ibmsg::socket &, int status) { statuses.push_back(status); };
+    int posted = 0;
+    bool blocked = false;
+    // Nothing completes between the calls (no dispatch): 1 in flight and 2 queued, then full.
+    while (!blocked && posted < 10) {
+      if (p.client.rdma_write(src, 0, 1 << 20, remote, 0, handler))
+        ++posted;
+      else
+        blocked = true;
+    }
+    CHECK(blocked && posted == 3, "blocked %d after %d writes (RDMA_DEPTH 1, SEND_QUEUE 2)",
+          blocked, posted);
+    CHECK(src.pending() == 3, "pending() is %zu", src.pending());
+    CHECK(token.use_count() == 2 + 3, "%ld holders of the token with 3 writes posted",
+          token.use_count());
+    CHECK(p.wait([&] { return statuses.size() == 3; }), "%zu of 3 handlers ran", statuses.size());
+    for (int st : statuses) CHECK(st == IBMSG_OK, "a write: %s", code_name(st));
+    CHECK(p.client.rdma_write(src, 0, 1 << 20, remote, 0, handler), "still blocked after draining");
+    CHECK(p.wait([&] { return statuses.size() == 4; }), "the fourth handler did not run");
+    p.step(50);
+    CHECK(statuses.size() == 4, "%zu handler calls for 4 writes", statuses.size());
+    CHECK(token.use_count() == 2, "%ld holders of the token after all handlers: storage leaked",
+          token.use_count());
+    src = ibmsg::region();
+    target = ibmsg::region();
+    p.close_all();
+  });
+}
+
+void handlers_run_once_when_the_connection_closes_in_flight(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    constexpr std::size_t mib = 1 << 20;
+    ibmsg::region target(p.lp, mib, kRemoteRW | IBMSG_ACCESS_REMOTE_ATOMIC);
+    ibmsg::region local(p.lp, mib, IBMSG_ACCESS_LOCAL_WRITE);
+    ibmsg::descriptor remote =
+        share(p, target.descriptor(p.server, 0, mib, kRemoteRW | IBMSG_ACCESS_REMOTE_ATOMIC));
+    auto token = std::make_shared<int>(0);
+    constexpr int writes = 30, reads = 4, fadds = 4, n = writes + reads + fadds;
+    std::vector<int> calls(n, 0), status(n, -1);
+    std::size_t handled_before_closed = 0;
+    std::size_t handled = 0;
+    bool client_closed = false;
+    p.lp.on_connection_closed([&](ibmsg::socket &s, int reason) {
+      p.closed.push_back({&s, s.handle(), reason});
+      if (s.handle() == p.client_h) {
+        client_closed = true;
+        handled_before_closed = handled;
+      }
+    });
+    auto on = [&, token](int i) {
+      return [&, token, i](ibmsg::socket &, int st) {
+        ++calls[i];
+        status[i] = st;
+        ++handled;
+      };
+    };
+    for (int i = 0; i < n; ++i) {
+      bool ok;
+      if (i < writes)
+        ok = p.client.rdma_write(local, 0, mib, remote, 0, on(i));
+      else if (i < writes + reads)
+        ok = p.client.rdma_read(local, 0, mib, remote, 0, on(i));
+      else
+        ok = p.client.atomic_fadd(local, 8 * (i - writes - reads), remote, 0, 1,
+                                  [h = on(i)](ibmsg::socket &s, int st, std::uint64_t) { h(s, st); });
+      CHECK(ok, "operation %d would block", i);
+    }
+    CHECK(local.pending() == std::size_t(n), "pending() is %zu with %d posted", local.pending(), n);
+    p.client.disconnect();  // before any completion was processed
+    CHECK(p.wait([&] { return client_closed; }), "the client did not close");
+    p.step(50);
+    int ok = 0, canceled = 0;
+    for (int i = 0; i < n; ++i) {
+      CHECK(calls[i] == 1, "operation %d: its handler ran %d times", i, calls[i]);
+      CHECK(status[i] == IBMSG_OK || status[i] == IBMSG_ECANCELED, "operation %d: %s", i,
+            code_name(status[i]));
+      (status[i] == IBMSG_OK ? ok : canceled)++;
+    }
+    std::printf("# %d operations completed, %d canceled by the disconnect\n", ok, canceled);
+    CHECK(handled_before_closed == std::size_t(n),
+          "%zu of %d handlers had run when connection_closed came", handled_before_closed, n);
+    CHECK(local.pending() == 0, "pending() is %zu after the close", local.pending());
+    CHECK(token.use_count() == 2, "%ld holders of the token after every handler ran",
+          token.use_count());
+    local.deregister();  // IBMSG_EBUSY if the library still counted an operation on it
+    target = ibmsg::region();
+    p.close_all();
+  });
+}
+
+void operations_of_a_destroyed_socket_free_their_handlers(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    ibmsg::region target(p.lp, 1 << 20, IBMSG_ACCESS_REMOTE_WRITE);
+    ibmsg::region src(p.lp, 1 << 20, 0);
+    ibmsg::descriptor remote = share(p, target.descriptor(p.server, 0, 1 << 20, IBMSG_ACCESS_REMOTE_WRITE));
+    auto token = std::make_shared<int>(0);
+    int calls = 0;
+    for (int i = 0; i < 8; ++i)
+      CHECK(p.client.rdma_write(src, 0, 1 << 20, remote, 0,
+                                [&calls, token](ibmsg::socket &, int) { ++calls; }),
+            "write %d would block", i);
+    { ibmsg::socket gone(std::move(p.client)); }  // disconnects; nothing reaches us any more
+    CHECK(p.wait([&] { return token.use_count() == 1; }),
+          "%ld holders of the token: the operations of the dead socket kept their handlers",
+          token.use_count());
+    CHECK(calls == 0, "%d handlers ran for a destroyed socket", calls);
+    CHECK(src.pending() == 0, "pending() is %zu", src.pending());
+    src.deregister();
+    target = ibmsg::region();
+    p.close_all();
+  });
+}
+
+void region_destroyed_after_its_operations_completed(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    ibmsg::region target(p.lp, 4096, IBMSG_ACCESS_REMOTE_WRITE);
+    ibmsg::descriptor remote = share(p, target.descriptor(p.server, 0, 4096, IBMSG_ACCESS_REMOTE_WRITE));
+    op_rec w;
+    {
+      std::vector<char> mem(4096, 'x');
+      ibmsg::region src(p.lp, mem.data(), mem.size(), 0);
+      CHECK(p.client.rdma_write(src, 0, 4096, remote, 0, record(w)), "write would block");
+      CHECK(p.wait([&] { return w.calls > 0; }), "the write's handler did not run");
+      CHECK(src.pending() == 0, "pending() is %zu after the handler", src.pending());
+    }  // deregistered here, then the memory goes
+    CHECK(w.status == IBMSG_OK, "write: %s", code_name(w.status));
+    CHECK(static_cast<const char *>(target.data())[4095] == 'x', "the write did not land");
+    target = ibmsg::region();
+    p.close_all();  // IBMSG_EBUSY if the region were still registered
+  });
+}
+
+void region_destroyed_while_in_use_is_deregistered_after_the_last_operation(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    constexpr std::size_t n = 4 << 20;
+    ibmsg::region target(p.lp, n, IBMSG_ACCESS_REMOTE_READ);
+    std::memset(target.data(), 0x33, n);
+    ibmsg::descriptor remote = share(p, target.descriptor(p.server, 0, n, IBMSG_ACCESS_REMOTE_READ));
+    op_rec r1, r2;
+    int seen_pending = -1;
+    {
+      ibmsg::region dst(p.lp, n, IBMSG_ACCESS_LOCAL_WRITE);
+      CHECK(p.client.rdma_read(dst, 0, n, remote, 0, record(r1)), "read would block");
+      CHECK(p.client.rdma_read(dst, 0, n, remote, 0, record(r2)), "read would block");
+      seen_pending = int(dst.pending());
+      int code = error_code_of([&] { dst.deregister(); });
+      CHECK(code == IBMSG_EBUSY, "deregister() with reads in flight: %s, expected IBMSG_EBUSY",
+            code_name(code));
+      CHECK(dst && dst.size() == n, "the refused deregister() changed the region");
+    }  // the destructor cannot deregister: the loop does after the second read
+    CHECK(seen_pending == 2, "pending() was %d with 2 reads posted", seen_pending);
+    CHECK(p.wait([&] { return r1.calls > 0 && r2.calls > 0; }), "handlers ran %d and %d times",
+          r1.calls, r2.calls);
+    CHECK(r1.status == IBMSG_OK && r2.status == IBMSG_OK, "reads: %s, %s", code_name(r1.status),
+          code_name(r2.status));
+    target = ibmsg::region();
+    p.close_all();  // IBMSG_EBUSY if the orphaned region were never deregistered
+  });
+}
+
+void loop_destructor_waits_for_a_region_still_in_use(void **) {
+  guarded([] {
+    auto p = std::make_unique<peers>();
+    p->connect();
+    ibmsg::region target(p->lp, 1 << 20, IBMSG_ACCESS_REMOTE_WRITE);
+    ibmsg::descriptor remote = share(*p, target.descriptor(p->server, 0, 1 << 20, IBMSG_ACCESS_REMOTE_WRITE));
+    auto token = std::make_shared<int>(0);
+    {
+      ibmsg::region src(p->lp, 1 << 20, 0);
+      for (int i = 0; i < 8; ++i)
+        CHECK(p->client.rdma_write(src, 0, 1 << 20, remote, 0, [token](ibmsg::socket &, int) {}),
+              "write %d would block", i);
+    }  // orphaned with 8 writes pending
+    target.deregister();
+    auto start = std::chrono::steady_clock::now();
+    p.reset();  // sockets die (disconnect), then the loop waits for them and the region
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - start)
+                  .count();
+    CHECK(ms < ibmsg::loop::close_wait_ms, "teardown took %lld ms: the C loop was leaked",
+          static_cast<long long>(ms));
+    CHECK(token.use_count() == 1, "%ld holders of the token after the loop died",
+          token.use_count());
+  });
+}
+
+void moved_region_keeps_working(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    ibmsg::region target(p.lp, 8192, kRemoteRW);
+    ibmsg::descriptor remote = share(p, target.descriptor(p.server, 0, 8192, kRemoteRW));
+    ibmsg::region a(p.lp, 8192, IBMSG_ACCESS_LOCAL_WRITE);
+    std::memset(a.data(), 0x77, a.size());
+    ibmsg_region *h = a.handle();
+    void *data = a.data();
+    op_rec w, r;
+    CHECK(p.client.rdma_write(a, 0, 8192, remote, 0, record(w)), "write would block");
+    ibmsg::region b(std::move(a));  // while the write is posted
+    CHECK(!a && a.handle() == nullptr && a.data() == nullptr && a.size() == 0 && a.pending() == 0,
+          "the moved-from region still holds something");
+    CHECK(b.handle() == h && b.data() == data && b.size() == 8192 && b.pending() == 1,
+          "the moved-to region: handle %p, size %zu, pending %zu", static_cast<void *>(b.handle()),
+          b.size(), b.pending());
+    CHECK(p.wait([&] { return w.calls > 0; }), "the write's handler did not run");
+    CHECK(w.status == IBMSG_OK && b.pending() == 0, "write: %s, pending %zu", code_name(w.status),
+          b.pending());
+    int code = error_code_of([&] { (void)p.client.rdma_read(a, 0, 8, remote, 0, record(r)); });
+    CHECK(code == IBMSG_EINVAL, "read into a moved-from region: %s, expected IBMSG_EINVAL",
+          code_name(code));
+    ibmsg::region c(p.lp, 4096, 0);
+    c = std::move(b);  // deregisters c's own region, takes b's
+    CHECK(c.handle() == h && !b, "move assignment did not carry the region");
+    std::memset(c.data(), 0, c.size());
+    CHECK(p.client.rdma_read(c, 0, 8192, remote, 0, record(r)), "read would block");
+    CHECK(p.wait([&] { return r.calls > 0; }), "the read's handler did not run");
+    const unsigned char *d = static_cast<const unsigned char *>(c.data());
+    CHECK(r.status == IBMSG_OK && d[0] == 0x77 && d[8191] == 0x77, "read back through the moved "
+          "region: %s, bytes %#x %#x", code_name(r.status), d[0], d[8191]);
+    c = ibmsg::region();
+    target = ibmsg::region();
+    p.close_all();  // IBMSG_EBUSY if c's first region was not deregistered by the assignment
+  });
+}
+
+void revoked_descriptor_fails_the_peers_operation(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    ibmsg::region target(p.lp, 4096, IBMSG_ACCESS_REMOTE_WRITE);
+    ibmsg::region src(p.lp, 4096, 0);
+    ibmsg::descriptor mine = target.descriptor(p.server, 0, 4096, IBMSG_ACCESS_REMOTE_WRITE);
+    ibmsg::descriptor remote = share(p, mine);
+    target.revoke(mine);
+    int code = error_code_of([&] { target.revoke(mine); });
+    CHECK(code == IBMSG_EBADDESC, "revoking twice: %s, expected IBMSG_EBADDESC", code_name(code));
+    op_rec w;
+    CHECK(p.client.rdma_write(src, 0, 64, remote, 0, record(w)), "write would block");
+    CHECK(p.wait([&] { return w.calls > 0 && !p.client.is_open(); }),
+          "handler ran %d times, client open %d", w.calls, p.client.is_open());
+    CHECK(w.status == IBMSG_EREMOTEACCESS, "write on a revoked descriptor: %s, expected "
+          "IBMSG_EREMOTEACCESS", code_name(w.status));
+    CHECK(p.closed_reason(p.client_h) == IBMSG_EREMOTEACCESS, "the client closed with %s",
+          code_name(p.closed_reason(p.client_h)));
+    src = ibmsg::region();
+    target = ibmsg::region();
+    p.close_all();
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -809,6 +1422,20 @@ int main() {
       cmocka_unit_test(callback_exception_rethrown_from_dispatch),
       cmocka_unit_test(fd_and_process_drive_the_loop),
       cmocka_unit_test(application_ev_loop_runs_callbacks),
+      cmocka_unit_test(region_write_then_read_back_is_byte_exact),
+      cmocka_unit_test(write_imm_reaches_on_write_received),
+      cmocka_unit_test(atomics_pass_previous_values_to_lambdas),
+      cmocka_unit_test(message_post_imm_carries_the_immediate),
+      cmocka_unit_test(operation_errors_throw_and_post_nothing),
+      cmocka_unit_test(rdma_options_work_through_the_generic_setters),
+      cmocka_unit_test(full_send_queue_returns_false_and_drops_the_handler),
+      cmocka_unit_test(handlers_run_once_when_the_connection_closes_in_flight),
+      cmocka_unit_test(operations_of_a_destroyed_socket_free_their_handlers),
+      cmocka_unit_test(region_destroyed_after_its_operations_completed),
+      cmocka_unit_test(region_destroyed_while_in_use_is_deregistered_after_the_last_operation),
+      cmocka_unit_test(loop_destructor_waits_for_a_region_still_in_use),
+      cmocka_unit_test(moved_region_keeps_working),
+      cmocka_unit_test(revoked_descriptor_fails_the_peers_operation),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
