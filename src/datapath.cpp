@@ -41,11 +41,22 @@ int post_work(Socket *s, Work *w) {
   return op_send_now(s, static_cast<Op *>(w->wr.owner));
 }
 
+}  // namespace
+
 // A credit-only message, when credits are owed and no data message can carry them.
 void maybe_send_ctrl(Socket *s) {
-  if (s->state != State::Connected || !s->credits.ctrl_needed() || !s->credits.can_send_ctrl() ||
+  if (s->state != State::Connected || !s->credits.can_send_ctrl() ||
       s->ctrl_in_flight >= kCtrlDepth)
     return;
+  // Control credits ride on messages sent for other reasons. A side that sends only RDMA writes
+  // with immediate sends none, while its peer spends control credits returning the data credits
+  // those writes took: once this side waits for a data credit, it returns the control credits it
+  // owes on their own (from half of them: the peer owes one for this message, so two waiting
+  // sides do not ping-pong).
+  const Work *head = s->queue.front();
+  bool waits = head && (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
+               !s->credits.can_send_data();
+  if (!s->credits.ctrl_needed() && !(waits && s->credits.owed_ctrl() >= kCtrlDepth / 2)) return;
   Credits saved = s->credits;
   wire::Imm imm = s->credits.take_ctrl();
   if (tp::post_send_imm(s->id, &s->ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
@@ -55,8 +66,6 @@ void maybe_send_ctrl(Socket *s) {
   }
   ++s->ctrl_in_flight;
 }
-
-}  // namespace
 
 bool work_can_go(const Socket *s, const Work *w) {
   switch (w->wr.op) {
@@ -294,6 +303,7 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
     if (s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
     slot->state = SlotState::Queued;
     s->queue.push_back(&slot->work);
+    maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
   }
   msg->status = IBMSG_WAITING;
   return IBMSG_OK;

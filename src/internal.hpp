@@ -312,6 +312,8 @@ int msg_free(ibmsg_buffer *msg);
 void flush_sends(Socket *s);
 // Whether the head of the send queue could go now.
 bool work_can_go(const Socket *s, const Work *w);
+// A credit-only message if credits are owed and nothing else carries them.
+void maybe_send_ctrl(Socket *s);
 
 // --- region.cpp ---
 using Region = ::ibmsg__region;

@@ -28,8 +28,25 @@
 //     ids: each is counted as a misuse (a bug of the caller) with a description.
 //   - 192.0.2.0/24 (TEST-NET-1) is unreachable: address resolution ends in AddrError.
 //   - device removal (remove_device): DeviceRemoval on every id bound to the device.
-// What it does not model: timing (delivery is instant; nothing retries), RDMA reads/writes and
-// atomics, memory keys beyond a number, more than one device, asynchronous device events.
+//   - one-sided operations (post_rdma) execute in send-queue order with the sends, when they
+//     reach the peer: the rkey must name a live registration on the peer's device (its protection
+//     domain) with the right (remote read / write / atomic) on exactly [remote, remote + len);
+//     otherwise the operation completes with RemoteAccess (counted), everything before it
+//     completes first, and both QPs go to the error state, as on an RC connection. A zero-length
+//     write or read checks no key (as IB). A write copies the local bytes when it is posted and
+//     writes them into the peer's memory; a write with immediate also consumes the peer's first
+//     posted receive (completed with write_imm, has_imm, imm and len = bytes written; no posted
+//     receive: RNR as for a send); a read copies the peer's bytes into the local memory; atomics
+//     (8 bytes, remote 8-aligned) compare-and-swap or fetch-and-add a host-order word and store
+//     its previous value locally. The local memory must lie in its registration (unless a write
+//     goes inline), and a read or atomic result needs local write access.
+//   - the device offers 16 reads/atomics per QP each way and atomics (set_atomics turns them off
+//     for devices opened afterwards); an atomic posted on a device without them is a misuse, as
+//     is asking for more reads/atomics in cm_connect / cm_accept than the device has
+//     (tp::kMaxRdAtomic in cm_accept takes what the request asked for, at most the device's).
+// What it does not model: timing (delivery is instant; nothing retries), more than one device,
+// asynchronous device events, reads or atomics overtaken by later work requests, the
+// responder-resources limit (no operation waits for it).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -61,11 +78,35 @@ struct Stats {
   unsigned long delivered;  // messages delivered
   unsigned long connect_requests;
   unsigned long rescans;  // devices_rescan() calls
+  unsigned long registrations;         // successful mr_register calls (raw peers' included)
+  unsigned long remote_access_errors;  // one-sided operations the responder refused
+  unsigned long rdma_ops;              // one-sided operations executed
+  // The RDMA read/atomic resources of the core's last cm_connect and cm_accept (-1: none yet);
+  // for the accept, what they resolve to (tp::kMaxRdAtomic: what the request asked for, at most
+  // the device's limit, as librdmacm does).
+  int connect_responder_resources = -1, connect_initiator_depth = -1;
+  int accept_responder_resources = -1, accept_initiator_depth = -1;
 };
 const Stats &stats();
 
 // The fake device's kind (default InfiniBand/RoCE).
 void set_iwarp(bool iwarp);
+
+// Whether devices opened from now on offer atomics (default yes; reset() restores it).
+void set_atomics(bool atomics);
+
+// One work request the core posted to a send queue (raw peers' posts are not recorded), in
+// posting order: the local port of its CM id (an accepted connection's is its listener's), what
+// it is and its length in bytes.
+struct Post {
+  unsigned short port;
+  tp::Op op;
+  uint32_t len;
+};
+const std::vector<Post> &posts();
+// The kinds of the posts from CM ids with that local port, in order (credit-only messages only
+// with with_ctrl).
+std::vector<tp::Op> posts_of(unsigned short port, bool with_ctrl = false);
 
 // Removes the device (until reset): every CM id on it gets DeviceRemoval, its QPs go to the
 // error state, and it can no longer be opened or resolved to.
@@ -89,6 +130,7 @@ enum class Call {
   MrRegister,
   PostRecv,
   PostSend,
+  PostRdma,
 };
 // The call after the next `skip` successful ones returns code (once).
 void fail_call(Call call, int code, unsigned skip = 0);
@@ -144,6 +186,10 @@ class RawPeer {
   int send(uint32_t imm, const void *data = nullptr, size_t len = 0);
   // A SEND without immediate (what an iWARP or foreign peer might send).
   int send_without_imm(const void *data, size_t len);
+  // An RDMA write of len bytes of data to remote (a raw address) with rkey; with an immediate
+  // (host order), write_imm. Their completions count in rdma_ok / rdma_failed.
+  int write(uint64_t remote, uint32_t rkey, const void *data, size_t len);
+  int write_imm(uint32_t imm, uint64_t remote, uint32_t rkey, const void *data, size_t len);
   int disconnect();
   // Destroys everything now (the destructor does too).
   void close();
@@ -156,11 +202,15 @@ class RawPeer {
   const std::vector<uint8_t> &event_pdata() const { return pdata_; }  // last request/accept/reject
   std::deque<RawMsg> received;  // what the ibmsg side sent, in order
   unsigned sends_ok = 0, sends_failed = 0, recvs_failed = 0, requests = 0;
+  unsigned rdma_ok = 0, rdma_failed = 0;
+  tp::WcStatus last_rdma_status = tp::WcStatus::Ok;
 
  private:
   void open_queues(tp::CmId *id);
   void on_event(const tp::CmEvent &ev);
   void poll();
+  int post_write(tp::WorkCtx *ctx, uint32_t imm, uint64_t remote, uint32_t rkey, const void *data,
+                 size_t len);
 
   uint32_t nbufs_, bufsize_;
   State state_ = State::Idle;
@@ -177,6 +227,8 @@ class RawPeer {
   uint8_t *mem_ = nullptr;  // nbufs_ receive buffers, then one send buffer
   std::vector<tp::WorkCtx> recv_ctx_;
   tp::WorkCtx send_ctx_{tp::Op::Send, nullptr};
+  tp::WorkCtx write_ctx_{tp::Op::RdmaWrite, nullptr};
+  tp::WorkCtx write_imm_ctx_{tp::Op::WriteImm, nullptr};
 };
 
 // For raw peers: a SEND without immediate data (post_send_imm always carries one).

@@ -56,8 +56,9 @@ constexpr uint32_t kMrMagic = 0x4d52f4e3;
 struct Mr {
   uint32_t magic;
   Device *dev;
-  const uint8_t *addr;
+  uint8_t *addr;
   size_t len;
+  unsigned access;  // tp::Access flags
   uint32_t lkey, rkey;
 };
 
@@ -90,6 +91,8 @@ struct CmId {
   CmId *remote = nullptr;   // the other end of a connection or request
   Qp *qp = nullptr;
   bool got_disconnected = false;
+  uint8_t req_responder_resources = 0;  // a request's: what its connector asked for
+  uint8_t req_initiator_depth = 0;
 };
 
 struct RecvWr {
@@ -98,11 +101,14 @@ struct RecvWr {
   uint32_t len;
 };
 
+// A work request of the send queue: a SEND, or a one-sided operation (rdma: ctx->op says which).
 struct SendWr {
   WorkCtx *ctx;
-  std::vector<uint8_t> data;
+  std::vector<uint8_t> data;  // a SEND's payload, or the bytes of an RDMA write (taken at posting)
   bool has_imm;
   uint32_t imm;
+  bool rdma = false;
+  RdmaWr rw{};
 };
 
 struct Qp {
@@ -113,7 +119,7 @@ struct Qp {
   bool rts = false;
   bool error = false;
   std::deque<RecvWr> rq;       // posted receives
-  std::deque<SendWr> sq;       // posted sends not yet delivered (in flight)
+  std::deque<SendWr> sq;       // posted sends and operations not yet executed (in flight)
   std::deque<WorkCtx *> acks;  // delivered sends whose completion is delayed
   uint32_t recv_unpolled = 0;  // receive slots whose completion is not polled yet
   uint32_t send_unpolled = 0;  // send slots likewise (in flight ones included)
@@ -127,7 +133,8 @@ constexpr size_t kReqPdata = 56;
 constexpr size_t kRepPdata = 196;
 constexpr size_t kRejPdata = 148;
 constexpr int kRejInvalidServiceId = 8;
-constexpr int kCalls = int(fake::Call::PostSend) + 1;
+constexpr int kCalls = int(fake::Call::PostRdma) + 1;
+constexpr uint32_t kMaxRdAtom = 16;  // reads / atomics a QP serves and issues at once
 
 struct Injection {
   bool armed = false;
@@ -144,9 +151,12 @@ struct Fabric {
   bool delay_acks = false;
   unsigned short delay_port = 0;  // 0: every QP
   bool removed = false;
+  bool atomics = true;                // devices opened from now on offer atomics
   std::vector<CmId *> ids;  // every id (for device removal)
   std::map<unsigned short, CmId *> ports;
   std::vector<Qp *> qps;
+  std::map<uint32_t, Mr *> rkeys;  // every live registration by its remote key
+  std::vector<fake::Post> posts;   // the core's posts to send queues, in order
   std::vector<std::pair<CmId *, CmEvent>> held;  // Established events held back
   Injection inj[kCalls];
   int raw = 0;  // > 0 while a raw peer calls
@@ -283,9 +293,9 @@ void cq_push(Cq *c, Qp *qp, bool send, const Completion &wc) {
 }
 
 void complete_recv(Qp *q, WorkCtx *ctx, WcStatus st, bool has_imm = false, uint32_t imm = 0,
-                   uint32_t len = 0) {
+                   uint32_t len = 0, bool write_imm = false) {
   ++q->recv_unpolled;
-  cq_push(q->cq, q, false, Completion{ctx, st, has_imm, has_imm ? imm : 0, len, false});
+  cq_push(q->cq, q, false, Completion{ctx, st, has_imm, has_imm ? imm : 0, len, write_imm});
 }
 
 void complete_send(Qp *q, WorkCtx *ctx, WcStatus st) {
@@ -315,44 +325,136 @@ void qp_error(Qp *q) {
 
 Qp *peer_qp(const Qp *q) { return q->id && q->id->remote ? q->id->remote->qp : nullptr; }
 
+// The responder acknowledged or answered a later work request: the delivered ones whose
+// completion lagged are acknowledged with it (a send queue completes in order).
+void settle_acks(Qp *s) {
+  while (!s->acks.empty()) {
+    WorkCtx *ctx = s->acks.front();
+    s->acks.pop_front();
+    complete_send(s, ctx, WcStatus::Ok);
+  }
+}
+
+// The head of s's send queue failed with st (the responder refused it): it completes with st
+// after everything before it, and both QPs go to the error state, as on an RC connection.
+void fail_head(Qp *s, Qp *d, WcStatus st) {
+  WorkCtx *ctx = s->sq.front().ctx;
+  s->sq.pop_front();
+  settle_acks(s);
+  complete_send(s, ctx, st);
+  qp_error(s);
+  qp_error(d);
+}
+
+// The registration on d's device (protection domain) that rkey names, if it allows right on
+// [addr, addr + len); nullptr otherwise (a remote access error).
+Mr *remote_mr(const Qp *d, uint64_t addr, uint32_t len, uint32_t rkey, unsigned right) {
+  auto it = g.rkeys.find(rkey);
+  if (it == g.rkeys.end()) return nullptr;
+  Mr *m = it->second;
+  if (m->dev != d->dev || !(m->access & right)) return nullptr;
+  uint64_t start = reinterpret_cast<uintptr_t>(m->addr);
+  if (addr < start || addr - start > m->len || len > m->len - (addr - start)) return nullptr;
+  return m;
+}
+
+const char *op_name(Op op) {
+  switch (op) {
+    case Op::RdmaWrite: return "RDMA write";
+    case Op::RdmaRead: return "RDMA read";
+    case Op::WriteImm: return "RDMA write with immediate";
+    case Op::Atomic: return "atomic";
+    default: return "work request";
+  }
+}
+
+// Executes the one-sided operation at the head of s's send queue on its peer d (the receive it
+// needs, for a write with immediate, is there). false if it failed (both QPs are in error then).
+bool execute_rdma(Qp *s, Qp *d, SendWr &w) {
+  const RdmaWr &rw = w.rw;
+  const Op op = w.ctx->op;
+  const unsigned right = op == Op::RdmaRead ? kRemoteRead
+                         : op == Op::Atomic ? kRemoteAtomic
+                                            : kRemoteWrite;
+  // A zero-length write or read checks no key (as IB does); atomics always do.
+  if (rw.len || op == Op::Atomic) {
+    if (!remote_mr(d, rw.remote, rw.len, rw.rkey, right)) {
+      ++g.stats.remote_access_errors;
+      fprintf(stderr, "fake transport: remote access error: %s of %u bytes at 0x%llx, rkey 0x%x\n",
+              op_name(op), rw.len, (unsigned long long)rw.remote, rw.rkey);
+      fail_head(s, d, WcStatus::RemoteAccess);
+      return false;
+    }
+  }
+  auto *target = reinterpret_cast<uint8_t *>(uintptr_t(rw.remote));
+  switch (op) {
+    case Op::RdmaWrite:
+    case Op::WriteImm:
+      if (!w.data.empty()) memcpy(target, w.data.data(), w.data.size());
+      if (op == Op::WriteImm) {
+        RecvWr r = d->rq.front();
+        d->rq.pop_front();
+        complete_recv(d, r.ctx, WcStatus::Ok, true, rw.imm, rw.len, true);
+      }
+      break;
+    case Op::RdmaRead:
+      if (rw.len) memcpy(rw.local, target, rw.len);
+      break;
+    case Op::Atomic: {
+      if (rw.remote % 8 != 0) {  // a remote invalid request: the caller checks alignment
+        misuse("an atomic on the unaligned remote address 0x%llx", (unsigned long long)rw.remote);
+        fail_head(s, d, WcStatus::Failed);
+        return false;
+      }
+      uint64_t old, now;
+      memcpy(&old, target, 8);
+      now = rw.cas ? (old == rw.compare_add ? rw.swap : old) : old + rw.compare_add;
+      memcpy(target, &now, 8);
+      memcpy(rw.local, &old, 8);
+      break;
+    }
+    default: break;
+  }
+  ++g.stats.rdma_ops;
+  return true;
+}
+
 // Delivers what q has in flight, in order, as far as the peer can take it.
 void deliver(Qp *s) {
   while (!g.paused && !s->error && s->rts && !s->sq.empty()) {
     Qp *d = peer_qp(s);
     if (!d || d->error || !d->rts) return;  // nobody answers: stays in flight
     SendWr &w = s->sq.front();
-    if (d->rq.empty()) {
+    const bool needs_recv = !w.rdma || w.ctx->op == Op::WriteImm;
+    if (needs_recv && d->rq.empty()) {
       ++g.stats.rnr_errors;
-      fprintf(stderr, "fake transport: RNR: a send found no posted receive\n");
-      WorkCtx *ctx = w.ctx;
-      s->sq.pop_front();
-      complete_send(s, ctx, WcStatus::Failed);
-      qp_error(s);
-      qp_error(d);
+      fprintf(stderr, "fake transport: RNR: a %s found no posted receive\n",
+              w.rdma ? "write with immediate" : "send");
+      fail_head(s, d, WcStatus::Failed);
       return;
     }
-    RecvWr r = d->rq.front();
-    d->rq.pop_front();
-    if (w.data.size() > r.len) {
-      ++g.stats.length_errors;
-      fprintf(stderr, "fake transport: a %zu-byte send into a %u-byte receive buffer\n",
-              w.data.size(), r.len);
-      WorkCtx *ctx = w.ctx;
-      s->sq.pop_front();
-      complete_recv(d, r.ctx, WcStatus::Failed);
-      complete_send(s, ctx, WcStatus::Failed);
-      qp_error(s);
-      qp_error(d);
-      return;
+    if (w.rdma) {
+      if (!execute_rdma(s, d, w)) return;
+    } else {
+      RecvWr r = d->rq.front();
+      d->rq.pop_front();
+      if (w.data.size() > r.len) {
+        ++g.stats.length_errors;
+        fprintf(stderr, "fake transport: a %zu-byte send into a %u-byte receive buffer\n",
+                w.data.size(), r.len);
+        complete_recv(d, r.ctx, WcStatus::Failed);
+        fail_head(s, d, WcStatus::Failed);
+        return;
+      }
+      if (!w.data.empty()) memcpy(r.buf, w.data.data(), w.data.size());
+      complete_recv(d, r.ctx, WcStatus::Ok, w.has_imm, w.imm, uint32_t(w.data.size()));
+      ++g.stats.delivered;
     }
-    if (!w.data.empty()) memcpy(r.buf, w.data.data(), w.data.size());
-    complete_recv(d, r.ctx, WcStatus::Ok, w.has_imm, w.imm, uint32_t(w.data.size()));
     WorkCtx *ctx = w.ctx;
     s->sq.pop_front();
     bool delay = g.delay_acks && (!g.delay_port || port_of(s->id->local) == g.delay_port);
     if (delay || !s->acks.empty()) s->acks.push_back(ctx);  // completions stay in order
     else complete_send(s, ctx, WcStatus::Ok);
-    ++g.stats.delivered;
   }
 }
 
@@ -371,6 +473,10 @@ bool check_mr(const Qp *q, const Mr *mr, const void *buf, uint32_t len) {
     return false;
   }
   return true;
+}
+
+void record_post(const Qp *q, Op op, uint32_t len) {
+  if (!g.raw) g.posts.push_back(fake::Post{port_of(q->id->local), op, len});
 }
 
 int post_send(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr, bool has_imm,
@@ -402,6 +508,7 @@ int post_send(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *m
     misuse("post_send before the connection is established");
     return IBMSG_EIO;
   }
+  record_post(q, ctx->op, len);
   ++q->send_unpolled;
   if (q->error) {
     complete_send(q, ctx, WcStatus::Flushed);
@@ -443,6 +550,9 @@ int device_open(DeviceKey key, Device **out) {
   d->info.iwarp = g.iwarp;
   d->info.max_qp_wr = 16384;
   d->info.max_cqe = 4194303;
+  d->info.max_rd_atom = kMaxRdAtom;
+  d->info.max_init_rd_atom = kMaxRdAtom;
+  d->info.atomics = g.atomics;
   ++g.counts.devices;
   *out = d;
   return IBMSG_OK;
@@ -524,24 +634,36 @@ int cq_poll(Cq *c, Completion *out, int max) {
 // --- memory ---
 
 int mr_register(Device *d, void *addr, size_t len, unsigned access, Mr **out) {
-  (void)access;
   if (int err = injected(fake::Call::MrRegister)) return err;
   if (!addr || !len) return IBMSG_EINVAL;
+  constexpr unsigned kKnown = kRemoteRead | kRemoteWrite | kRemoteAtomic | kLocalReadOnly;
+  if (access & ~kKnown) {
+    misuse("mr_register with unknown access flags 0x%x", access);
+    return IBMSG_EINVAL;
+  }
+  if ((access & kLocalReadOnly) && (access & (kRemoteWrite | kRemoteAtomic))) {
+    misuse("mr_register of remote write or atomic access without local write");  // verbs: EINVAL
+    return IBMSG_EINVAL;
+  }
   Mr *m = new Mr();
   m->magic = kMrMagic;
   m->dev = d;
-  m->addr = static_cast<const uint8_t *>(addr);
+  m->addr = static_cast<uint8_t *>(addr);
   m->len = len;
+  m->access = access;
   m->lkey = g.next_key++;
   m->rkey = g.next_key++;
+  g.rkeys[m->rkey] = m;
   ++d->mrs;
   ++g.counts.mrs;
+  ++g.stats.registrations;
   *out = m;
   return IBMSG_OK;
 }
 
 void mr_deregister(Mr *m) {
   if (!m) return;
+  g.rkeys.erase(m->rkey);
   --m->dev->mrs;
   --g.counts.mrs;
   m->magic = 0;
@@ -718,6 +840,15 @@ int cm_connect(CmId *id, const ConnParam &p) {
     return IBMSG_EINVAL;
   }
   if (p.plen > kReqPdata) return IBMSG_EINVAL;
+  if (p.responder_resources > kMaxRdAtom || p.initiator_depth > kMaxRdAtom) {
+    misuse("cm_connect with %u responder resources / initiator depth %u beyond the device's %u",
+           p.responder_resources, p.initiator_depth, kMaxRdAtom);
+    return IBMSG_EINVAL;
+  }
+  if (!g.raw) {
+    g.stats.connect_responder_resources = p.responder_resources;
+    g.stats.connect_initiator_depth = p.initiator_depth;
+  }
   auto it = g.ports.find(port_of(id->peer));
   if (it == g.ports.end() || it->second->state != IdState::Listening) {
     id->state = IdState::Connecting;
@@ -735,6 +866,8 @@ int cm_connect(CmId *id, const ConnParam &p) {
   n->peer = id->local;
   n->has_local = n->has_peer = n->has_dev = true;
   n->remote = id;
+  n->req_responder_resources = p.responder_resources;
+  n->req_initiator_depth = p.initiator_depth;
   ++l->ch->ids;
   ++g.counts.ids;
   id->remote = n;
@@ -753,6 +886,22 @@ int cm_accept(CmId *id, const ConnParam &p) {
     return IBMSG_EINVAL;
   }
   if (p.plen > kRepPdata) return IBMSG_EINVAL;
+  // kMaxRdAtomic: as librdmacm, as many as the request asked for (its initiator depth is our
+  // responder resources) and the device allows; an explicit value must fit the device.
+  auto resolve = [](uint8_t v, uint8_t asked) {
+    return v == kMaxRdAtomic ? std::min<unsigned>(asked, kMaxRdAtom) : unsigned(v);
+  };
+  unsigned rr = resolve(p.responder_resources, id->req_initiator_depth);
+  unsigned idepth = resolve(p.initiator_depth, id->req_responder_resources);
+  if (rr > kMaxRdAtom || idepth > kMaxRdAtom) {
+    misuse("cm_accept with %u responder resources / initiator depth %u beyond the device's %u",
+           rr, idepth, kMaxRdAtom);
+    return IBMSG_EINVAL;
+  }
+  if (!g.raw) {
+    g.stats.accept_responder_resources = int(rr);
+    g.stats.accept_initiator_depth = int(idepth);
+  }
   CmId *c = id->remote;
   if (!c || c->state != IdState::Connecting) return IBMSG_ECONNRESET;  // the peer gave up
   id->state = c->state = IdState::Connected;
@@ -870,8 +1019,75 @@ int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const M
   return post_send(id, ctx, buf, len, mr, true, imm, max_inline);
 }
 
-// TODO(one-sided in the fake): not modelled yet.
-int post_rdma(CmId *, WorkCtx *, const RdmaWr &, uint32_t) { return IBMSG_EIO; }
+int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
+  if (int err = injected(fake::Call::PostRdma)) return err;
+  Qp *q = id->qp;
+  if (!q) {
+    misuse("post_rdma on an id without a QP");
+    return IBMSG_EIO;
+  }
+  if (!ctx) {
+    misuse("post_rdma without a work request context");
+    return IBMSG_EINVAL;
+  }
+  const Op op = ctx->op;
+  if (op != Op::RdmaWrite && op != Op::RdmaRead && op != Op::WriteImm && op != Op::Atomic) {
+    misuse("post_rdma of a work request that is no one-sided operation");
+    return IBMSG_EINVAL;
+  }
+  const bool write = op == Op::RdmaWrite || op == Op::WriteImm;
+  if (max_inline > q->caps.max_inline) {
+    misuse("post_rdma with max_inline %u beyond the %u granted", max_inline, q->caps.max_inline);
+    return IBMSG_EIO;
+  }
+  if (op == Op::Atomic) {
+    if (!q->dev->info.atomics) {
+      misuse("an atomic on a device without atomics");
+      return IBMSG_EINVAL;
+    }
+    if (w.len != 8) {
+      misuse("an atomic of %u bytes", w.len);
+      return IBMSG_EINVAL;
+    }
+  }
+  if (w.len && !w.local) {
+    misuse("post_rdma of %u bytes without local memory", w.len);
+    return IBMSG_EIO;
+  }
+  if (w.len && !(write && w.len <= max_inline) && !check_mr(q, w.mr, w.local, w.len))
+    return IBMSG_EIO;
+  if (!write && w.mr && (w.mr->access & kLocalReadOnly)) {
+    misuse("the result of an %s into memory registered without local write", op_name(op));
+    return IBMSG_EIO;  // a real device completes it with a local protection error
+  }
+  if (q->send_unpolled >= q->caps.send_wrs) {
+    misuse("send queue overflow: %u work requests outstanding", q->send_unpolled);
+    return IBMSG_EIO;
+  }
+  if (!q->rts && !q->error) {
+    misuse("post_rdma before the connection is established");
+    return IBMSG_EIO;
+  }
+  record_post(q, op, w.len);
+  ++q->send_unpolled;
+  if (q->error) {
+    complete_send(q, ctx, WcStatus::Flushed);
+    return IBMSG_OK;
+  }
+  SendWr s;
+  s.ctx = ctx;
+  s.has_imm = op == Op::WriteImm;
+  s.imm = w.imm;
+  s.rdma = true;
+  s.rw = w;
+  if (write && w.len) {
+    auto p = static_cast<const uint8_t *>(w.local);
+    s.data.assign(p, p + w.len);
+  }
+  q->sq.push_back(std::move(s));
+  deliver(q);
+  return IBMSG_OK;
+}
 
 }  // namespace ibmsg::tp
 
@@ -890,7 +1106,10 @@ void reset() {
   tp::g.delay_acks = false;
   tp::g.delay_port = 0;
   tp::g.removed = false;
+  tp::g.atomics = true;
   tp::g.ids.clear();
+  tp::g.rkeys.clear();
+  tp::g.posts.clear();
   tp::g.ports.clear();
   tp::g.qps.clear();
   tp::g.held.clear();
@@ -920,6 +1139,17 @@ std::string open_objects_text() {
 const Stats &stats() { return tp::g.stats; }
 
 void set_iwarp(bool iwarp) { tp::g.iwarp = iwarp; }
+
+void set_atomics(bool atomics) { tp::g.atomics = atomics; }
+
+const std::vector<Post> &posts() { return tp::g.posts; }
+
+std::vector<Op> posts_of(unsigned short port, bool with_ctrl) {
+  std::vector<Op> out;
+  for (const Post &p : tp::g.posts)
+    if (p.port == port && (with_ctrl || p.op != Op::Ctrl)) out.push_back(p.op);
+  return out;
+}
 
 void remove_device() {
   tp::g.removed = true;
@@ -1098,6 +1328,33 @@ int RawPeer::send_without_imm(const void *data, size_t len) {
   return post_send_no_imm(id_, &send_ctx_, area, uint32_t(len), mr_);
 }
 
+int RawPeer::post_write(WorkCtx *ctx, uint32_t imm, uint64_t remote, uint32_t rkey,
+                        const void *data, size_t len) {
+  RawCall rc;
+  if (!id_ || !mr_) return IBMSG_ENOTCONN;
+  if (len > bufsize_) return IBMSG_EMSGSIZE;
+  poll();
+  uint8_t *area = mem_ + size_t(nbufs_) * bufsize_;
+  if (len) memcpy(area, data, len);
+  RdmaWr w{};
+  w.local = area;
+  w.len = uint32_t(len);
+  w.mr = mr_;
+  w.remote = remote;
+  w.rkey = rkey;
+  w.imm = imm;
+  return post_rdma(id_, ctx, w, 0);
+}
+
+int RawPeer::write(uint64_t remote, uint32_t rkey, const void *data, size_t len) {
+  return post_write(&write_ctx_, 0, remote, rkey, data, len);
+}
+
+int RawPeer::write_imm(uint32_t imm, uint64_t remote, uint32_t rkey, const void *data,
+                       size_t len) {
+  return post_write(&write_imm_ctx_, imm, remote, rkey, data, len);
+}
+
 int RawPeer::disconnect() {
   RawCall rc;
   if (!id_) return IBMSG_ENOTCONN;
@@ -1183,6 +1440,10 @@ void RawPeer::poll() {
         m.data.assign(buf, buf + wc[i].len);
         received.push_back(std::move(m));
         if (id_) post_recv(id_, wc[i].ctx, buf, bufsize_, mr_);
+      } else if (wc[i].ctx->op == Op::RdmaWrite || wc[i].ctx->op == Op::WriteImm) {
+        last_rdma_status = wc[i].status;
+        if (wc[i].status == WcStatus::Ok) ++rdma_ok;
+        else ++rdma_failed;
       } else if (wc[i].status == WcStatus::Ok) {
         ++sends_ok;
       } else {

@@ -1,5 +1,6 @@
 // test_wire.cpp - the wire format (src/wire.hpp): the immediate value of every message, the Hello
-// of connection set-up and the Reject with its reason text.
+// of connection set-up and its feature bits, the Reject with its reason text, and the remote
+// descriptor (ibmsg_descriptor) with its check.
 #include <cstdarg>
 #include <cstddef>
 #include <cstdint>
@@ -9,7 +10,9 @@ extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
 }
 
 #include <cstring>
+#include <random>
 
+#include "ibmsg.h"
 #include "wire.hpp"
 
 namespace wire = ibmsg::wire;
@@ -251,7 +254,7 @@ void hello_layout_is_little_endian_byte_by_byte(void **) {
   const uint8_t expected[wire::kHelloSize] = {
       0x53, 0x4d, 0x42, 0x49,  // magic 0x49424d53 ("IBMS" read as a big-endian word)
       0x01,                    // major
-      0x00,                    // minor
+      wire::kMinor,            // minor (feature_bits_have_their_documented_values pins it)
       0x01,                    // kind: hello
       0x00,                    // zero
       0x44, 0x33, 0x22, 0x11,  // features
@@ -525,7 +528,7 @@ void reject_layout_is_the_header_then_the_text(void **) {
   const uint8_t expected[] = {
       0x53, 0x4d, 0x42, 0x49,  // magic
       0x01,                    // major
-      0x00,                    // minor
+      wire::kMinor,            // minor
       0x02,                    // kind: reject
       0x00,                    // zero
       'n',  'o',
@@ -595,6 +598,232 @@ void hello_and_reject_are_not_mistaken_for_each_other(void **) {
   assert_hello_result(reject, sizeof reject, wire::HelloResult::NotIbmsg, &out, "a reject");
 }
 
+
+// --- DataImm and feature bits -------------------------------------------------------------------
+
+void imm_data_imm_is_opcode_5_with_a_4_byte_trailer(void **) {
+  assert_int_equal(op_value(wire::Opcode::DataImm), 5);
+  assert_int_equal(wire::kImmTrailer, 4);
+  assert_imm_encodes_to(0x1234, 0x56, wire::Opcode::DataImm, 0x50561234u);
+  assert_imm_round_trip(0, 0, wire::Opcode::DataImm);
+  assert_imm_round_trip(wire::kMaxCreditsPerMsg, wire::kMaxCtrlCreditsPerMsg,
+                        wire::Opcode::DataImm);
+  wire::Imm out;
+  assert_true(wire::decode_imm(0x50000000u, &out));
+  assert_true(out.op == wire::Opcode::DataImm);
+}
+
+void feature_bits_have_their_documented_values(void **) {
+  // These bits travel in every hello: renumbering them breaks every older peer.
+  assert_int_equal(wire::kFeatureRdma, 1u << 0);
+  assert_int_equal(wire::kFeatureImm, 1u << 1);
+  assert_int_equal(wire::kFeatures, wire::kFeatureRdma | wire::kFeatureImm);
+  assert_int_equal(wire::kFeatureRdma & wire::kFeatureImm, 0);
+  // The features came with protocol 1.1 (a 1.0 peer sends features 0).
+  assert_int_equal(wire::kMajor, 1);
+  assert_int_equal(wire::kMinor, 1);
+  wire::Hello h;
+  assert_int_equal(h.features, wire::kFeatures);  // a hello offers everything by default
+}
+
+void feature_bits_round_trip_through_the_hello_one_by_one(void **) {
+  for (uint32_t f : {0u, wire::kFeatureRdma, wire::kFeatureImm, wire::kFeatures, 0x80000000u}) {
+    uint8_t buf[wire::kHelloSize];
+    wire::Hello h = make_hello(8, 4, 1024);
+    h.features = f;
+    wire::encode_hello(h, buf);
+    assert_int_equal(buf[8], f & 0xff);  // little-endian at bytes 8..11
+    assert_int_equal(buf[11], f >> 24);
+    wire::Hello out;
+    assert_hello_result(buf, sizeof buf, wire::HelloResult::Ok, &out, "a hello with features");
+    if (out.features != f) fail_msg("features 0x%08x came back as 0x%08x", f, out.features);
+  }
+}
+
+// --- Descriptor ---------------------------------------------------------------------------------
+
+// FNV-1a, 32 bits, written from its definition (offset basis 2166136261, prime 16777619).
+uint32_t reference_fnv1a(const uint8_t *p, size_t n) {
+  uint32_t h = 0x811c9dc5u;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 0x01000193u;
+  }
+  return h;
+}
+
+void descriptor_reference_check_matches_published_fnv1a_values(void **) {
+  // Published FNV-1a 32-bit test vectors: the reference above is right.
+  assert_int_equal(reference_fnv1a(reinterpret_cast<const uint8_t *>(""), 0), 0x811c9dc5u);
+  assert_int_equal(reference_fnv1a(reinterpret_cast<const uint8_t *>("a"), 1), 0xe40c292cu);
+  assert_int_equal(reference_fnv1a(reinterpret_cast<const uint8_t *>("foobar"), 6), 0xbf9cf968u);
+}
+
+wire::Descriptor make_desc(uint8_t access, uint32_t rkey, uint64_t addr, uint64_t length) {
+  wire::Descriptor d;
+  d.access = access;
+  d.rkey = rkey;
+  d.addr = addr;
+  d.length = length;
+  return d;
+}
+
+// Stores the check of bytes 0..27 in bytes 28..31 (to build well-formed descriptors by hand).
+void seal(uint8_t b[wire::kDescriptorSize]) {
+  uint32_t c = reference_fnv1a(b, 28);
+  for (int i = 0; i < 4; ++i) b[28 + i] = uint8_t(c >> (8 * i));
+}
+
+void assert_desc_round_trip(const wire::Descriptor &d) {
+  uint8_t b[wire::kDescriptorSize];
+  wire::encode_descriptor(d, b);
+  wire::Descriptor out = make_desc(0x77, 0x77, 0x77, 0x77);
+  if (!wire::decode_descriptor(b, &out))
+    fail_msg("decode rejected access 0x%x, rkey 0x%x, addr 0x%llx, length 0x%llx", d.access,
+             d.rkey, (unsigned long long)d.addr, (unsigned long long)d.length);
+  if (out.access != d.access || out.rkey != d.rkey || out.addr != d.addr || out.length != d.length)
+    fail_msg("access 0x%x, rkey 0x%x, addr 0x%llx, length 0x%llx came back as 0x%x, 0x%x, "
+             "0x%llx, 0x%llx",
+             d.access, d.rkey, (unsigned long long)d.addr, (unsigned long long)d.length,
+             out.access, out.rkey, (unsigned long long)out.addr, (unsigned long long)out.length);
+}
+
+void descriptor_round_trips(void **) {
+  assert_desc_round_trip(make_desc(IBMSG_ACCESS_REMOTE_WRITE, 0x1234, 0x7f0000001000ull, 4096));
+  assert_desc_round_trip(make_desc(IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_WRITE |
+                                       IBMSG_ACCESS_REMOTE_ATOMIC,
+                                   0xffffffffu, 0, 1));
+  assert_desc_round_trip(make_desc(IBMSG_ACCESS_REMOTE_READ, 0, 1, UINT64_MAX - 1));  // to the top
+  assert_desc_round_trip(
+      make_desc(0xff, 0x80000001u, 0x8000000000000000ull, 0x7fffffffffffffffull));
+}
+
+void descriptor_sizes_agree(void **) {
+  assert_int_equal(wire::kDescriptorSize, 32);
+  assert_int_equal(IBMSG_DESCRIPTOR_SIZE, wire::kDescriptorSize);
+  assert_int_equal(sizeof(ibmsg_descriptor), wire::kDescriptorSize);
+}
+
+void descriptor_layout_is_little_endian_byte_by_byte(void **) {
+  uint8_t buf[wire::kDescriptorSize + 8];
+  memset(buf, 0xee, sizeof buf);
+  wire::encode_descriptor(make_desc(0x06, 0x11223344u, 0x0102030405060708ull, 0x1000), buf);
+  uint8_t expected[wire::kDescriptorSize] = {
+      0x5c, 0xd3,                                      // magic 0xd35c
+      0x01,                                            // version
+      0x06,                                            // rights
+      0x44, 0x33, 0x22, 0x11,                          // rkey
+      0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,  // address
+      0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00,  // length
+      0x00, 0x00, 0x00, 0x00,                          // zero
+      0, 0, 0, 0,                                      // check: below
+  };
+  seal(expected);
+  for (size_t i = 0; i < sizeof expected; ++i)
+    if (buf[i] != expected[i])
+      fail_msg("descriptor byte %zu is 0x%02x, expected 0x%02x", i, buf[i], expected[i]);
+  for (size_t i = wire::kDescriptorSize; i < sizeof buf; ++i)
+    if (buf[i] != 0xee) fail_msg("encode_descriptor wrote byte %zu, past kDescriptorSize", i);
+}
+
+void descriptor_every_single_bit_flip_is_rejected(void **) {
+  const wire::Descriptor ds[] = {
+      make_desc(IBMSG_ACCESS_REMOTE_WRITE, 0x1234, 0x7f0000001000ull, 4096),
+      make_desc(0x0e, 0xffffffffu, 0xfffffffffffff000ull, 0x1000),
+      make_desc(0, 0, 0, 1),
+  };
+  for (const wire::Descriptor &d : ds) {
+    uint8_t b[wire::kDescriptorSize];
+    wire::encode_descriptor(d, b);
+    for (size_t bit = 0; bit < 8 * wire::kDescriptorSize; ++bit) {
+      uint8_t f[wire::kDescriptorSize];
+      memcpy(f, b, sizeof f);
+      f[bit / 8] ^= uint8_t(1u << (bit % 8));
+      wire::Descriptor out;
+      if (wire::decode_descriptor(f, &out))
+        fail_msg("a descriptor with bit %zu (byte %zu) flipped decodes", bit, bit / 8);
+    }
+  }
+}
+
+void descriptor_random_bytes_are_rejected(void **) {
+  std::mt19937 rng(20240601);
+  for (int n = 0; n < 100000; ++n) {
+    uint8_t b[wire::kDescriptorSize];
+    for (uint8_t &x : b) x = uint8_t(rng());
+    wire::Descriptor out;
+    if (wire::decode_descriptor(b, &out)) fail_msg("random descriptor %d decodes", n);
+  }
+}
+
+// Random bytes behind a right header (magic, version, zero bytes): the check alone rejects them.
+void descriptor_random_bytes_with_a_valid_header_fail_the_check(void **) {
+  std::mt19937 rng(7);
+  for (int n = 0; n < 100000; ++n) {
+    uint8_t b[wire::kDescriptorSize];
+    for (uint8_t &x : b) x = uint8_t(rng());
+    b[0] = 0x5c;
+    b[1] = 0xd3;
+    b[2] = 1;
+    memset(b + 24, 0, 4);
+    if (reference_fnv1a(b, 28) == (uint32_t(b[28]) | uint32_t(b[29]) << 8 |
+                                   uint32_t(b[30]) << 16 | uint32_t(b[31]) << 24))
+      continue;  // (a chance of 2^-32 per string: the check happens to be right)
+    wire::Descriptor out;
+    if (wire::decode_descriptor(b, &out)) fail_msg("descriptor %d with a wrong check decodes", n);
+  }
+}
+
+void descriptor_of_zero_length_is_rejected(void **) {
+  uint8_t b[wire::kDescriptorSize];
+  wire::encode_descriptor(make_desc(IBMSG_ACCESS_REMOTE_WRITE, 1, 0x1000, 0), b);
+  wire::Descriptor out;
+  assert_false(wire::decode_descriptor(b, &out));
+}
+
+void descriptor_whose_range_wraps_is_rejected(void **) {
+  const wire::Descriptor wrapping[] = {
+      make_desc(IBMSG_ACCESS_REMOTE_WRITE, 1, 0xfffffffffffff000ull, 0x2000),
+      make_desc(IBMSG_ACCESS_REMOTE_WRITE, 1, 2, UINT64_MAX),
+      make_desc(IBMSG_ACCESS_REMOTE_WRITE, 1, UINT64_MAX, UINT64_MAX),
+  };
+  for (const wire::Descriptor &d : wrapping) {
+    uint8_t b[wire::kDescriptorSize];
+    wire::encode_descriptor(d, b);
+    wire::Descriptor out;
+    if (wire::decode_descriptor(b, &out))
+      fail_msg("addr 0x%llx, length 0x%llx wraps around, yet decodes", (unsigned long long)d.addr,
+               (unsigned long long)d.length);
+  }
+}
+
+// Well-formed apart from one field, with the check recomputed: the field alone rejects it.
+void descriptor_with_a_right_check_but_a_wrong_header_is_rejected(void **) {
+  uint8_t good[wire::kDescriptorSize];
+  wire::encode_descriptor(make_desc(IBMSG_ACCESS_REMOTE_READ, 9, 0x1000, 64), good);
+  struct Change {
+    const char *what;
+    size_t at;
+    uint8_t value;
+  };
+  const Change changes[] = {
+      {"magic, low byte", 0, 0x5d},  {"magic, high byte", 1, 0xd4}, {"version 0", 2, 0},
+      {"version 2", 2, 2},           {"reserved byte 24", 24, 1},   {"reserved byte 27", 27, 0x80},
+  };
+  wire::Descriptor out;
+  uint8_t b[wire::kDescriptorSize];
+  memcpy(b, good, sizeof b);
+  seal(b);
+  assert_memory_equal(b, good, sizeof b);  // seal() computes the same check as the encoder
+  assert_true(wire::decode_descriptor(b, &out));
+  for (const Change &c : changes) {
+    memcpy(b, good, sizeof b);
+    b[c.at] = c.value;
+    seal(b);
+    if (wire::decode_descriptor(b, &out)) fail_msg("a descriptor with a wrong %s decodes", c.what);
+  }
+}
+
 }  // namespace
 
 int main(void) {
@@ -649,6 +878,19 @@ int main(void) {
       cmocka_unit_test(reject_from_another_version_still_decodes_its_text),
       cmocka_unit_test(reject_too_short_or_null_is_rejected),
       cmocka_unit_test(hello_and_reject_are_not_mistaken_for_each_other),
+      cmocka_unit_test(imm_data_imm_is_opcode_5_with_a_4_byte_trailer),
+      cmocka_unit_test(feature_bits_have_their_documented_values),
+      cmocka_unit_test(feature_bits_round_trip_through_the_hello_one_by_one),
+      cmocka_unit_test(descriptor_reference_check_matches_published_fnv1a_values),
+      cmocka_unit_test(descriptor_round_trips),
+      cmocka_unit_test(descriptor_sizes_agree),
+      cmocka_unit_test(descriptor_layout_is_little_endian_byte_by_byte),
+      cmocka_unit_test(descriptor_every_single_bit_flip_is_rejected),
+      cmocka_unit_test(descriptor_random_bytes_are_rejected),
+      cmocka_unit_test(descriptor_random_bytes_with_a_valid_header_fail_the_check),
+      cmocka_unit_test(descriptor_of_zero_length_is_rejected),
+      cmocka_unit_test(descriptor_whose_range_wraps_is_rejected),
+      cmocka_unit_test(descriptor_with_a_right_check_but_a_wrong_header_is_rejected),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
