@@ -25,6 +25,7 @@ uintptr_t region_check(const ibmsg_region *pub, const Region *r) {
 
 constexpr unsigned kRemoteRights =
     IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_WRITE | IBMSG_ACCESS_REMOTE_ATOMIC;
+static_assert(kRemoteRights == wire::kDescRights, "a descriptor's rights byte holds the remote rights");
 constexpr unsigned kAllRights = IBMSG_ACCESS_LOCAL_WRITE | kRemoteRights;
 
 // The transport's access flags for local use of the region, or for a grant of rights.

@@ -123,6 +123,7 @@ bool decode_descriptor(const uint8_t in[kDescriptorSize], Descriptor *out) {
   if (in[0] != uint8_t(kDescMagic) || in[1] != uint8_t(kDescMagic >> 8) || in[2] != kDescVersion ||
       get32(in + 24) != 0 || get32(in + 28) != fnv1a(in, 28))
     return false;
+  if (in[3] == 0 || (in[3] & ~kDescRights)) return false;
   out->access = in[3];
   out->rkey = get32(in + 4);
   out->addr = get64(in + 8);

@@ -101,6 +101,7 @@ bool decode_reject(const void *data, size_t len, char *out, size_t out_size);
 // The check catches a corrupted or made-up descriptor before anything is posted; it is no
 // protection against a forged one (the key and the range registered on exactly those bytes are).
 constexpr size_t kDescriptorSize = 32;
+constexpr uint8_t kDescRights = 0x0e;  // IBMSG_ACCESS_REMOTE_READ | _WRITE | _ATOMIC
 struct Descriptor {
   uint8_t access = 0;
   uint32_t rkey = 0;
@@ -108,7 +109,8 @@ struct Descriptor {
   uint64_t length = 0;
 };
 void encode_descriptor(const Descriptor &d, uint8_t out[kDescriptorSize]);
-// false if the magic, version, reserved bytes or check are wrong, or the range wraps around.
+// false if the magic, version, reserved bytes or check are wrong, the rights are none or unknown
+// ones, the length is 0 or the range wraps around.
 bool decode_descriptor(const uint8_t in[kDescriptorSize], Descriptor *out);
 
 }  // namespace ibmsg::wire

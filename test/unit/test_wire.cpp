@@ -694,8 +694,22 @@ void descriptor_round_trips(void **) {
                                        IBMSG_ACCESS_REMOTE_ATOMIC,
                                    0xffffffffu, 0, 1));
   assert_desc_round_trip(make_desc(IBMSG_ACCESS_REMOTE_READ, 0, 1, UINT64_MAX - 1));  // to the top
-  assert_desc_round_trip(
-      make_desc(0xff, 0x80000001u, 0x8000000000000000ull, 0x7fffffffffffffffull));
+  assert_desc_round_trip(make_desc(IBMSG_ACCESS_REMOTE_ATOMIC, 0x80000001u, 0x8000000000000000ull,
+                                   0x7fffffffffffffffull));
+}
+
+// The rights byte holds IBMSG_ACCESS_REMOTE_* bits only, at least one: anything else is not a
+// descriptor ibmsg made, even with a correct check.
+void descriptor_with_no_or_unknown_rights_is_rejected(void **) {
+  for (unsigned rights = 0; rights < 256; ++rights) {
+    uint8_t b[wire::kDescriptorSize];
+    wire::encode_descriptor(make_desc(uint8_t(rights), 1, 0x1000, 64), b);
+    wire::Descriptor out;
+    bool valid = rights != 0 && (rights & ~unsigned(IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_WRITE |
+                                                   IBMSG_ACCESS_REMOTE_ATOMIC)) == 0;
+    if (wire::decode_descriptor(b, &out) != valid)
+      fail_msg("rights 0x%02x: decode says %s", rights, valid ? "invalid" : "valid");
+  }
 }
 
 void descriptor_sizes_agree(void **) {
@@ -889,6 +903,7 @@ int main(void) {
       cmocka_unit_test(descriptor_random_bytes_are_rejected),
       cmocka_unit_test(descriptor_random_bytes_with_a_valid_header_fail_the_check),
       cmocka_unit_test(descriptor_of_zero_length_is_rejected),
+      cmocka_unit_test(descriptor_with_no_or_unknown_rights_is_rejected),
       cmocka_unit_test(descriptor_whose_range_wraps_is_rejected),
       cmocka_unit_test(descriptor_with_a_right_check_but_a_wrong_header_is_rejected),
   };
