@@ -1,5 +1,6 @@
 #!/bin/sh
-# demo.sh - show ibmsg at work: ibmsg-recv and ibmsg-send exchange verified messages.
+# demo.sh - show ibmsg at work: ibmsg-recv and ibmsg-send exchange verified messages, and
+# ibmsg-rdma writes into a server's buffer with RDMA and reads it back.
 #
 # Run by `make demo` from the build directory, where the tools are ./examples/ibmsg-*.
 # With IBMSG_TEST_ADDR set (the address of a real RDMA device, or we are inside the Soft-RoCE
@@ -20,14 +21,15 @@ fi
 bindir=${IBMSG_DEMO_BINDIR:-}
 if [ -z "$bindir" ]; then
   for dir in ./examples "$srcdir/build/examples"; do
-    if [ -x "$dir/ibmsg-send" ] && [ -x "$dir/ibmsg-recv" ]; then
+    if [ -x "$dir/ibmsg-send" ] && [ -x "$dir/ibmsg-recv" ] && [ -x "$dir/ibmsg-rdma" ]; then
       bindir=$dir
       break
     fi
   done
 fi
-if [ -z "$bindir" ] || [ ! -x "$bindir/ibmsg-send" ] || [ ! -x "$bindir/ibmsg-recv" ]; then
-  echo "demo: ibmsg-send and ibmsg-recv not found: build them and run 'make demo'" >&2
+if [ -z "$bindir" ] || [ ! -x "$bindir/ibmsg-send" ] || [ ! -x "$bindir/ibmsg-recv" ] ||
+   [ ! -x "$bindir/ibmsg-rdma" ]; then
+  echo "demo: ibmsg-send, ibmsg-recv and ibmsg-rdma not found: build them and run 'make demo'" >&2
   exit 1
 fi
 
@@ -36,9 +38,11 @@ addr=$IBMSG_TEST_ADDR
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ibmsg-demo.XXXXXX" 2>/dev/null ||
   mktemp -d /tmp/ibmsg-demo.XXXXXX) || exit 1
 recv_pid=
+server_pid=
 # shellcheck disable=SC2317 # called by the trap
 cleanup() {
   [ -n "$recv_pid" ] && kill "$recv_pid" 2>/dev/null
+  [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -112,10 +116,60 @@ run_round() {
   fi
 }
 
+# run_rdma_round STRING: an ibmsg-rdma server offers a buffer; a client writes STRING into it
+# with an RDMA write, reads it back with an RDMA read and compares; SIGINT ends the server.
+run_rdma_round() {
+  string=$1
+  round=$((round + 1))
+  port=$((12344 + round))
+  echo
+  echo "=== round $round: one-sided RDMA: \"$string\" written into a server's buffer, read back ==="
+
+  "$bindir/ibmsg-rdma" --server -p "$port" "$addr" >"$tmp/server.out" 2>&1 &
+  server_pid=$!
+  n=0
+  until grep -q "listening on" "$tmp/server.out" 2>/dev/null; do
+    if ! kill -0 "$server_pid" 2>/dev/null || [ "$n" -ge 100 ]; then
+      break
+    fi
+    sleep 0.1
+    n=$((n + 1))
+  done
+
+  "$bindir/ibmsg-rdma" -p "$port" -s "$string" "$addr" >"$tmp/client.out" 2>&1
+  client_status=$?
+
+  # The server serves until interrupted: SIGINT is its normal end (exit status 0).
+  kill -INT "$server_pid" 2>/dev/null
+  if wait_exit "$server_pid" 100; then
+    wait "$server_pid"
+    server_status=$?
+  else
+    kill "$server_pid" 2>/dev/null
+    wait "$server_pid" 2>/dev/null
+    echo "  demo: ibmsg-rdma --server did not exit within 10 s after SIGINT" >>"$tmp/server.out"
+    server_status=1
+  fi
+  server_pid=
+
+  echo "server: ibmsg-rdma --server -p $port $addr (exit status $server_status)"
+  show "|" "$tmp/server.out"
+  echo "client: ibmsg-rdma -p $port -s \"$string\" $addr (exit status $client_status)"
+  show "|" "$tmp/client.out"
+  if [ "$client_status" = 0 ] && [ "$server_status" = 0 ] && grep -q "^SUCCESS" "$tmp/client.out"
+  then
+    echo "round $round: OK"
+  else
+    echo "round $round: FAILED"
+    failures=$((failures + 1))
+  fi
+}
+
 echo "ibmsg demo on $addr${IBMSG_TEST_DEVICE:+ (device $IBMSG_TEST_DEVICE)}"
 run_round 10000 4096 1
 run_round 10000 4096 4
 run_round 2000 0 2
+run_rdma_round "hello rdma"
 
 echo
 if [ "$failures" = 0 ]; then

@@ -350,6 +350,24 @@ int tool_payload_check(const void *data, size_t size, uint64_t seq, int64_t *con
   return 0;
 }
 
+/* ---- random bytes -------------------------------------------------------------------------- */
+
+uint64_t tool_random_seed(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return mix64(((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^
+               ((uint64_t)getpid() << 16));
+}
+
+void tool_random_fill(void *data, size_t size, uint64_t *state) {
+  unsigned char *p = data;
+  for (size_t off = 0; off < size; off += 8) {
+    size_t left = size - off;
+    *state += GOLDEN;
+    put_le(p + off, mix64(*state), left < 8 ? (int)left : 8);
+  }
+}
+
 /* ---- send buffers ---------------------------------------------------------------------------- */
 
 int tool_sendpool_init(struct tool_sendpool *pool, ibmsg_socket *socket, ibmsg_event_loop *loop) {

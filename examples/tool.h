@@ -1,9 +1,11 @@
 /*
- * tool.h - helpers shared by the command-line tools ibmsg-send, ibmsg-recv and ibmsg-perf.
+ * tool.h - helpers shared by the command-line tools ibmsg-send, ibmsg-recv, ibmsg-perf and
+ * ibmsg-rdma.
  *
  * Nothing here is part of the ibmsg API: it is the plumbing every tool needs (messages to the
- * user, option values, time, the summary and progress lines, the --verify payload, a free list
- * of send buffers) kept in one place so that each tool's own file shows only how it uses ibmsg.
+ * user, option values, time, the summary and progress lines, the --verify payload, random
+ * bytes, a free list of send buffers) kept in one place so that each tool's own file shows only
+ * how it uses ibmsg.
  */
 #ifndef IBMSG_TOOL_H
 #define IBMSG_TOOL_H
@@ -121,6 +123,14 @@ void tool_payload_fill(void *data, size_t size, uint32_t conn, uint64_t seq, int
  *  learned). Returns 0, or -1 with what is wrong in why. */
 int tool_payload_check(const void *data, size_t size, uint64_t seq, int64_t *conn, char *why,
                        size_t why_len);
+
+/* ---- random bytes -------------------------------------------------------------------------- */
+
+/** A seed that differs from run to run (the time and the process id). */
+uint64_t tool_random_seed(void);
+/** Fills size bytes with pseudo-random bytes drawn from *state, which advances, so that the
+ *  next call gives other bytes. Fast, not for cryptography. */
+void tool_random_fill(void *data, size_t size, uint64_t *state);
 
 /* ---- send buffers ---------------------------------------------------------------------------- */
 
