@@ -15,6 +15,19 @@
  *              are posted again from their message_sent callbacks); the clock runs from the
  *              first timed post to the last message_sent. The server answers the last message
  *              with a DONE message carrying its count, so no message goes unaccounted.
+ * The one-sided RDMA tests (write_lat, read_lat, atomic_lat, write_bw, read_bw) use messages only
+ * to set up: the server answers the HELLO with a DESC message carrying a descriptor of a region it
+ * allocated for the test and, apart from answering write_lat's writes, only runs its loop; the
+ * client does the operations:
+ *   write_lat  a ping-pong of RDMA writes with immediate: each side writes into the other's
+ *              region (the client's descriptor rides in its HELLO) and answers the peer's write
+ *              from its write_received callback; one-way latency = round trip / 2, as perftest's
+ *              ib_write_lat reports it (there both sides poll the last byte in memory instead).
+ *   read_lat,  one RDMA read (or 8-byte fetch-and-add) at a time, timed from the posting call to
+ *   atomic_lat its done callback, as ib_read_lat and ib_atomic_lat report them (not halved).
+ *   write_bw,  a window of operations in flight (--window, as perftest's --tx-depth), each one
+ *   read_bw    posted again from its done callback; the clock runs from the first timed post to
+ *              the last done callback.
  * A few untimed warm-up iterations come first. Because the ibmsg callbacks belong to the loop,
  * not to a socket, each socket's user_data says which role it plays, and one set of callbacks
  * serves the server side and the client side alike: that is what makes --loopback possible.
@@ -34,8 +47,9 @@ static const char usage_text[] =
     "Usage: ibmsg-perf [OPTIONS] IP\n"
     "       ibmsg-perf --server [OPTIONS] [IP]\n"
     "       ibmsg-perf --loopback [OPTIONS] IP\n"
-    "Measure ibmsg's latency, message rate and bandwidth against an ibmsg-perf\n"
-    "server at IP, or serve such tests, or run both sides in one process.\n"
+    "Measure ibmsg's latency, message rate and bandwidth, with messages or with\n"
+    "one-sided RDMA, against an ibmsg-perf server at IP, or serve such tests, or\n"
+    "run both sides in one process.\n"
     "\n"
     "Modes:\n"
     "      --server          serve tests until interrupted, on IP or on all\n"
@@ -45,11 +59,25 @@ static const char usage_text[] =
     "Options:\n"
     "  -p, --port PORT       the server's port (default 12345; with --loopback\n"
     "                        any free port)\n"
-    "  -t, --test TEST       lat, bw or all (default all)\n"
+    "  -t, --test TESTS      comma-separated tests (default lat,bw):\n"
+    "                          lat         message latency (ping-pong)\n"
+    "                          bw          message bandwidth\n"
+    "                          write_lat   RDMA write latency (write-with-immediate\n"
+    "                                      ping-pong)\n"
+    "                          read_lat    RDMA read latency (post to done)\n"
+    "                          atomic_lat  fetch-and-add latency (8 bytes, post to\n"
+    "                                      done)\n"
+    "                          write_bw    RDMA write bandwidth\n"
+    "                          read_bw     RDMA read bandwidth\n"
+    "                          send        lat and bw\n"
+    "                          rdma        the five RDMA tests\n"
+    "                          all         every test\n"
     "  -s, --sizes SIZES     comma-separated message sizes in bytes (default\n"
     "                        64,4096,65536)\n"
     "  -n, --iters N         timed iterations per test (default 1000)\n"
     "  -w, --warmup N        untimed iterations before each test (default 32)\n"
+    "  -W, --window N        RDMA operations in flight in write_bw and read_bw\n"
+    "                        (1..4096, default 128, like perftest's tx depth)\n"
     "      --max-size BYTES  largest message size (default 65536, and at least\n"
     "                        the largest of SIZES)\n"
     "      --json            print the results as one JSON document\n"
@@ -57,9 +85,11 @@ static const char usage_text[] =
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
     "\n"
-    "Sizes may end in K, M or G (times 1024, 1024^2, 1024^3). Latency is one way\n"
-    "(round trip / 2) in microseconds; MB/s is 10^6 bytes per second; Mpps is\n"
-    "10^6 messages per second.\n"
+    "Sizes may end in K, M or G (times 1024, 1024^2, 1024^3). Latency is in\n"
+    "microseconds: one way (round trip / 2) for lat and write_lat, post to done for\n"
+    "read_lat and atomic_lat. MB/s is 10^6 bytes per second (lat, bw); MiB/s is\n"
+    "2^20 bytes per second, what perftest calls MB/sec (write_bw, read_bw); Mpps is\n"
+    "10^6 messages or operations per second.\n"
     "Exit status: 0 on success, 1 on an error, 2 on bad usage.\n";
 
 #define MAX_SIZES 64
@@ -69,11 +99,66 @@ static const char usage_text[] =
 /* How long the tool waits for sockets to close at the end. */
 #define CLOSE_TIMEOUT_S 5.0
 
-enum test { TEST_LAT = 1, TEST_BW = 2 };
+/* The tests; the values are also their numbers in the HELLO message. */
+enum test {
+  TEST_LAT = 1,         /* message ping-pong */
+  TEST_BW = 2,          /* messages, as many in flight as ibmsg takes */
+  TEST_WRITE_LAT = 4,   /* RDMA write-with-immediate ping-pong */
+  TEST_READ_LAT = 8,    /* one RDMA read at a time */
+  TEST_ATOMIC_LAT = 16, /* one fetch-and-add at a time */
+  TEST_WRITE_BW = 32,   /* RDMA writes, a window in flight */
+  TEST_READ_BW = 64     /* RDMA reads, a window in flight */
+};
+#define TESTS_SEND (TEST_LAT | TEST_BW)
+#define TESTS_RDMA (TEST_WRITE_LAT | TEST_READ_LAT | TEST_ATOMIC_LAT | TEST_WRITE_BW | TEST_READ_BW)
+#define TESTS_LATENCY (TEST_LAT | TEST_WRITE_LAT | TEST_READ_LAT | TEST_ATOMIC_LAT)
+
+/* The tests in the order they run, with their names (-t, JSON) and table titles. */
+static const struct test_info {
+  int test;
+  const char *name;
+  const char *title;
+  double us_per_s; /* latency: from a timed interval in seconds to the reported microseconds */
+} test_infos[] = {
+    {TEST_LAT, "lat", "ibmsg Send Latency Test (one way = RTT/2)", 0.5e6},
+    {TEST_BW, "bw", "ibmsg Send Bandwidth Test", 0},
+    {TEST_WRITE_LAT, "write_lat",
+     "ibmsg RDMA Write Latency Test (write-imm ping-pong, one way = RTT/2)", 0.5e6},
+    {TEST_READ_LAT, "read_lat", "ibmsg RDMA Read Latency Test (post to done)", 1e6},
+    {TEST_ATOMIC_LAT, "atomic_lat", "ibmsg Atomic Fetch-and-Add Latency Test (post to done)", 1e6},
+    {TEST_WRITE_BW, "write_bw", "ibmsg RDMA Write Bandwidth Test", 0},
+    {TEST_READ_BW, "read_bw", "ibmsg RDMA Read Bandwidth Test", 0},
+};
+#define NTESTS (int)(sizeof test_infos / sizeof test_infos[0])
+
+static const struct test_info *info_of(int test) {
+  for (int i = 0; i < NTESTS; i++)
+    if (test_infos[i].test == test)
+      return &test_infos[i];
+  return NULL;
+}
+
+/* The remote right an RDMA test needs on the server's region. */
+static unsigned right_of(int test) {
+  switch (test) {
+  case TEST_READ_LAT:
+  case TEST_READ_BW: return IBMSG_ACCESS_REMOTE_READ;
+  case TEST_ATOMIC_LAT: return IBMSG_ACCESS_REMOTE_ATOMIC;
+  default: return IBMSG_ACCESS_REMOTE_WRITE;
+  }
+}
+
+/* Bytes an RDMA test touches: an atomic works on one 8-byte word whatever the size. */
+static uint64_t rdma_bytes(int test, uint64_t size) {
+  return test == TEST_ATOMIC_LAT || size < 8 ? 8 : size;
+}
 
 /* ---- the messages that control a test --------------------------------------------------------
  * Fixed little-endian layouts, so that client and server need not be the same build. */
 #define HELLO_SIZE 32 /* "ibmsgprf", u32 version, u32 test, u64 size, u64 count */
+/* write_lat: the HELLO goes on with the client's descriptor (the server's writes go there) */
+#define HELLO_DESC_SIZE (HELLO_SIZE + IBMSG_DESCRIPTOR_SIZE)
+#define DESC_SIZE (8 + IBMSG_DESCRIPTOR_SIZE) /* RDMA tests: "ibmsgdsc", the server's descriptor */
 #define DONE_SIZE 16  /* "ibmsgend", u64 messages received */
 #define PROTO_VERSION 1
 
@@ -117,6 +202,15 @@ struct endpoint {
   uint64_t echoes_owed; /* latency: echoes to post once a send buffer is free */
   int done_owed;        /* bandwidth: the DONE message is due */
   int failed;           /* reported; the session is closing */
+
+  /* RDMA tests: the region the client works on, and what it needs to know of it. */
+  ibmsg_region region;
+  int have_region;
+  ibmsg_descriptor desc; /* ours, sent in the DESC message */
+  int desc_owed;         /* the DESC message is due */
+  ibmsg_descriptor peer_desc; /* write_lat: the client's region, where our answers go */
+  uint64_t echoed;            /* write_lat: answers posted */
+  ibmsg_op ops[2];            /* write_lat: an answer may be posted before the last one's done */
 };
 
 /* The client's side of the test running now. */
@@ -136,17 +230,29 @@ static struct {
   uint64_t server_count; /* bandwidth: from DONE */
   int finished;          /* all iterations done (and DONE came) */
   int failed;            /* reported */
-  double last_activity;
+  uint64_t activity; /* client callbacks so far: progress, without reading the clock */
+
+  /* RDMA tests: "received" counts the finished iterations of a latency test and "sent" the
+   * done callbacks of a bandwidth test. */
+  ibmsg_region region; /* ours: the source or destination of the operations */
+  int have_region;
+  ibmsg_descriptor remote; /* the server's region, from its DESC message */
+  int have_remote;
+  ibmsg_op *ops;       /* window (bandwidth) or 2 (latency) */
+  ibmsg_op **free_ops; /* the ops that are not posted */
+  size_t nops, nfree;
 } cl;
 
 struct lat_result {
+  int test;
   uint64_t size, iters;
-  double min, median, avg, p99, max; /* one way, microseconds */
+  double min, median, avg, p99, max; /* microseconds */
 };
 
 struct bw_result {
-  uint64_t size, iters;
-  double seconds, mbps, mpps;
+  int test;
+  uint64_t size, iters, window;
+  double seconds, mbps, mibps, mpps;
 };
 
 static struct {
@@ -155,10 +261,10 @@ static struct {
   const char *ip;
   unsigned short port;
   int port_given;
-  int tests; /* TEST_LAT | TEST_BW */
+  int tests; /* enum test flags */
   uint64_t sizes[MAX_SIZES];
   int nsizes;
-  uint64_t iters, warmup, max_size;
+  uint64_t iters, warmup, max_size, window;
   int max_size_given;
   int json, quiet;
 
@@ -168,10 +274,10 @@ static struct {
   int server_quiet;          /* no line per session (--loopback: the client reports) */
   char device[64];
 
-  struct lat_result lat[MAX_SIZES];
-  struct bw_result bw[MAX_SIZES];
+  struct lat_result lat[4 * MAX_SIZES];
+  struct bw_result bw[3 * MAX_SIZES];
   int nlat, nbw;
-  int lat_header, bw_header;
+  int header_test; /* the test whose table is being printed */
 } g;
 
 /* ---- the server side ------------------------------------------------------------------------- */
@@ -189,14 +295,42 @@ static void session_fail(struct endpoint *s, const char *what, int code) {
   ibmsg_disconnect(&s->socket); /* IBMSG_ESTATE when it is closing already: fine */
 }
 
-/* Posts the echoes and the DONE message that are due, as far as send buffers allow; runs again
- * from message_sent when they do not. */
+static void session_op_done(ibmsg_socket *socket, ibmsg_op *op, int status);
+
+/* write_lat: posts the answers that are due, as far as the ops allow; runs again from their done
+ * callbacks when they do not. */
+static void session_pump_writes(struct endpoint *s) {
+  while (!s->failed && s->echoes_owed > 0) {
+    ibmsg_op *op = NULL;
+    for (int i = 0; i < 2 && op == NULL; i++)
+      if (s->ops[i].status != IBMSG_EINPROGRESS)
+        op = &s->ops[i];
+    if (op == NULL)
+      return;
+    op->done = session_op_done;
+    op->user_data = s;
+    int rc = ibmsg_rdma_write_imm(&s->socket, op, &s->region, 0, (size_t)s->size, &s->peer_desc,
+                                  0, (uint32_t)s->echoed);
+    if (rc == IBMSG_EAGAIN)
+      return;
+    if (rc != IBMSG_OK) {
+      session_fail(s, "cannot post an RDMA write", rc);
+      return;
+    }
+    s->echoed++;
+    s->echoes_owed--;
+  }
+}
+
+/* Posts the DESC message, the echoes and the DONE message that are due, as far as send buffers
+ * allow; runs again from message_sent when they do not. write_lat's answers are RDMA writes. */
 static void session_pump(struct endpoint *s) {
+  int rdma = (s->test & TESTS_RDMA) != 0;
   ibmsg_buffer *msg;
   int rc;
 
-  while (!s->failed && (s->echoes_owed > 0 || s->done_owed)) {
-    size_t size = s->echoes_owed > 0 ? (size_t)s->size : DONE_SIZE;
+  while (!s->failed && (s->desc_owed || (!rdma && (s->echoes_owed > 0 || s->done_owed)))) {
+    size_t size = s->desc_owed ? DESC_SIZE : s->echoes_owed > 0 ? (size_t)s->size : DONE_SIZE;
     rc = tool_sendpool_get(&s->pool, size, &msg);
     if (rc == IBMSG_EAGAIN)
       return;
@@ -204,7 +338,10 @@ static void session_pump(struct endpoint *s) {
       session_fail(s, "cannot allocate a message", rc);
       return;
     }
-    if (s->echoes_owed == 0) {
+    if (s->desc_owed) {
+      memcpy(msg->data, "ibmsgdsc", 8);
+      memcpy((unsigned char *)msg->data + 8, s->desc.bytes, IBMSG_DESCRIPTOR_SIZE);
+    } else if (s->echoes_owed == 0) {
       memcpy(msg->data, "ibmsgend", 8);
       put64((unsigned char *)msg->data + 8, s->received);
     }
@@ -219,18 +356,46 @@ static void session_pump(struct endpoint *s) {
       session_fail(s, "cannot send", rc);
       return;
     }
-    if (s->echoes_owed > 0)
+    if (s->desc_owed)
+      s->desc_owed = 0;
+    else if (s->echoes_owed > 0)
       s->echoes_owed--;
     else
       s->done_owed = 0;
   }
+  if (s->test == TEST_WRITE_LAT && !s->desc_owed)
+    session_pump_writes(s);
+}
+
+/* An RDMA test: the region the client's operations go to, and its descriptor for the DESC
+ * message. The region has every remote right; the descriptor grants the one the test needs, on
+ * exactly the bytes it touches. */
+static int session_setup_rdma(struct endpoint *s) {
+  uint64_t bytes = rdma_bytes(s->test, s->size);
+  unsigned access =
+      IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_WRITE | IBMSG_ACCESS_REMOTE_ATOMIC;
+  int rc = ibmsg_alloc_region(&g.loop, &s->region, (size_t)bytes, access);
+  if (rc != IBMSG_OK) {
+    session_fail(s, "cannot allocate the region for the test", rc);
+    return -1;
+  }
+  s->have_region = 1;
+  rc = ibmsg_region_descriptor(&s->region, &s->socket, 0, (size_t)bytes, right_of(s->test),
+                               &s->desc);
+  if (rc != IBMSG_OK) {
+    session_fail(s, "cannot make a descriptor of the region", rc);
+    return -1;
+  }
+  s->desc_owed = 1;
+  return 0;
 }
 
 static void session_hello(struct endpoint *s, const ibmsg_buffer *msg) {
   const unsigned char *p = msg->data;
   uint64_t word;
 
-  if (msg->size != HELLO_SIZE || memcmp(p, "ibmsgprf", 8) != 0) {
+  if ((msg->size != HELLO_SIZE && msg->size != HELLO_DESC_SIZE) ||
+      memcmp(p, "ibmsgprf", 8) != 0) {
     session_fail(s, "not an ibmsg-perf client (its first message is not a test request)",
                  IBMSG_OK);
     return;
@@ -239,24 +404,32 @@ static void session_hello(struct endpoint *s, const ibmsg_buffer *msg) {
   s->test = (int)(word >> 32);
   s->size = get64(p + 16);
   s->count = get64(p + 24);
-  if ((word & 0xffffffffu) != PROTO_VERSION || (s->test != TEST_LAT && s->test != TEST_BW)) {
+  if ((word & 0xffffffffu) != PROTO_VERSION || info_of(s->test) == NULL) {
     session_fail(s, "unsupported test request (another version of ibmsg-perf?)", IBMSG_OK);
     return;
   }
-  if (s->size > ibmsg_socket_max_msg_size(&s->socket)) {
+  if (msg->size != (s->test == TEST_WRITE_LAT ? HELLO_DESC_SIZE : HELLO_SIZE) ||
+      ((s->test & TESTS_RDMA) && s->size == 0)) {
+    session_fail(s, "a malformed test request", IBMSG_OK);
+    return;
+  }
+  if ((s->test & TESTS_SEND) && s->size > ibmsg_socket_max_msg_size(&s->socket)) {
     session_fail(s, "messages larger than the maximum message size (see --max-size)",
                  IBMSG_EMSGSIZE);
     return;
   }
+  if (s->test == TEST_WRITE_LAT)
+    memcpy(s->peer_desc.bytes, p + HELLO_SIZE, IBMSG_DESCRIPTOR_SIZE);
   s->have_hello = 1;
   if (!g.server_quiet)
-    tool_info(g.quiet, "client %s port %u: %s test, %" PRIu64 " bytes, %" PRIu64 " messages",
-              s->peer, s->peer_port, s->test == TEST_LAT ? "latency" : "bandwidth", s->size,
-              s->count);
-  if (s->test == TEST_BW && s->count == 0) {
+    tool_info(g.quiet, "client %s port %u: %s test, %" PRIu64 " bytes, %" PRIu64 " %s", s->peer,
+              s->peer_port, info_of(s->test)->name, s->size, s->count,
+              s->test & TESTS_SEND ? "messages" : "operations");
+  if ((s->test & TESTS_RDMA) && session_setup_rdma(s) != 0)
+    return;
+  if (s->test == TEST_BW && s->count == 0)
     s->done_owed = 1;
-    session_pump(s);
-  }
+  session_pump(s);
 }
 
 static void session_received(struct endpoint *s, ibmsg_buffer *msg) {
@@ -264,7 +437,7 @@ static void session_received(struct endpoint *s, ibmsg_buffer *msg) {
     /* closing: only give the buffer back */
   } else if (!s->have_hello) {
     session_hello(s, msg);
-  } else if (msg->size != s->size || s->received >= s->count) {
+  } else if ((s->test & TESTS_RDMA) || msg->size != s->size || s->received >= s->count) {
     session_fail(s, "a message that does not belong to the test", IBMSG_OK);
   } else {
     s->received++;
@@ -275,6 +448,29 @@ static void session_received(struct endpoint *s, ibmsg_buffer *msg) {
     session_pump(s);
   }
   ibmsg_free_msg(msg);
+}
+
+/* write_lat: the client's write landed in our region; answer it with a write into its region. */
+static void session_write_received(struct endpoint *s, uint32_t imm, size_t length) {
+  if (s->failed)
+    return;
+  if (s->test != TEST_WRITE_LAT || !s->have_hello || length != s->size ||
+      s->received >= s->count || imm != (uint32_t)s->received) {
+    session_fail(s, "an RDMA write that does not belong to the test", IBMSG_OK);
+    return;
+  }
+  s->received++;
+  s->echoes_owed++;
+  session_pump_writes(s);
+}
+
+static void session_op_done(ibmsg_socket *socket, ibmsg_op *op, int status) {
+  struct endpoint *s = op->user_data;
+  (void)socket;
+  if (status == IBMSG_OK)
+    session_pump_writes(s);
+  else if (status != IBMSG_ECANCELED) /* ECANCELED: the connection is closing anyway */
+    session_fail(s, "an RDMA write failed", status);
 }
 
 static void on_request(ibmsg_connection_request *request) {
@@ -307,19 +503,28 @@ static void on_request(ibmsg_connection_request *request) {
 }
 
 static void session_closed(struct endpoint *s, int reason) {
+  int rc = IBMSG_OK;
+
   /* ECONNRESET is how every test ends: the client disconnects. */
   if (reason != IBMSG_OK && reason != IBMSG_ECONNRESET && !s->failed)
     tool_error("client %s port %u: connection failed: %s", s->peer, s->peer_port,
                ibmsg_strerror(reason));
   tool_sendpool_release(&s->pool);
   tool_sendpool_destroy(&s->pool);
+  /* Every done callback of the socket came before this one: nothing of ours uses the region. */
+  if (s->have_region && (rc = ibmsg_deregister_region(&s->region)) != IBMSG_OK)
+    tool_error("client %s port %u: cannot deregister the region: %s", s->peer, s->peer_port,
+               ibmsg_strerror(rc));
   for (struct endpoint **p = &g.sessions; *p != NULL; p = &(*p)->next) {
     if (*p == s) {
       *p = s->next;
       break;
     }
   }
-  free(s); /* ibmsg never touches the socket after connection_closed */
+  /* ibmsg never touches the socket after connection_closed, but a region it still holds must
+   * stay where it is (the loop then refuses to go away, which reports it once more). */
+  if (rc == IBMSG_OK)
+    free(s);
 }
 
 /* ---- the client side ------------------------------------------------------------------------- */
@@ -334,6 +539,64 @@ static void client_fail(const char *what, int code) {
   cl.failed = 1;
 }
 
+static void client_op_done(ibmsg_socket *socket, ibmsg_op *op, int status);
+
+/* Posts one RDMA operation of the test on op. */
+static int client_post_op(ibmsg_op *op) {
+  ibmsg_socket *sock = &cl.ep.socket;
+  size_t size = (size_t)cl.size;
+
+  op->done = client_op_done;
+  switch (cl.test) {
+  case TEST_WRITE_LAT:
+    return ibmsg_rdma_write_imm(sock, op, &cl.region, 0, size, &cl.remote, 0,
+                                (uint32_t)cl.posted);
+  case TEST_WRITE_BW: return ibmsg_rdma_write(sock, op, &cl.region, 0, size, &cl.remote, 0);
+  case TEST_ATOMIC_LAT: return ibmsg_atomic_fadd(sock, op, &cl.region, 0, &cl.remote, 0, 1);
+  default: return ibmsg_rdma_read(sock, op, &cl.region, 0, size, &cl.remote, 0);
+  }
+}
+
+/* The RDMA counterpart of client_pump(): the next operation of a latency test, or as many as
+ * the window holds for a bandwidth test (the timed ones once the warm-up has drained). All of
+ * them go to the same bytes on both sides, as perftest's do: what is measured is the transfer,
+ * not the memory. */
+static void client_pump_rdma(void) {
+  uint64_t limit;
+  int rc;
+
+  if (!cl.have_remote)
+    return; /* the server's DESC message has not come yet */
+  if (cl.test & TESTS_LATENCY) {
+    limit = cl.posted == cl.received ? cl.posted + 1 : cl.posted; /* one at a time */
+    if (limit > cl.total)
+      limit = cl.total;
+  } else {
+    if (cl.t_start == 0 && cl.sent == cl.warmup)
+      cl.t_start = tool_now();
+    limit = cl.t_start != 0 ? cl.total : cl.warmup;
+  }
+  while (cl.posted < limit && cl.nfree > 0) {
+    ibmsg_op *op = cl.free_ops[--cl.nfree];
+    if (cl.test & TESTS_LATENCY)
+      cl.t_post = tool_now();
+    rc = client_post_op(op);
+    if (rc != IBMSG_OK) {
+      cl.free_ops[cl.nfree++] = op;
+      if (rc == IBMSG_EOPNOTSUPP)
+        client_fail(cl.test == TEST_ATOMIC_LAT
+                        ? "cannot post: no atomics on this device, or the server offers no "
+                          "one-sided RDMA"
+                        : "cannot post: the server offers no one-sided RDMA",
+                    IBMSG_OK);
+      else if (rc != IBMSG_EAGAIN) /* EAGAIN: a done callback will call us again */
+        client_fail("cannot post an RDMA operation", rc);
+      return;
+    }
+    cl.posted++;
+  }
+}
+
 /* Posts the messages that are due: the next ping (latency), or as many as there are buffers
  * for (bandwidth), holding back the timed ones until the warm-up has drained. */
 static void client_pump(void) {
@@ -343,6 +606,10 @@ static void client_pump(void) {
 
   if (cl.failed || cl.closed)
     return;
+  if (cl.test & TESTS_RDMA) {
+    client_pump_rdma();
+    return;
+  }
   if (cl.test == TEST_LAT) {
     limit = cl.posted == cl.received ? cl.posted + 1 : cl.posted; /* one ping at a time */
     if (limit > cl.total)
@@ -377,13 +644,48 @@ static void client_pump(void) {
 }
 
 static void client_check_finished(void) {
-  int all_in = cl.test == TEST_LAT ? cl.received == cl.total : cl.server_count == cl.total;
+  int all_in;
+  if (cl.test & TESTS_RDMA) {
+    /* Also wait for every done callback, so that no op is posted any more. */
+    all_in = (cl.test & TESTS_LATENCY ? cl.received : cl.sent) == cl.total &&
+             cl.nfree == cl.nops;
+    if (all_in && cl.hello_sent && tool_sendpool_busy(&cl.ep.pool) == 0)
+      cl.finished = 1;
+    return;
+  }
+  all_in = cl.test == TEST_LAT ? cl.received == cl.total : cl.server_count == cl.total;
   /* Also wait for every message_sent, so that the buffers can be freed. */
   if (all_in && cl.hello_sent && cl.sent == cl.total && tool_sendpool_busy(&cl.ep.pool) == 0)
     cl.finished = 1;
 }
 
+/* An RDMA test: our region (registered now that the connection's device is open, so that no
+ * operation pays for it) and, for write_lat, the descriptor the server writes its answers to. */
+static int client_setup_rdma(ibmsg_descriptor *desc) {
+  unsigned access = IBMSG_ACCESS_LOCAL_WRITE;
+  int rc;
+
+  if (cl.test == TEST_WRITE_LAT)
+    access |= IBMSG_ACCESS_REMOTE_WRITE;
+  rc = ibmsg_alloc_region(&g.loop, &cl.region, (size_t)rdma_bytes(cl.test, cl.size), access);
+  if (rc != IBMSG_OK) {
+    client_fail("cannot allocate the region for the test", rc);
+    return -1;
+  }
+  cl.have_region = 1;
+  if (cl.test == TEST_WRITE_LAT) {
+    rc = ibmsg_region_descriptor(&cl.region, &cl.ep.socket, 0, (size_t)cl.size,
+                                 IBMSG_ACCESS_REMOTE_WRITE, desc);
+    if (rc != IBMSG_OK) {
+      client_fail("cannot make a descriptor of the region", rc);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 static void client_established(void) {
+  ibmsg_descriptor desc;
   ibmsg_buffer *msg;
   size_t max = ibmsg_socket_max_msg_size(&cl.ep.socket);
   const char *dev = ibmsg_socket_device(&cl.ep.socket);
@@ -392,7 +694,7 @@ static void client_established(void) {
   cl.established = 1;
   if (dev != NULL && g.device[0] == '\0')
     snprintf(g.device, sizeof g.device, "%s", dev);
-  if (cl.size > max) {
+  if ((cl.test & TESTS_SEND) && cl.size > max) {
     char what[256];
     snprintf(what, sizeof what, "%" PRIu64 "-byte messages do not fit: the connection's maximum "
              "message size is %zu (use --max-size %" PRIu64 " on both sides)", cl.size, max,
@@ -400,12 +702,17 @@ static void client_established(void) {
     client_fail(what, IBMSG_OK);
     return;
   }
-  rc = tool_sendpool_get(&cl.ep.pool, HELLO_SIZE, &msg);
+  if ((cl.test & TESTS_RDMA) && client_setup_rdma(&desc) != 0)
+    return;
+  rc = tool_sendpool_get(&cl.ep.pool, cl.test == TEST_WRITE_LAT ? HELLO_DESC_SIZE : HELLO_SIZE,
+                         &msg);
   if (rc != IBMSG_OK) {
     client_fail("cannot allocate a message", rc);
     return;
   }
   encode_hello(msg->data, cl.test, cl.size, cl.total);
+  if (cl.test == TEST_WRITE_LAT)
+    memcpy((unsigned char *)msg->data + HELLO_SIZE, desc.bytes, IBMSG_DESCRIPTOR_SIZE);
   cl.hello = msg;
   rc = ibmsg_post_send(&cl.ep.socket, msg);
   if (rc != IBMSG_OK) {
@@ -413,7 +720,8 @@ static void client_established(void) {
     client_fail("cannot send the test request", rc);
     return;
   }
-  /* Messages arrive in order: the data may follow the request at once. */
+  /* Messages arrive in order: the data may follow the request at once (the RDMA tests wait
+   * for the server's descriptor). */
   client_pump();
 }
 
@@ -435,10 +743,30 @@ static void client_sent(ibmsg_buffer *msg, int status) {
   client_check_finished();
 }
 
+/* The server's DESC message: the region the test's operations go to. */
+static void client_got_desc(const ibmsg_buffer *msg) {
+  size_t length;
+  unsigned access;
+  int rc;
+
+  memcpy(cl.remote.bytes, (const unsigned char *)msg->data + 8, IBMSG_DESCRIPTOR_SIZE);
+  rc = ibmsg_descriptor_info(&cl.remote, &length, &access);
+  if (rc != IBMSG_OK) {
+    client_fail("the server's descriptor is not valid", rc);
+  } else if (length < rdma_bytes(cl.test, cl.size) || !(access & right_of(cl.test))) {
+    client_fail("the server's descriptor does not grant what the test needs", IBMSG_OK);
+  } else {
+    cl.have_remote = 1;
+  }
+}
+
 static void client_received(ibmsg_buffer *msg) {
   double now = tool_now();
 
-  if (cl.test == TEST_LAT && msg->size == cl.size && cl.received < cl.posted) {
+  if ((cl.test & TESTS_RDMA) && !cl.have_remote && msg->size == DESC_SIZE &&
+      memcmp(msg->data, "ibmsgdsc", 8) == 0) {
+    client_got_desc(msg);
+  } else if (cl.test == TEST_LAT && msg->size == cl.size && cl.received < cl.posted) {
     if (cl.received >= cl.warmup)
       cl.rtt[cl.received - cl.warmup] = now - cl.t_post;
     cl.received++;
@@ -459,12 +787,61 @@ static void client_received(ibmsg_buffer *msg) {
   client_check_finished();
 }
 
+/* write_lat: the server's answer to our write landed in our region. */
+static void client_write_received(uint32_t imm, size_t length) {
+  double now = tool_now();
+
+  if (cl.test != TEST_WRITE_LAT || length != cl.size || cl.received >= cl.posted ||
+      imm != (uint32_t)cl.received) {
+    client_fail("an RDMA write from the server that does not belong to the test", IBMSG_OK);
+    return;
+  }
+  if (cl.received >= cl.warmup)
+    cl.rtt[cl.received - cl.warmup] = now - cl.t_post;
+  cl.received++;
+  client_pump();
+  client_check_finished();
+}
+
+static void client_op_done(ibmsg_socket *socket, ibmsg_op *op, int status) {
+  /* The clock only where a time is taken: a bandwidth test reads it at its start and end. */
+  double now = cl.test == TEST_READ_LAT || cl.test == TEST_ATOMIC_LAT ? tool_now() : 0;
+
+  (void)socket;
+  cl.activity++;
+  cl.free_ops[cl.nfree++] = op;
+  if (status != IBMSG_OK) {
+    if (status == IBMSG_EREMOTEACCESS)
+      client_fail("the server refused an RDMA operation", status);
+    else if (status != IBMSG_ECANCELED) /* ECANCELED: connection_closed says why */
+      client_fail("an RDMA operation failed", status);
+    return;
+  }
+  if (cl.test == TEST_READ_LAT || cl.test == TEST_ATOMIC_LAT) {
+    /* The server's word starts at 0 and only we add to it: the value before our add counts
+     * our adds. */
+    if (cl.test == TEST_ATOMIC_LAT && *(const uint64_t *)cl.region.addr != cl.received) {
+      client_fail("fetch-and-add returned a wrong previous value", IBMSG_OK);
+      return;
+    }
+    if (cl.received >= cl.warmup)
+      cl.rtt[cl.received - cl.warmup] = now - cl.t_post;
+    cl.received++;
+  } else if (cl.test & (TEST_WRITE_BW | TEST_READ_BW)) {
+    cl.sent++;
+    if (cl.sent == cl.total)
+      cl.t_end = tool_now();
+  }
+  client_pump();
+  client_check_finished();
+}
+
 /* ---- the loop's callbacks: dispatch on the socket's role ------------------------------------- */
 
 static void on_established(ibmsg_socket *socket) {
   struct endpoint *e = socket->user_data;
   if (e->role == ROLE_CLIENT) {
-    cl.last_activity = tool_now();
+    cl.activity++;
     client_established();
   }
 }
@@ -472,17 +849,27 @@ static void on_established(ibmsg_socket *socket) {
 static void on_received(ibmsg_socket *socket, ibmsg_buffer *msg) {
   struct endpoint *e = socket->user_data;
   if (e->role == ROLE_CLIENT) {
-    cl.last_activity = tool_now();
+    cl.activity++;
     client_received(msg);
   } else {
     session_received(e, msg);
   }
 }
 
+static void on_write_received(ibmsg_socket *socket, uint32_t imm, size_t length) {
+  struct endpoint *e = socket->user_data;
+  if (e->role == ROLE_CLIENT) {
+    cl.activity++;
+    client_write_received(imm, length);
+  } else {
+    session_write_received(e, imm, length);
+  }
+}
+
 static void on_sent(ibmsg_socket *socket, ibmsg_buffer *msg, int status) {
   struct endpoint *e = socket->user_data;
   if (e->role == ROLE_CLIENT) {
-    cl.last_activity = tool_now();
+    cl.activity++;
     client_sent(msg, status);
   } else {
     tool_sendpool_put(&e->pool, msg);
@@ -512,6 +899,12 @@ static void on_closed(ibmsg_socket *socket, int reason) {
 /* Dispatches until *flag is set. Returns 0, or -1 after reporting why it stopped waiting: the
  * test failed, its connection closed, the peer went quiet, or a signal came. */
 static int client_wait(const int *flag) {
+  /* The clock is read only after a dispatch that brought the client nothing: a test's hot path
+   * reads it for its timings alone (where clock_gettime is a system call, as in emulated
+   * machines, each read costs as much as one). The quiet time starts at the first such
+   * dispatch, which is at most one dispatch late. */
+  uint64_t seen = cl.activity;
+  double quiet_since = tool_now();
   int rc;
   while (!*flag) {
     if (cl.failed)
@@ -531,7 +924,12 @@ static int client_wait(const int *flag) {
       client_fail("interrupted", IBMSG_OK);
       return -1;
     }
-    if (tool_now() - cl.last_activity > IDLE_TIMEOUT_S) {
+    if (cl.activity != seen) {
+      seen = cl.activity;
+      quiet_since = 0;
+    } else if (quiet_since == 0) {
+      quiet_since = tool_now();
+    } else if (tool_now() - quiet_since > IDLE_TIMEOUT_S) {
       client_fail("no answer from the server for 10 s (is it ibmsg-perf --server?)", IBMSG_OK);
       return -1;
     }
@@ -597,15 +995,23 @@ static void print_banner(const char *title) {
   print_rule();
 }
 
+/* The banner and column heads of a test's table, before its first row. */
+static int table_header(int test) {
+  if (g.json || g.header_test == test)
+    return 0;
+  if (g.header_test != 0 && !g.quiet)
+    putchar('\n');
+  g.header_test = test;
+  print_banner(info_of(test)->title);
+  return 1;
+}
+
 static void report_lat(const struct lat_result *r) {
   if (g.json)
     return;
-  if (!g.lat_header) {
-    g.lat_header = 1;
-    print_banner("ibmsg Send Latency Test (one way = RTT/2)");
+  if (table_header(r->test))
     printf(" %-10s %-11s %-14s %-14s %-14s %-14s %s\n", "#bytes", "#iterations",
            "t_min[usec]", "t_median[usec]", "t_avg[usec]", "t_p99[usec]", "t_max[usec]");
-  }
   printf(" %-10" PRIu64 " %-11" PRIu64 " %-14.2f %-14.2f %-14.2f %-14.2f %.2f\n", r->size,
          r->iters, r->min, r->median, r->avg, r->p99, r->max);
   fflush(stdout);
@@ -614,16 +1020,20 @@ static void report_lat(const struct lat_result *r) {
 static void report_bw(const struct bw_result *r) {
   if (g.json)
     return;
-  if (!g.bw_header) {
-    g.bw_header = 1;
-    if (g.lat_header && !g.quiet)
-      putchar('\n');
-    print_banner("ibmsg Send Bandwidth Test");
-    printf(" %-10s %-11s %-14s %-14s %s\n", "#bytes", "#iterations", "BW[MB/s]",
-           "MsgRate[Mpps]", "seconds");
+  if (r->test == TEST_BW) {
+    if (table_header(r->test))
+      printf(" %-10s %-11s %-14s %-14s %s\n", "#bytes", "#iterations", "BW[MB/s]",
+             "MsgRate[Mpps]", "seconds");
+    printf(" %-10" PRIu64 " %-11" PRIu64 " %-14.2f %-14.6f %.6f\n", r->size, r->iters, r->mbps,
+           r->mpps, r->seconds);
+  } else {
+    /* MiB/s: what perftest's ib_write_bw and ib_read_bw print as MB/sec. */
+    if (table_header(r->test))
+      printf(" %-10s %-11s %-8s %-14s %-14s %-14s %s\n", "#bytes", "#iterations", "#window",
+             "BW[MiB/s]", "MsgRate[Mpps]", "ops/s", "seconds");
+    printf(" %-10" PRIu64 " %-11" PRIu64 " %-8" PRIu64 " %-14.2f %-14.6f %-14.0f %.6f\n",
+           r->size, r->iters, r->window, r->mibps, r->mpps, r->mpps * 1e6, r->seconds);
   }
-  printf(" %-10" PRIu64 " %-11" PRIu64 " %-14.2f %-14.6f %.6f\n", r->size, r->iters, r->mbps,
-         r->mpps, r->seconds);
   fflush(stdout);
 }
 
@@ -641,6 +1051,39 @@ static void json_string(const char *s) {
   putchar('"');
 }
 
+static void json_lat(const struct lat_result *r, int first) {
+  printf("%s\n    {\"bytes\": %" PRIu64 ", \"iterations\": %" PRIu64 ", \"t_min_us\": %.3f, "
+         "\"t_median_us\": %.3f, \"t_avg_us\": %.3f, \"t_p99_us\": %.3f, \"t_max_us\": %.3f}",
+         first ? "" : ",", r->size, r->iters, r->min, r->median, r->avg, r->p99, r->max);
+}
+
+static void json_bw(const struct bw_result *r, int first) {
+  printf("%s\n    {\"bytes\": %" PRIu64 ", \"iterations\": %" PRIu64 ", \"seconds\": %.6f, "
+         "\"bw_mb_per_s\": %.3f, \"msg_rate_mpps\": %.6f",
+         first ? "" : ",", r->size, r->iters, r->seconds, r->mbps, r->mpps);
+  if (r->test != TEST_BW)
+    printf(", \"window\": %" PRIu64 ", \"bw_mib_per_s\": %.3f, \"ops_per_s\": %.1f", r->window,
+           r->mibps, r->mpps * 1e6);
+  putchar('}');
+}
+
+/* The results of one test as the member named after it: "latency" and "bandwidth" for the
+ * message tests (always there), the test's name for the RDMA tests (when it ran). */
+static void json_test(int test, const char *member) {
+  int n = 0;
+  printf(",\n  \"%s\": [", member);
+  if (test & TESTS_LATENCY) {
+    for (int i = 0; i < g.nlat; i++)
+      if (g.lat[i].test == test)
+        json_lat(&g.lat[i], n++ == 0);
+  } else {
+    for (int i = 0; i < g.nbw; i++)
+      if (g.bw[i].test == test)
+        json_bw(&g.bw[i], n++ == 0);
+  }
+  printf("%s]", n ? "\n  " : "");
+}
+
 static void print_json(void) {
   printf("{\n  \"tool\": \"ibmsg-perf\",\n  \"version\": ");
   json_string(ibmsg_version_string());
@@ -648,25 +1091,33 @@ static void print_json(void) {
   json_string(g.ip);
   printf(", \"port\": %u},\n  \"device\": ", g.port);
   json_string(g.device);
-  printf(",\n  \"warmup\": %" PRIu64 ",\n  \"latency\": [", g.warmup);
-  for (int i = 0; i < g.nlat; i++) {
-    const struct lat_result *r = &g.lat[i];
-    printf("%s\n    {\"bytes\": %" PRIu64 ", \"iterations\": %" PRIu64 ", \"t_min_us\": %.3f, "
-           "\"t_median_us\": %.3f, \"t_avg_us\": %.3f, \"t_p99_us\": %.3f, \"t_max_us\": %.3f}",
-           i ? "," : "", r->size, r->iters, r->min, r->median, r->avg, r->p99, r->max);
-  }
-  printf("%s],\n  \"bandwidth\": [", g.nlat ? "\n  " : "");
-  for (int i = 0; i < g.nbw; i++) {
-    const struct bw_result *r = &g.bw[i];
-    printf("%s\n    {\"bytes\": %" PRIu64 ", \"iterations\": %" PRIu64 ", \"seconds\": %.6f, "
-           "\"bw_mb_per_s\": %.3f, \"msg_rate_mpps\": %.6f}",
-           i ? "," : "", r->size, r->iters, r->seconds, r->mbps, r->mpps);
-  }
-  printf("%s]\n}\n", g.nbw ? "\n  " : "");
+  printf(",\n  \"warmup\": %" PRIu64, g.warmup);
+  json_test(TEST_LAT, "latency");
+  json_test(TEST_BW, "bandwidth");
+  for (int i = 0; i < NTESTS; i++)
+    if ((test_infos[i].test & TESTS_RDMA) && (g.tests & test_infos[i].test))
+      json_test(test_infos[i].test, test_infos[i].name);
+  printf("\n}\n");
   fflush(stdout);
 }
 
 /* ---- one test -------------------------------------------------------------------------------- */
+
+/* Frees what run_test() allocated for the client; -1 if the region could not go (it then stays
+ * allocated, and the loop refuses to be destroyed). */
+static int client_free(void) {
+  int rc = IBMSG_OK;
+  if (cl.have_region && (rc = ibmsg_deregister_region(&cl.region)) != IBMSG_OK)
+    tool_error("cannot deregister the region: %s", ibmsg_strerror(rc));
+  cl.have_region = rc != IBMSG_OK;
+  free(cl.rtt);
+  free(cl.ops);
+  free(cl.free_ops);
+  cl.rtt = NULL;
+  cl.ops = NULL;
+  cl.free_ops = NULL;
+  return rc == IBMSG_OK ? 0 : -1;
+}
 
 static int run_test(int test, uint64_t size) {
   int rc;
@@ -677,14 +1128,27 @@ static int run_test(int test, uint64_t size) {
   cl.warmup = g.warmup;
   cl.iters = g.iters;
   cl.total = g.warmup + g.iters;
-  cl.last_activity = tool_now();
   cl.ep.role = ROLE_CLIENT;
-  if (test == TEST_LAT) {
+  if (test & TESTS_LATENCY) {
     cl.rtt = malloc((size_t)g.iters * sizeof *cl.rtt);
     if (cl.rtt == NULL) {
       tool_error("out of memory for %" PRIu64 " samples", g.iters);
       return -1;
     }
+  }
+  if (test & TESTS_RDMA) {
+    /* A latency test needs a second op: the next write may be due before the last one's done
+     * callback came. */
+    cl.nops = test & TESTS_LATENCY ? 2 : (size_t)g.window;
+    cl.ops = calloc(cl.nops, sizeof *cl.ops);
+    cl.free_ops = calloc(cl.nops, sizeof *cl.free_ops);
+    if (cl.ops == NULL || cl.free_ops == NULL) {
+      tool_error("out of memory for %zu operations", cl.nops);
+      client_free();
+      return -1;
+    }
+    for (size_t i = 0; i < cl.nops; i++)
+      cl.free_ops[cl.nfree++] = &cl.ops[cl.nops - 1 - i];
   }
   rc = tool_sendpool_init(&cl.ep.pool, &cl.ep.socket, &g.loop);
   if (rc == IBMSG_OK)
@@ -692,7 +1156,7 @@ static int run_test(int test, uint64_t size) {
   if (rc != IBMSG_OK) {
     tool_error("cannot connect to %s port %u: %s", g.ip, g.port, ibmsg_strerror(rc));
     tool_sendpool_destroy(&cl.ep.pool);
-    free(cl.rtt);
+    client_free();
     return -1;
   }
   cl.ep.socket.user_data = &cl.ep;
@@ -700,40 +1164,43 @@ static int run_test(int test, uint64_t size) {
 
   rc = client_wait(&cl.finished);
   client_close();
-  if (rc != 0) {
-    free(cl.rtt);
+  if (rc != 0 || cl.ep.open) {
+    if (!cl.ep.open)
+      client_free();
     return -1;
   }
 
-  if (test == TEST_LAT) {
+  if (test & TESTS_LATENCY) {
     struct lat_result *r = &g.lat[g.nlat++];
-    double sum = 0;
+    double sum = 0, f = info_of(test)->us_per_s;
     uint64_t n = g.iters;
     qsort(cl.rtt, (size_t)n, sizeof *cl.rtt, cmp_double);
     for (uint64_t i = 0; i < n; i++)
       sum += cl.rtt[i];
-    /* One way = RTT / 2, in microseconds: hence the factor 0.5e6. */
-    r->size = size;
+    /* f turns seconds into microseconds, halving a round trip into one way. */
+    r->test = test;
+    r->size = test == TEST_ATOMIC_LAT ? 8 : size;
     r->iters = n;
-    r->min = cl.rtt[0] * 0.5e6;
-    r->max = cl.rtt[n - 1] * 0.5e6;
-    r->median = (n % 2 ? cl.rtt[n / 2] : (cl.rtt[n / 2 - 1] + cl.rtt[n / 2]) / 2) * 0.5e6;
-    r->avg = sum / (double)n * 0.5e6;
+    r->min = cl.rtt[0] * f;
+    r->max = cl.rtt[n - 1] * f;
+    r->median = (n % 2 ? cl.rtt[n / 2] : (cl.rtt[n / 2 - 1] + cl.rtt[n / 2]) / 2) * f;
+    r->avg = sum / (double)n * f;
     /* p99 by nearest rank: the smallest sample that 99% of the samples do not exceed. */
-    r->p99 = cl.rtt[(n * 99 + 99) / 100 - 1] * 0.5e6;
+    r->p99 = cl.rtt[(n * 99 + 99) / 100 - 1] * f;
     report_lat(r);
   } else {
     struct bw_result *r = &g.bw[g.nbw++];
+    r->test = test;
     r->size = size;
     r->iters = g.iters;
+    r->window = test & TESTS_RDMA ? g.window : 0;
     r->seconds = cl.t_end - cl.t_start;
     r->mbps = r->seconds > 0 ? (double)(size * g.iters) / r->seconds / 1e6 : 0;
+    r->mibps = r->seconds > 0 ? (double)(size * g.iters) / r->seconds / 1048576.0 : 0;
     r->mpps = r->seconds > 0 ? (double)g.iters / r->seconds / 1e6 : 0;
     report_bw(r);
   }
-  free(cl.rtt);
-  cl.rtt = NULL;
-  return 0;
+  return client_free();
 }
 
 /* ---- command line ---------------------------------------------------------------------------- */
@@ -764,6 +1231,40 @@ static int parse_sizes(const char *arg) {
   return 0;
 }
 
+/* -t: a comma-separated list of test names, "send", "rdma" or "all". */
+static int parse_tests(const char *arg) {
+  char buf[256], *save = NULL, *tok;
+
+  if (strlen(arg) >= sizeof buf) {
+    tool_usage_error("-t: the list is too long");
+    return -1;
+  }
+  strcpy(buf, arg);
+  g.tests = 0;
+  for (tok = strtok_r(buf, ",", &save); tok != NULL; tok = strtok_r(NULL, ",", &save)) {
+    int test = 0;
+    for (int i = 0; i < NTESTS && test == 0; i++)
+      if (strcmp(tok, test_infos[i].name) == 0)
+        test = test_infos[i].test;
+    if (strcmp(tok, "send") == 0)
+      test = TESTS_SEND;
+    else if (strcmp(tok, "rdma") == 0)
+      test = TESTS_RDMA;
+    else if (strcmp(tok, "all") == 0)
+      test = TESTS_SEND | TESTS_RDMA;
+    if (test == 0) {
+      tool_usage_error("-t: '%s' is not a test (see --help)", tok);
+      return -1;
+    }
+    g.tests |= test;
+  }
+  if (g.tests == 0) {
+    tool_usage_error("-t: no test given");
+    return -1;
+  }
+  return 0;
+}
+
 static int parse_args(int argc, char **argv) {
   enum { OPT_SERVER = 256, OPT_LOOPBACK, OPT_MAX_SIZE, OPT_JSON, OPT_VERSION };
   static const struct option options[] = {
@@ -774,6 +1275,7 @@ static int parse_args(int argc, char **argv) {
       {"sizes", required_argument, NULL, 's'},
       {"iters", required_argument, NULL, 'n'},
       {"warmup", required_argument, NULL, 'w'},
+      {"window", required_argument, NULL, 'W'},
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
       {"json", no_argument, NULL, OPT_JSON},
       {"quiet", no_argument, NULL, 'q'},
@@ -790,9 +1292,10 @@ static int parse_args(int argc, char **argv) {
   g.nsizes = 3;
   g.iters = 1000;
   g.warmup = 32;
+  g.window = 128;
   g.max_size = TOOL_DEFAULT_MAX_SIZE;
   opterr = 0; /* we print our own one-line errors */
-  while ((opt = getopt_long(argc, argv, ":p:t:s:n:w:qh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":p:t:s:n:w:W:qh", options, NULL)) != -1) {
     switch (opt) {
     case OPT_SERVER: g.server = 1; break;
     case OPT_LOOPBACK: g.loopback = 1; break;
@@ -802,16 +1305,8 @@ static int parse_args(int argc, char **argv) {
       g.port_given = 1;
       break;
     case 't':
-      if (strcmp(optarg, "lat") == 0)
-        g.tests = TEST_LAT;
-      else if (strcmp(optarg, "bw") == 0)
-        g.tests = TEST_BW;
-      else if (strcmp(optarg, "all") == 0)
-        g.tests = TEST_LAT | TEST_BW;
-      else {
-        tool_usage_error("-t: '%s' is not lat, bw or all", optarg);
+      if (parse_tests(optarg) != 0)
         return -1;
-      }
       break;
     case 's':
       if (parse_sizes(optarg) != 0)
@@ -825,8 +1320,13 @@ static int parse_args(int argc, char **argv) {
       if (tool_parse_uint("-w", optarg, 0, 100000000, &g.warmup) != 0)
         return -1;
       break;
+    case 'W':
+      /* the range of IBMSG_OPT_RDMA_DEPTH, which is set to it */
+      if (tool_parse_uint("-W", optarg, 1, 4096, &g.window) != 0)
+        return -1;
+      break;
     case OPT_MAX_SIZE:
-      if (tool_parse_size("--max-size", optarg, HELLO_SIZE, INT32_MAX, &g.max_size) != 0)
+      if (tool_parse_size("--max-size", optarg, HELLO_DESC_SIZE, INT32_MAX, &g.max_size) != 0)
         return -1;
       g.max_size_given = 1;
       break;
@@ -852,8 +1352,15 @@ static int parse_args(int argc, char **argv) {
     tool_usage_error("no IP address given");
     return -1;
   }
-  if (!g.server) {
-    /* The client side needs room for its largest size; the server has only --max-size. */
+  for (int i = 0; i < g.nsizes; i++) {
+    if (g.sizes[i] == 0 && (g.tests & TESTS_RDMA & ~TEST_ATOMIC_LAT)) {
+      tool_usage_error("-s: an RDMA operation moves at least 1 byte");
+      return -1;
+    }
+  }
+  if (!g.server && (g.tests & TESTS_SEND)) {
+    /* The client side needs room for its largest message; the server has only --max-size. The
+     * RDMA tests send no messages of their size. */
     for (int i = 0; i < g.nsizes; i++)
       if (g.max_size < g.sizes[i])
         g.max_size = g.sizes[i];
@@ -914,8 +1421,13 @@ int main(int argc, char **argv) {
   g.loop.message_received = on_received;
   g.loop.message_sent = on_sent;
   g.loop.connection_closed = on_closed;
+  g.loop.write_received = on_write_received;
+  /* The bandwidth window must fit in flight, or operations would wait in ibmsg's send queue. */
   if (tool_setopt_int(&g.loop, IBMSG_OPT_MAX_MSG_SIZE, "the maximum message size",
-                      (int)g.max_size) != 0) {
+                      (int)g.max_size) != 0 ||
+      (!g.server && (g.tests & TESTS_RDMA) &&
+       tool_setopt_int(&g.loop, IBMSG_OPT_RDMA_DEPTH, "the RDMA operations in flight",
+                       (int)g.window) != 0)) {
     ibmsg_destroy_event_loop(&g.loop);
     return TOOL_EXIT_FAILURE;
   }
@@ -938,12 +1450,14 @@ int main(int argc, char **argv) {
     if (!tool_stop && !failed)
       failed = 1; /* the listener closed by itself: reported by on_closed */
   } else {
-    if (g.tests & TEST_LAT)
-      for (int i = 0; i < g.nsizes && !failed; i++)
-        failed = run_test(TEST_LAT, g.sizes[i]) != 0;
-    if (g.tests & TEST_BW)
-      for (int i = 0; i < g.nsizes && !failed; i++)
-        failed = run_test(TEST_BW, g.sizes[i]) != 0;
+    for (int t = 0; t < NTESTS && !failed; t++) {
+      int test = test_infos[t].test;
+      if (!(g.tests & test))
+        continue;
+      /* An atomic is 8 bytes whatever the sizes: it runs once. */
+      for (int i = 0; i < (test == TEST_ATOMIC_LAT ? 1 : g.nsizes) && !failed; i++)
+        failed = run_test(test, g.sizes[i]) != 0;
+    }
     if (!failed && g.json)
       print_json();
     else if (!failed && !g.quiet)
