@@ -727,6 +727,10 @@ static void subrange_descriptor_confines_the_peer(void **state) {
   /* The server's side of that connection closes too (the error moves both queue pairs to the
    * error state); the reason there is the transport's. */
   H_RUN_UNTIL(ctx, server->closed, H_TIMEOUT_MS);
+  H_CHECK(server->close_reason == IBMSG_ECONNRESET || server->close_reason == IBMSG_EIO,
+          "the granting side closed with %s, expected IBMSG_ECONNRESET or IBMSG_EIO",
+          ibmsg_err_name(server->close_reason));
+  print_message("  the granting side closed with %s\n", ibmsg_err_name(server->close_reason));
 
   /* Other connections of the loop keep working. */
   h_pair(ctx, &client2, &server2);
