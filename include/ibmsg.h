@@ -309,9 +309,17 @@ enum ibmsg_option {
                                       it, and it serves no RDMA reads or atomics (the queue pair
                                       rdma_cm sets up still takes RDMA writes that carry a valid
                                       key of the device's other connections) */
-  IBMSG_OPT_RDMA_DEPTH = 10      /**< int: one-sided operations in flight per connection (16);
+  IBMSG_OPT_RDMA_DEPTH = 10,     /**< int: one-sided operations in flight per connection (16);
                                       more wait in the send queue (IBMSG_OPT_SEND_QUEUE) */
+  IBMSG_OPT_BUSY_POLL = 11       /**< int: busy polling of the connection's completions (0):
+                                      0 sleeps until the device signals (events); N > 0 keeps
+                                      polling for N microseconds after the connection's last
+                                      activity, then sleeps (adaptive); IBMSG_BUSY_POLL_ALWAYS
+                                      never sleeps (a dedicated core) */
 };
+
+/** IBMSG_OPT_BUSY_POLL value: poll without ever sleeping while the connection is open. */
+#define IBMSG_BUSY_POLL_ALWAYS (-1)
 
 /** Sets an option: int options take a pointer to int and sizeof(int); string options a char
  *  array and its length (no terminator needed). IBMSG_EINVAL for an unknown option, a wrong

@@ -130,6 +130,7 @@ void establish(Socket *s) {
   timer_stop(&s->connect_timer);
   set_state(s, Event::Established);
   s->was_connected = true;
+  poll_touch(s);
   if (auto cb = s->loop->pub->connection_established) cb(s->pub);
 }
 

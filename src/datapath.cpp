@@ -240,21 +240,23 @@ void on_completion(Socket *s, const tp::Completion &wc) {
 
 }  // namespace
 
-void drain_cq(Socket *s) {
+int drain_cq(Socket *s) {
   tp::Completion wc[32];
+  int total = 0;
   for (;;) {
-    if (!s->cq) return;
+    if (!s->cq) return total;
     int n = tp::cq_poll(s->cq, wc, 32);
     if (n < 0) {
       socket_close(s, IBMSG_EIO);
-      return;
+      return total;
     }
     for (int i = 0; i < n; ++i) on_completion(s, wc[i]);
-    if (n < 32) return;
+    total += n;
+    if (n < 32) return total;
   }
 }
 
-void on_cq_ready(void *cq_user, void *) { drain_cq(static_cast<Socket *>(cq_user)); }
+void on_cq_ready(void *cq_user, void *) { poll_cq_ready(static_cast<Socket *>(cq_user)); }
 
 void cancel_sends(Socket *s) {
   for (auto *list : {&s->flight, &s->queue}) {
@@ -306,6 +308,7 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
     maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
   }
   msg->status = IBMSG_WAITING;
+  poll_touch(s);  // its completion (and the answer) will come soon
   return IBMSG_OK;
 }
 

@@ -11,6 +11,7 @@
 //                      memory.cpp    registered pools, owned by a device, lent to connections
 //                      region.cpp    application memory regions, their registrations and grants
 //                      rdma.cpp      one-sided operations: checks, posting, completions
+//                      poll.cpp      busy polling of completion queues from the loop
 //                      setup.cpp     listen / connect / accept / reject, the connection's queues
 //                      cm.cpp        connection-manager events and the hello
 //                      datapath.cpp  send queue, in flight, completions, alloc / post / free
@@ -58,6 +59,7 @@ struct Options {
   int rnr_retry = 7;
   int rdma = 1;          // offer one-sided RDMA
   int rdma_depth = 16;   // one-sided operations in flight
+  int busy_poll_us = 0;  // 0 events, > 0 adaptive polling, -1 always
   char source_addr[kNameMax] = "";
   char device[kNameMax] = "";
 };
@@ -202,6 +204,9 @@ struct ibmsg__socket {
   // credit once it consumed the message, which can be before our completion arrives.
   uint32_t ctrl_in_flight = 0;
   ibmsg::Timer connect_timer;
+  // busy polling (poll.cpp): the CQ is polled from the loop instead of armed while poll_active
+  bool poll_active = false;
+  uint64_t poll_last_ns = 0;  // the connection's last activity
 
   // closing
   int close_reason = IBMSG_OK;
@@ -218,6 +223,8 @@ struct ibmsg__loop {
   ev_io cm_watcher;
   ev_idle idle;      // runs teardowns and releases devices
   ev_timer wakeup;   // bounds ibmsg_dispatch_event_loop_timeout
+  ev_idle poller;    // busy polling: runs while polling > 0 (poll.cpp)
+  int polling = 0;   // sockets with poll_active
   ibmsg::List<ibmsg::Device, &ibmsg::Device::node> devices;
   bool devices_dirty = false;  // a device reached zero references
   ibmsg::Timer rescan;         // after a removed device was released (device.cpp)
@@ -301,7 +308,7 @@ void establish(Socket *s);
 
 // --- datapath.cpp ---
 void on_cq_ready(void *cq_user, void *arg);  // for tp::device_take_events
-void drain_cq(Socket *s);
+int drain_cq(Socket *s);  // returns the number of completions handled
 // Completions of the flight and queue lists with IBMSG_ECANCELED (closing).
 void cancel_sends(Socket *s);
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
@@ -341,6 +348,15 @@ int ops_open(Socket *s);      // the operation table (conn_open); freed with the
 int op_send_now(Socket *s, Op *op);  // posts a queued operation (flush_sends)
 void op_on_wc(Socket *s, Op *op, const tp::Completion &wc);
 void op_cancel(Socket *s, Op *op);   // ECANCELED (teardown)
+
+// --- poll.cpp ---
+void poll_init(Loop *loop);
+// Activity on s: with IBMSG_OPT_BUSY_POLL, its CQ is polled from the loop (not armed) until it
+// has been quiet for the option's time.
+void poll_touch(Socket *s);
+// The CQ signalled (device_take_events): poll it, or arm it and poll it once more.
+void poll_cq_ready(Socket *s);
+void poll_stop(Socket *s);  // the connection releases its CQ
 
 // --- close.cpp ---
 // The one close path, for every cause: records the first reason, moves the socket to Closing

@@ -90,6 +90,7 @@ int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev) {
   // libev runs an idle watcher only when nothing of its priority or higher is pending: at the
   // default priority, a busy connection would hold back every teardown.
   ev_set_priority(&loop->idle, EV_MAXPRI);
+  poll_init(loop);
   loop->idle.data = loop;
   ev_timer_init(&loop->wakeup, on_wakeup, 0., 0.);
   pub->impl = loop;
@@ -104,6 +105,7 @@ int loop_destroy(Loop *loop) {
   devices_stop_rescans(loop);
   ev_io_stop(loop->ev, &loop->cm_watcher);
   ev_idle_stop(loop->ev, &loop->idle);
+  ev_idle_stop(loop->ev, &loop->poller);
   ev_timer_stop(loop->ev, &loop->wakeup);
   tp::cm_channel_destroy(loop->cm);
   if (loop->epfd >= 0) close(loop->epfd);
@@ -126,7 +128,7 @@ int loop_fd(Loop *loop) {
 }
 
 int loop_timeout_ms(Loop *loop) {
-  if (!loop->closing.empty() || loop->devices_dirty) return 0;
+  if (!loop->closing.empty() || loop->devices_dirty || loop->polling > 0) return 0;
   double next = timers_next(loop);
   if (next < 0) return -1;
   return int(next * 1000) + 1;

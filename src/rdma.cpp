@@ -137,6 +137,7 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
     s->queue.push_back(&op->work);
     maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
   }
+  poll_touch(s);
   return IBMSG_OK;
 }
 

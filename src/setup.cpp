@@ -197,6 +197,7 @@ int conn_open(Socket *s) {
 }
 
 void conn_release(Socket *s) {
+  poll_stop(s);
   if (s->has_qp) tp::qp_destroy(s->id);
   s->has_qp = false;
   if (s->cq) tp::cq_destroy(s->cq);

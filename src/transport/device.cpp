@@ -105,7 +105,6 @@ void device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void
   for (Cq *c = list; c; c = c->ready_next) {
     ibv_ack_cq_events(c->cq, c->events);
     c->events = 0;
-    ibv_req_notify_cq(c->cq, 0);
   }
   // The callbacks may destroy no CQ of this list (teardowns run later, from the loop).
   while (list) {
@@ -133,6 +132,8 @@ int cq_create(Device *d, uint32_t depth, void *user, Cq **out) {
   *out = c;
   return IBMSG_OK;
 }
+
+int cq_arm(Cq *c) { return ibv_req_notify_cq(c->cq, 0) ? IBMSG_EIO : IBMSG_OK; }
 
 void cq_destroy(Cq *c) {
   if (c->events) ibv_ack_cq_events(c->cq, c->events);

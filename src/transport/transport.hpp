@@ -75,9 +75,10 @@ int device_open(DeviceKey key, Device **out);
 void device_close(Device *dev);
 int device_fd(const Device *dev);  // non-blocking; readable when a CQ on the device signalled
 const DeviceInfo &device_info(const Device *dev);
-// Reads every pending completion-channel event, acknowledges it, re-arms its CQ and calls
-// ready(cq_user, arg) once per CQ that signalled. Poll each such CQ after this returns: a
-// completion that arrived before the re-arm is then still found.
+// Reads every pending completion-channel event, acknowledges it and calls ready(cq_user, arg)
+// once per CQ that signalled. The CQ is not re-armed: the core arms it (cq_arm) when it wants the
+// next event, and then polls it once more, so that a completion that arrived before the arming
+// is still found.
 void device_take_events(Device *dev, void (*ready)(void *cq_user, void *arg), void *arg);
 
 // Whether the device has gone from the system's device list (it is being removed).
@@ -92,6 +93,8 @@ struct Cq;
 // An armed CQ with room for depth completions; user comes back from device_take_events().
 int cq_create(Device *dev, uint32_t depth, void *user, Cq **out);
 void cq_destroy(Cq *cq);
+// Asks for one completion-channel event at the next completion.
+int cq_arm(Cq *cq);
 // Up to max completions; returns their number, or a negative value on a device error.
 int cq_poll(Cq *cq, Completion *out, int max);
 

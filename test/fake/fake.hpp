@@ -131,6 +131,7 @@ enum class Call {
   PostRecv,
   PostSend,
   PostRdma,
+  CqArm,
 };
 // The call after the next `skip` successful ones returns code (once).
 void fail_call(Call call, int code, unsigned skip = 0);

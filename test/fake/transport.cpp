@@ -133,7 +133,7 @@ constexpr size_t kReqPdata = 56;
 constexpr size_t kRepPdata = 196;
 constexpr size_t kRejPdata = 148;
 constexpr int kRejInvalidServiceId = 8;
-constexpr int kCalls = int(fake::Call::PostRdma) + 1;
+constexpr int kCalls = int(fake::Call::CqArm) + 1;
 constexpr uint32_t kMaxRdAtom = 16;  // reads / atomics a QP serves and issues at once
 
 struct Injection {
@@ -573,10 +573,7 @@ void device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void
   fd_drain(d->fd);
   std::vector<Cq *> list;
   list.swap(d->signalled);
-  for (Cq *c : list) {
-    c->signalled = false;
-    c->armed = true;  // re-armed before the callbacks poll
-  }
+  for (Cq *c : list) c->signalled = false;  // the core re-arms with cq_arm
   d->taking = &list;
   for (size_t i = 0; i < list.size(); ++i)
     if (list[i]) ready(list[i]->user, arg);
@@ -587,6 +584,12 @@ void devices_rescan() { ++g.stats.rescans; }
 bool device_gone(const Device *) { return g.removed; }
 
 // --- completion queues ---
+
+int cq_arm(Cq *c) {
+  if (int err = injected(fake::Call::CqArm)) return err;
+  c->armed = true;
+  return IBMSG_OK;
+}
 
 int cq_create(Device *d, uint32_t depth, void *user, Cq **out) {
   if (int err = injected(fake::Call::CqCreate)) return err;

@@ -1,0 +1,90 @@
+// Busy polling (IBMSG_OPT_BUSY_POLL): a connection with activity has its CQ polled from the loop
+// instead of sleeping on the completion channel, for the option's time after its last activity
+// (or always); then its CQ is armed and polled once more, so no completion that arrived in
+// between is lost, and the loop sleeps again.
+//
+// The poller is an ev_idle watcher: while it runs, ev_run does not block. Each of its rounds
+// spins over the polling connections for up to kSliceNs before it gives the loop back (CM
+// events, timers and the application's own watchers wait at most that long), so that a stream of
+// completions costs no system call per completion.
+#include <ctime>
+
+#include "internal.hpp"
+
+namespace ibmsg {
+namespace {
+
+constexpr uint64_t kSliceNs = 1000 * 1000;  // one round of spinning: 1 ms
+
+uint64_t now_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return uint64_t(ts.tv_sec) * 1000000000ull + uint64_t(ts.tv_nsec);
+}
+
+// Stops polling s if it has been quiet long enough: arms its CQ and polls it once more.
+void maybe_sleep(Socket *s, uint64_t now) {
+  const int us = s->opts.busy_poll_us;
+  if (us < 0 || now - s->poll_last_ns < uint64_t(us) * 1000) return;
+  poll_stop(s);
+  if (tp::cq_arm(s->cq)) {
+    socket_close(s, IBMSG_EIO);
+    return;
+  }
+  drain_cq(s);  // what completed before the arming (its activity starts polling again)
+}
+
+void on_poll(struct ev_loop *ev, ev_idle *w, int) {
+  Loop *loop = static_cast<Loop *>(w->data);
+  LoopEntered entered(loop);
+  const uint64_t start = now_ns();
+  uint64_t now = start;
+  unsigned spins = 0;
+  while (loop->polling > 0 && now - start < kSliceNs) {
+    // Sockets leave loop->sockets only in teardowns, which run from another watcher: the list
+    // may grow here (a callback connects or accepts), never shrink.
+    for (Socket *s = loop->sockets.front(); s; s = loop->sockets.next(s)) {
+      if (!s->poll_active) continue;
+      if (drain_cq(s) > 0 && s->poll_active) s->poll_last_ns = now;
+      else if (s->poll_active && (spins & 63) == 0) maybe_sleep(s, now);
+    }
+    // Something to tear down: let the loop run it.
+    if (!loop->closing.empty()) break;
+    if ((++spins & 63) == 0) now = now_ns();
+  }
+  if (loop->polling == 0) ev_idle_stop(ev, w);
+}
+
+}  // namespace
+
+void poll_init(Loop *loop) {
+  ev_idle_init(&loop->poller, on_poll);
+  loop->poller.data = loop;
+}
+
+void poll_touch(Socket *s) {
+  if (s->opts.busy_poll_us == 0 || !s->cq || s->state == State::Closing) return;
+  s->poll_last_ns = now_ns();
+  if (s->poll_active) return;
+  s->poll_active = true;
+  if (s->loop->polling++ == 0) ev_idle_start(s->loop->ev, &s->loop->poller);
+}
+
+void poll_cq_ready(Socket *s) {
+  if (!s->cq) return;
+  if (s->opts.busy_poll_us != 0 && s->state != State::Closing) {
+    poll_touch(s);  // stays unarmed: the poller takes it from here
+  } else if (tp::cq_arm(s->cq)) {
+    socket_close(s, IBMSG_EIO);
+    return;
+  }
+  drain_cq(s);
+}
+
+void poll_stop(Socket *s) {
+  if (!s->poll_active) return;
+  s->poll_active = false;
+  --s->loop->polling;
+}
+
+}  // namespace ibmsg
