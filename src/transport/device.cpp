@@ -20,8 +20,6 @@ struct Device {
 struct Cq {
   ibv_cq *cq;
   void *user;
-  unsigned events;   // channel events read but not yet acked
-  Cq *ready_next;    // in device_take_events' list of CQs that signalled
 };
 
 struct Mr {
@@ -92,26 +90,14 @@ bool device_gone(const Device *d) {
 const DeviceInfo &device_info(const Device *d) { return d->info; }
 
 void device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void *arg) {
-  Cq *list = nullptr;
+  // One event per call: reading on until EAGAIN would cost a read() that finds nothing on every
+  // wake-up. The channel's fd stays readable while events are left, so the loop calls again.
   ibv_cq *cq;
   void *ctx;
-  while (ibv_get_cq_event(d->channel, &cq, &ctx) == 0) {
-    Cq *c = static_cast<Cq *>(ctx);
-    if (c->events++ == 0) {
-      c->ready_next = list;
-      list = c;
-    }
-  }
-  for (Cq *c = list; c; c = c->ready_next) {
-    ibv_ack_cq_events(c->cq, c->events);
-    c->events = 0;
-  }
-  // The callbacks may destroy no CQ of this list (teardowns run later, from the loop).
-  while (list) {
-    Cq *c = list;
-    list = c->ready_next;
-    ready(c->user, arg);
-  }
+  if (ibv_get_cq_event(d->channel, &cq, &ctx) != 0) return;
+  Cq *c = static_cast<Cq *>(ctx);
+  ibv_ack_cq_events(c->cq, 1);
+  ready(c->user, arg);
 }
 
 int cq_create(Device *d, uint32_t depth, void *user, Cq **out) {
@@ -136,7 +122,6 @@ int cq_create(Device *d, uint32_t depth, void *user, Cq **out) {
 int cq_arm(Cq *c) { return ibv_req_notify_cq(c->cq, 0) ? IBMSG_EIO : IBMSG_OK; }
 
 void cq_destroy(Cq *c) {
-  if (c->events) ibv_ack_cq_events(c->cq, c->events);
   ibv_destroy_cq(c->cq);
   delete c;
 }

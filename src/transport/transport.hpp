@@ -75,8 +75,8 @@ int device_open(DeviceKey key, Device **out);
 void device_close(Device *dev);
 int device_fd(const Device *dev);  // non-blocking; readable when a CQ on the device signalled
 const DeviceInfo &device_info(const Device *dev);
-// Reads every pending completion-channel event, acknowledges it and calls ready(cq_user, arg)
-// once per CQ that signalled. The CQ is not re-armed: the core arms it (cq_arm) when it wants the
+// Reads a pending completion-channel event (one per call in rdma-core's transport: the fd stays
+// readable while more wait), acknowledges it and calls ready(cq_user, arg) for its CQ. The CQ is not re-armed: the core arms it (cq_arm) when it wants the
 // next event, and then polls it once more, so that a completion that arrived before the arming
 // is still found.
 void device_take_events(Device *dev, void (*ready)(void *cq_user, void *arg), void *arg);
