@@ -283,7 +283,8 @@ IBMSG_EXPORT int ibmsg_event_loop_fd(ibmsg_event_loop *loop);
 /** Processes everything that is ready without waiting (running callbacks). */
 IBMSG_EXPORT int ibmsg_event_loop_process(ibmsg_event_loop *loop);
 /** Milliseconds until ibmsg_event_loop_process() must run again even if the fd stays quiet
- *  (0: at once; -1: not until the fd is readable, or loop is invalid). */
+ *  (0: at once, e.g. while a connection busy-polls (IBMSG_OPT_BUSY_POLL); -1: not until the fd
+ *  is readable, or loop is invalid). */
 IBMSG_EXPORT int ibmsg_event_loop_timeout(ibmsg_event_loop *loop);
 
 /* ---------------------------------------------------------------------------------------------
