@@ -8,8 +8,9 @@
 namespace ibmsg {
 namespace {
 
-// Every completion-channel event is read, acked and its CQ re-armed before any CQ is polled
-// (transport), so nothing that completes between the two is missed.
+// A completion-channel event: the transport reads and acks it, the core polls that CQ, arming it
+// first unless the connection busy-polls (poll.cpp), so nothing that completes in between is
+// missed.
 void on_channel_readable(struct ev_loop *, ev_io *w, int) {
   Device *dev = static_cast<Device *>(w->data);
   LoopEntered entered(dev->loop);

@@ -25,13 +25,15 @@ uint64_t now_ns() {
 // Stops polling s if it has been quiet long enough: arms its CQ and polls it once more.
 void maybe_sleep(Socket *s, uint64_t now) {
   const int us = s->opts.busy_poll_us;
-  if (us < 0 || now - s->poll_last_ns < uint64_t(us) * 1000) return;
+  // now was read before this round's callbacks: a post from one of them (poll_touch) is later.
+  if (us < 0 || now < s->poll_last_ns || now - s->poll_last_ns < uint64_t(us) * 1000) return;
   poll_stop(s);
   if (tp::cq_arm(s->cq)) {
     socket_close(s, IBMSG_EIO);
     return;
   }
-  drain_cq(s);  // what completed before the arming (its activity starts polling again)
+  // What completed before the arming is activity: it starts polling again.
+  if (drain_cq(s) > 0) poll_touch(s);
 }
 
 void on_poll(struct ev_loop *ev, ev_idle *w, int) {

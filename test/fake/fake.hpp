@@ -10,8 +10,9 @@
 //   - private data is copied at the call and padded with zeros to what IB carries: 56 bytes in a
 //     connect request, 196 in an accept, 148 in a reject (longer is EINVAL).
 //   - event channels and device channels are non-blocking eventfds, readable while something is
-//     pending; a CQ signals its device once per arm; device_take_events re-arms before the
-//     callbacks, as rdma-core must.
+//     pending; a CQ is armed when created and signals its device once per arm (cq_arm), at its
+//     next completion; completions already in it when it is armed signal nothing (as on real
+//     devices: the core polls once more after arming). device_take_events does not re-arm.
 //   - a SEND is delivered at once into the peer's first posted receive (in order), both
 //     completions are queued; no posted receive: RNR (counted, the send fails, both QPs go to the
 //     error state); too long for the buffer: a length error (counted, both fail). A send to a
@@ -51,6 +52,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -81,6 +83,8 @@ struct Stats {
   unsigned long registrations;         // successful mr_register calls (raw peers' included)
   unsigned long remote_access_errors;  // one-sided operations the responder refused
   unsigned long rdma_ops;              // one-sided operations executed
+  unsigned long cq_arms;     // successful cq_arm calls
+  unsigned long cq_signals;  // completions that signalled their device's fd (the CQ was armed)
   // The RDMA read/atomic resources of the core's last cm_connect and cm_accept (-1: none yet);
   // for the accept, what they resolve to (tp::kMaxRdAtomic: what the request asked for, at most
   // the device's limit, as librdmacm does).
@@ -135,6 +139,20 @@ enum class Call {
 };
 // The call after the next `skip` successful ones returns code (once).
 void fail_call(Call call, int code, unsigned skip = 0);
+
+// The completion notification of a CQ the core created (s->cq): whether it is armed now (its next
+// completion signals the device's fd), how often the core armed it (successful cq_arm calls)
+// and how often it signalled its device.
+struct CqInfo {
+  bool armed;
+  unsigned long arms, signals;
+};
+CqInfo cq_info(const tp::Cq *cq);
+
+// Runs fn once, inside the core's next successful cq_arm of cq (nullptr: of any CQ), before the
+// CQ is armed: a completion fn causes (e.g. pause_wire(false) delivering a send) lands in the
+// CQ while it is still unarmed, the race between the last poll and the arming. reset() drops it.
+void before_cq_arm(const tp::Cq *cq, std::function<void()> fn);
 
 // While paused, posted sends stay in flight (not delivered, not completed); unpausing delivers
 // them in order.

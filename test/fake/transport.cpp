@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <utility>
 #include <vector>
@@ -49,6 +50,8 @@ struct Cq {
   bool armed = true;
   bool signalled = false;
   int qps = 0;
+  unsigned long arms = 0;     // successful cq_arm calls
+  unsigned long signals = 0;  // completions that signalled the device
 };
 
 constexpr uint32_t kMrMagic = 0x4d52f4e3;
@@ -159,6 +162,8 @@ struct Fabric {
   std::vector<fake::Post> posts;   // the core's posts to send queues, in order
   std::vector<std::pair<CmId *, CmEvent>> held;  // Established events held back
   Injection inj[kCalls];
+  std::function<void()> arm_hook;  // fake::before_cq_arm
+  const Cq *arm_hook_cq = nullptr;
   int raw = 0;  // > 0 while a raw peer calls
   unsigned short next_port = 20000;
   unsigned short next_ephemeral = 50000;
@@ -285,6 +290,8 @@ void cq_push(Cq *c, Qp *qp, bool send, const Completion &wc) {
   c->q.push_back(Cqe{wc, qp, send});
   if (!c->armed) return;
   c->armed = false;
+  ++c->signals;
+  ++g.stats.cq_signals;
   if (!c->signalled) {
     c->signalled = true;
     c->dev->signalled.push_back(c);
@@ -587,7 +594,15 @@ bool device_gone(const Device *) { return g.removed; }
 
 int cq_arm(Cq *c) {
   if (int err = injected(fake::Call::CqArm)) return err;
+  if (g.arm_hook && (!g.arm_hook_cq || g.arm_hook_cq == c)) {
+    std::function<void()> fn = std::move(g.arm_hook);
+    g.arm_hook = nullptr;
+    g.arm_hook_cq = nullptr;
+    fn();
+  }
   c->armed = true;
+  ++c->arms;
+  ++g.stats.cq_arms;
   return IBMSG_OK;
 }
 
@@ -1117,6 +1132,8 @@ void reset() {
   tp::g.qps.clear();
   tp::g.held.clear();
   for (auto &i : tp::g.inj) i = tp::Injection{};
+  tp::g.arm_hook = nullptr;
+  tp::g.arm_hook_cq = nullptr;
   tp::g.raw = 0;
 }
 
@@ -1168,6 +1185,16 @@ void fail_call(Call call, int code, unsigned skip) {
   i.armed = true;
   i.code = code;
   i.skip = skip;
+}
+
+CqInfo cq_info(const tp::Cq *cq) {
+  if (!cq) return CqInfo{false, 0, 0};
+  return CqInfo{cq->armed, cq->arms, cq->signals};
+}
+
+void before_cq_arm(const tp::Cq *cq, std::function<void()> fn) {
+  tp::g.arm_hook = std::move(fn);
+  tp::g.arm_hook_cq = cq;
 }
 
 void pause_wire(bool paused) {

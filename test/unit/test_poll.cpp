@@ -1,0 +1,1060 @@
+// test_poll.cpp - busy polling (IBMSG_OPT_BUSY_POLL) in the core, over the fake transport
+// (test/fake), through the public C API: a polling connection's CQ stays unarmed and its
+// completions never signal the device's fd; an adaptive one polls through a burst, then arms its
+// CQ, polls once more (a completion that arrived just before the arming is found) and sleeps until
+// the fd wakes it; event mode arms after every wake-up; ibmsg_event_loop_timeout() is 0 exactly
+// while something polls; a failing arm closes only its connection; closing stops the polling;
+// the option per socket.
+//
+// The harness follows test_connection.cpp's (its fixture lives in that file, so the parts needed
+// here are repeated, with replies sent from the callbacks and the CQ's arming recorded there).
+// Every test runs on a fresh loop and a reset fake. The teardown closes what the test left open
+// and then checks what must hold after any scenario: each socket that was set up closed exactly
+// once, no callback after its closed callback, one message_sent per posted message, messages in
+// order, no reply that failed to go out, the loop destroys, everything released in the fake, no
+// RNR and no misuse of the transport, and no invalid state transition.
+//
+// The arming is read from the fake (fake::cq_info on the connection's CQ) and whether the loop
+// polls from the core's loop (internal.hpp): white-box, as the property is about them.
+#include <csetjmp>
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
+#include <cmocka.h>
+}
+
+#include <poll.h>
+#include <time.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fake.hpp"
+#include "ibmsg.h"
+#include "internal.hpp"  // ibmsg::invalid_transitions, the socket's CQ, the loop's poller
+
+namespace fake = ibmsg::fake;
+
+namespace {
+
+// --- the harness ------------------------------------------------------------------------------
+
+#define expect_code(actual, expected)                                           \
+  do {                                                                          \
+    int a_ = (actual), e_ = (expected);                                         \
+    if (a_ != e_)                                                               \
+      fail_msg("%s: got %s (%d), expected %s", #actual, ibmsg_err_name(a_), a_, \
+               ibmsg_err_name(e_));                                             \
+  } while (0)
+
+double now_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
+}
+
+// A send buffer the test owns (it stays at its address while allocated).
+struct Out {
+  ibmsg_buffer m{};
+  bool allocated = false;
+  int posts = 0;     // successful ibmsg_post_send
+  int sent_cbs = 0;  // message_sent callbacks
+};
+
+// One ibmsg_socket and what its callbacks reported.
+struct Conn {
+  ibmsg_socket s{};
+  const char *name = "";
+  bool opened = false;  // listen/connect/accept succeeded: one closed callback must follow
+  int established = 0;
+  int closed = 0;
+  int close_reason = -1;
+  int disconnect_in_closed = -1;  // what ibmsg_disconnect said inside the closed callback
+  int sent_at_close = -1;         // message_sent callbacks before the closed callback
+  int after_close = 0;            // callbacks after the closed callback (must stay 0)
+  // sending
+  std::deque<Out> outs;
+  uint64_t next_send_seq = 0;
+  int sent_ok = 0, sent_canceled = 0, sent_other = 0;  // by status; each sent buffer is freed
+  // receiving
+  uint64_t received = 0;
+  uint64_t next_seq = 0;
+  int bad_order = 0;  // out of order, duplicated or corrupted
+  double last_rx_ms = 0;
+  // replies sent from message_received (ping-pong)
+  int replies_left = 0;
+  int reply_errors = 0;
+  uint64_t disconnect_at = 0;  // > 0: ibmsg_disconnect inside the callback of that message
+  int disconnect_rc = -1;
+  std::function<void()> on_rx;  // runs inside message_received, after the above
+  // the CQ as message_received found it (a received message's completion was just polled)
+  int rx_armed = 0;  // messages that found the CQ armed
+  bool rx_seen = false;
+  fake::CqInfo rx_first{}, rx_last{};
+  int rx_polling = 0;  // messages received while the connection polled
+};
+
+struct H {
+  ibmsg_event_loop loop;
+  bool loop_alive = false;
+  std::deque<Conn> conns;  // a deque: references stay valid
+  std::vector<ibmsg_options *> opts;
+  std::deque<ibmsg_region> regions;      // deregistered by the teardown
+  ibmsg_options *accept_opts = nullptr;  // what connection_request accepts with
+  int requests = 0;
+  std::vector<Conn *> accepted;
+  unsigned long transitions_before = 0;  // ibmsg::invalid_transitions() at the start
+};
+
+H *h_of(void **state) { return static_cast<H *>(*state); }
+
+Conn &new_conn(H *h, const char *name) {
+  h->conns.emplace_back();
+  Conn &c = h->conns.back();
+  c.name = name;
+  c.s.user_data = &c;
+  return c;
+}
+
+ibmsg_options *options(H *h, std::initializer_list<std::pair<int, int>> values) {
+  ibmsg_options *o = ibmsg_options_new(&h->loop);
+  if (!o) fail_msg("ibmsg_options_new failed");
+  h->opts.push_back(o);
+  for (auto &v : values)
+    expect_code(ibmsg_options_set(o, v.first, &v.second, sizeof(int)), IBMSG_OK);
+  return o;
+}
+
+ibmsg_options *busy_poll(H *h, int value) { return options(h, {{IBMSG_OPT_BUSY_POLL, value}}); }
+
+void set_loop_busy_poll(H *h, int value) {
+  expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_BUSY_POLL, &value, sizeof value), IBMSG_OK);
+}
+
+// Payload: the sequence number, then its low byte repeated.
+void fill(ibmsg_buffer *m, uint64_t seq) {
+  auto p = static_cast<uint8_t *>(m->data);
+  if (m->size >= 8) memcpy(p, &seq, 8);
+  for (size_t i = 8; i < m->size; ++i) p[i] = uint8_t(seq);
+}
+
+// Allocates, fills and posts one message; the code of the call that failed (its buffer is freed
+// again then). Calls no cmocka check: it runs inside callbacks too.
+int send_msg(Conn &c, size_t size) {
+  Out *o = nullptr;
+  for (Out &x : c.outs)
+    if (!x.allocated) {
+      o = &x;
+      break;
+    }
+  if (!o) {
+    c.outs.emplace_back();
+    o = &c.outs.back();
+  }
+  int rc = ibmsg_alloc_msg(&o->m, &c.s, size);
+  if (rc) return rc;
+  o->allocated = true;
+  o->m.user_data = o;
+  fill(&o->m, c.next_send_seq);
+  rc = ibmsg_post_send(&c.s, &o->m);
+  if (rc) {
+    if (ibmsg_free_msg(&o->m) == IBMSG_OK) o->allocated = false;
+    return rc;
+  }
+  ++o->posts;
+  ++c.next_send_seq;
+  return IBMSG_OK;
+}
+
+ibmsg::tp::Cq *cq_of(const Conn &c) { return c.s.impl ? c.s.impl->cq : nullptr; }
+fake::CqInfo cq(const Conn &c) { return fake::cq_info(cq_of(c)); }
+bool polls(const Conn &c) { return c.s.impl && c.s.impl->poll_active; }
+int loop_polling(H *h) { return h->loop.impl->polling; }
+bool poller_running(H *h) { return ev_is_active(&h->loop.impl->poller); }
+int loop_timeout(H *h) { return ibmsg_event_loop_timeout(&h->loop); }
+
+// --- callbacks ---
+
+void on_request(ibmsg_connection_request *req) {
+  H *h = static_cast<H *>(req->loop->user_data);
+  ++h->requests;
+  Conn &c = new_conn(h, "accepted");
+  if (ibmsg_accept_opts(req, &c.s, h->accept_opts) == IBMSG_OK) {
+    c.opened = true;
+    h->accepted.push_back(&c);
+  }
+}
+
+void on_established(ibmsg_socket *s) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  if (c->closed) ++c->after_close;
+  ++c->established;
+}
+
+void on_received(ibmsg_socket *s, ibmsg_buffer *m) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  if (c->closed) ++c->after_close;
+  ++c->received;
+  c->last_rx_ms = now_ms();
+  fake::CqInfo info = cq(*c);
+  if (info.armed) ++c->rx_armed;
+  if (!c->rx_seen) c->rx_first = info;
+  c->rx_seen = true;
+  c->rx_last = info;
+  if (polls(*c)) ++c->rx_polling;
+  if (m->size >= 8) {
+    uint64_t seq;
+    memcpy(&seq, m->data, 8);
+    if (seq != c->next_seq) ++c->bad_order;
+    c->next_seq = seq + 1;
+    auto p = static_cast<const uint8_t *>(m->data);
+    for (size_t i = 8; i < m->size; ++i)
+      if (p[i] != uint8_t(seq)) {
+        ++c->bad_order;
+        break;
+      }
+  }
+  if (ibmsg_free_msg(m) != IBMSG_OK) ++c->bad_order;
+  if (c->replies_left > 0) {
+    --c->replies_left;
+    if (send_msg(*c, 16) != IBMSG_OK) ++c->reply_errors;
+  }
+  if (c->disconnect_at && c->received == c->disconnect_at) c->disconnect_rc = ibmsg_disconnect(s);
+  if (c->on_rx) c->on_rx();
+}
+
+void on_sent(ibmsg_socket *s, ibmsg_buffer *m, int status) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  if (c->closed) ++c->after_close;
+  Out *o = static_cast<Out *>(m->user_data);
+  ++o->sent_cbs;
+  if (status == IBMSG_OK) ++c->sent_ok;
+  else if (status == IBMSG_ECANCELED) ++c->sent_canceled;
+  else ++c->sent_other;
+  if (ibmsg_free_msg(m) == IBMSG_OK) o->allocated = false;
+}
+
+void on_closed(ibmsg_socket *s, int reason) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  ++c->closed;
+  c->close_reason = reason;
+  c->sent_at_close = c->sent_ok + c->sent_canceled + c->sent_other;
+  c->disconnect_in_closed = ibmsg_disconnect(s);
+}
+
+// --- driving the loop ---
+
+// Runs the loop until done() or max_rounds rounds.
+template <class F>
+bool run_until(H *h, F done, int max_rounds = 2000, int timeout_ms = 1) {
+  for (int i = 0; i < max_rounds; ++i) {
+    if (done()) return true;
+    ibmsg_dispatch_event_loop_timeout(&h->loop, timeout_ms);
+  }
+  return done();
+}
+
+#define RUN_UNTIL(h, cond)                                                                \
+  do {                                                                                    \
+    if (!run_until(h, [&] { return bool(cond); })) fail_msg("never happened: %s", #cond); \
+  } while (0)
+
+// Lets whatever is pending happen.
+void settle(H *h, int rounds = 10) {
+  auto never = [] { return false; };
+  run_until(h, never, rounds, 1);
+}
+
+// Drives the loop as a foreign event loop would (ibmsg_event_loop_process while
+// ibmsg_event_loop_timeout() says 0) until the timeout is no longer 0; the milliseconds that
+// took, or -1 if it still was 0 after limit_ms.
+double process_while_polling(H *h, double limit_ms = 3000) {
+  double start = now_ms();
+  while (loop_timeout(h) == 0) {
+    if (now_ms() - start > limit_ms) return -1;
+    expect_code(ibmsg_event_loop_process(&h->loop), IBMSG_OK);
+  }
+  return now_ms() - start;
+}
+
+// Whether the loop's fd (ibmsg_event_loop_fd) is readable now.
+bool loop_fd_readable(H *h) {
+  pollfd p{ibmsg_event_loop_fd(&h->loop), POLLIN, 0};
+  return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+// --- setting up sockets ---
+
+unsigned short port_of(Conn &l) {
+  unsigned short p = 0;
+  expect_code(ibmsg_socket_local_address(&l.s, nullptr, 0, &p), IBMSG_OK);
+  return p;
+}
+
+Conn &listener(H *h, const ibmsg_options *o = nullptr, int max_conn = 8) {
+  Conn &l = new_conn(h, "listener");
+  expect_code(ibmsg_listen_opts(&h->loop, &l.s, nullptr, 0, max_conn, o), IBMSG_OK);
+  l.opened = true;
+  return l;
+}
+
+Conn &client(H *h, unsigned short port, const ibmsg_options *o = nullptr) {
+  Conn &c = new_conn(h, "client");
+  expect_code(ibmsg_connect_opts(&h->loop, &c.s, "127.0.0.1", port, o), IBMSG_OK);
+  c.opened = true;
+  return c;
+}
+
+struct Pair {
+  Conn *l, *c, *a;  // listener, client, accepted
+};
+
+// A connection: the accepted side takes the listener's options (lo), or h->accept_opts if set.
+Pair connected(H *h, const ibmsg_options *lo = nullptr, const ibmsg_options *co = nullptr) {
+  Conn &l = listener(h, lo);
+  size_t before = h->accepted.size();
+  Conn &c = client(h, port_of(l), co);
+  RUN_UNTIL(h, c.established && h->accepted.size() > before && h->accepted.back()->established);
+  return Pair{&l, &c, h->accepted.back()};
+}
+
+// One message each way, so that each CQ has had its first completion.
+void exchange(H *h, Pair p) {
+  uint64_t a0 = p.a->received, c0 = p.c->received;
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == a0 + 1);
+  expect_code(send_msg(*p.a, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.c->received == c0 + 1);
+}
+
+// n round trips started by the client, each answered from message_received on both sides.
+void ping_pong(H *h, Pair p, int n) {
+  uint64_t a0 = p.a->received, c0 = p.c->received;
+  p.a->replies_left = n;
+  p.c->replies_left = n - 1;
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == a0 + uint64_t(n) && p.c->received == c0 + uint64_t(n));
+  assert_int_equal(p.a->reply_errors, 0);
+  assert_int_equal(p.c->reply_errors, 0);
+}
+
+void reset_rx(Conn &c) {
+  c.rx_armed = 0;
+  c.rx_seen = false;
+  c.rx_polling = 0;
+}
+
+// --- setup and the checks after every test ---
+
+int setup(void **state) {
+  fake::reset();
+  H *h = new H();
+  if (ibmsg_init_event_loop(&h->loop) != IBMSG_OK) return -1;
+  h->loop_alive = true;
+  h->loop.user_data = h;
+  h->loop.connection_request = on_request;
+  h->loop.connection_established = on_established;
+  h->loop.message_received = on_received;
+  h->loop.message_sent = on_sent;
+  h->loop.connection_closed = on_closed;
+  h->transitions_before = ibmsg::invalid_transitions();
+  *state = h;
+  return 0;
+}
+
+// Adds one line to the teardown's complaints.
+void complain(std::string *errs, const char *fmt, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  *errs += "\n  ";
+  *errs += buf;
+}
+
+// Closes what the test left open, releases everything, then reports every broken guarantee at
+// once (so that a failed test still cleans up for the next one).
+int teardown(void **state) {
+  H *h = h_of(state);
+  std::string errs;
+  fake::before_cq_arm(nullptr, nullptr);
+  fake::pause_wire(false);
+  for (Conn &c : h->conns) {
+    c.replies_left = 0;
+    c.on_rx = nullptr;
+  }
+  if (h->loop_alive) {
+    for (Conn &c : h->conns)
+      if (c.opened && !c.closed) ibmsg_disconnect(&c.s);
+    bool all_closed = run_until(h, [h] {
+      for (Conn &c : h->conns)
+        if (c.opened && !c.closed) return false;
+      return true;
+    });
+    if (!all_closed) complain(&errs, "sockets never closed");
+  }
+  for (Conn &c : h->conns) {
+    if (c.opened && c.closed != 1)
+      complain(&errs, "%s socket: %d closed callbacks, expected exactly 1", c.name, c.closed);
+    if (!c.opened && c.closed)
+      complain(&errs, "%s socket that was never set up got a closed callback", c.name);
+    if (c.after_close)
+      complain(&errs, "%s socket: %d callbacks after its closed callback", c.name, c.after_close);
+    if (c.closed && c.disconnect_in_closed != IBMSG_ENOTCONN)
+      complain(&errs, "%s socket: ibmsg_disconnect inside its closed callback returned %s", c.name,
+               ibmsg_err_name(c.disconnect_in_closed));
+    if (c.bad_order)
+      complain(&errs, "%s socket: %d messages out of order or corrupted", c.name, c.bad_order);
+    if (c.reply_errors)
+      complain(&errs, "%s socket: %d replies failed to go out", c.name, c.reply_errors);
+    for (Out &o : c.outs) {
+      if (o.posts != o.sent_cbs)
+        complain(&errs, "%s socket: a message posted %d times got %d message_sent callbacks",
+                 c.name, o.posts, o.sent_cbs);
+      if (o.allocated)
+        if (int rc = ibmsg_free_msg(&o.m))
+          complain(&errs, "%s socket: freeing a send buffer: %s", c.name, ibmsg_err_name(rc));
+      o.allocated = false;
+    }
+  }
+  for (ibmsg_region &r : h->regions)
+    if (r.impl)
+      if (int rc = ibmsg_deregister_region(&r))
+        complain(&errs, "ibmsg_deregister_region: %s", ibmsg_err_name(rc));
+  settle(h, 3);
+  bool destroyed = !h->loop_alive;
+  if (h->loop_alive) {
+    if (loop_polling(h) != 0)
+      complain(&errs, "the loop still counts %d polling connections", loop_polling(h));
+    int rc = ibmsg_destroy_event_loop(&h->loop);
+    if (rc) complain(&errs, "ibmsg_destroy_event_loop: %s", ibmsg_err_name(rc));
+    destroyed = rc == IBMSG_OK;
+  }
+  for (ibmsg_options *o : h->opts) ibmsg_options_free(o);
+  std::string left = fake::open_objects_text();
+  if (!left.empty()) complain(&errs, "left open in the transport: %s", left.c_str());
+  const fake::Stats &st = fake::stats();
+  if (st.misuses)
+    complain(&errs, "%lu misuses of the transport, the first: %s", st.misuses,
+             st.first_misuse.c_str());
+  if (st.rnr_errors) complain(&errs, "%lu sends found no posted receive (RNR)", st.rnr_errors);
+  if (st.length_errors)
+    complain(&errs, "%lu sends were longer than the receive buffer", st.length_errors);
+  // The count is the process's: this test's share is what it added.
+  if (unsigned long n = ibmsg::invalid_transitions() - h->transitions_before)
+    complain(&errs, "%lu invalid state transitions (IBMSG_DEBUG=1 names them)", n);
+  if (destroyed) delete h;  // else the loop may still point into it
+  if (errs.empty()) return 0;
+  static char text[4096];  // fail_msg does not return: nothing may be left to destroy
+  snprintf(text, sizeof text, "%s", errs.c_str());
+  std::string().swap(errs);
+  fail_msg("after the test:%s", text);
+  return 0;
+}
+
+// === the option ===============================================================================
+
+void busy_poll_option_takes_always_zero_and_microseconds(void **state) {
+  H *h = h_of(state);
+  int v = 12345;
+  size_t len = sizeof v;
+  expect_code(ibmsg_getopt(&h->loop, IBMSG_OPT_BUSY_POLL, &v, &len), IBMSG_OK);
+  assert_int_equal(v, 0);  // events by default
+  for (int ok : {IBMSG_BUSY_POLL_ALWAYS, 0, 1, 2000, 10 * 1000 * 1000}) {
+    expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_BUSY_POLL, &ok, sizeof ok), IBMSG_OK);
+    len = sizeof v;
+    expect_code(ibmsg_getopt(&h->loop, IBMSG_OPT_BUSY_POLL, &v, &len), IBMSG_OK);
+    assert_int_equal(v, ok);
+  }
+  ibmsg_options *o = busy_poll(h, 2000);
+  for (int bad : {-2, INT32_MIN, 10 * 1000 * 1000 + 1}) {
+    expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_BUSY_POLL, &bad, sizeof bad), IBMSG_EINVAL);
+    expect_code(ibmsg_options_set(o, IBMSG_OPT_BUSY_POLL, &bad, sizeof bad), IBMSG_EINVAL);
+  }
+  len = sizeof v;
+  expect_code(ibmsg_options_get(o, IBMSG_OPT_BUSY_POLL, &v, &len), IBMSG_OK);
+  assert_int_equal(v, 2000);  // a refused value changes nothing
+}
+
+// === always ===================================================================================
+
+void always_polling_ping_pongs_without_arming_or_signalling(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = busy_poll(h, IBMSG_BUSY_POLL_ALWAYS);
+  Pair p = connected(h, o, o);
+  int epfd = ibmsg_event_loop_fd(&h->loop);
+  assert_true(epfd >= 0);
+  exchange(h, p);
+  settle(h);
+  // The CQ is created armed: its first completion may have signalled once, never again.
+  fake::CqInfo c0 = cq(*p.c), a0 = cq(*p.a);
+  assert_false(c0.armed);
+  assert_false(a0.armed);
+  assert_true(c0.signals <= 1);
+  assert_true(a0.signals <= 1);
+  assert_int_equal(c0.arms, 0);
+  assert_int_equal(a0.arms, 0);
+  assert_true(polls(*p.c) && polls(*p.a));
+  assert_int_equal(loop_polling(h), 2);
+  assert_int_equal(loop_timeout(h), 0);
+
+  reset_rx(*p.c);
+  reset_rx(*p.a);
+  ping_pong(h, p, 1000);
+  settle(h);
+  for (Conn *c : {p.c, p.a}) {
+    fake::CqInfo now = cq(*c);
+    assert_false(now.armed);
+    assert_int_equal(now.arms, 0);
+    assert_int_equal(now.signals, (c == p.c ? c0 : a0).signals);
+    assert_int_equal(c->rx_armed, 0);
+    assert_int_equal(c->rx_polling, 1000);
+    assert_int_equal(c->received, 1001);
+    assert_int_equal(c->sent_ok, 1001);
+  }
+  assert_false(loop_fd_readable(h));  // nothing for the fd: the completions were polled
+  assert_int_equal(loop_timeout(h), 0);
+  assert_true(poller_running(h));
+  // The loop does not sleep while a connection polls: a round is one slice of spinning.
+  double t = now_ms();
+  expect_code(ibmsg_dispatch_event_loop_timeout(&h->loop, 2000), IBMSG_OK);
+  assert_true(now_ms() - t < 1000);
+  assert_int_equal(fake::stats().cq_arms, 0);
+}
+
+// === adaptive =================================================================================
+
+void adaptive_polls_through_a_burst_then_arms_and_sleeps(void **state) {
+  H *h = h_of(state);
+  const int us = 10000;
+  set_loop_busy_poll(h, us);
+  Pair p = connected(h);
+  exchange(h, p);
+  reset_rx(*p.c);
+  reset_rx(*p.a);
+  ping_pong(h, p, 500);
+  // During the burst every message was found by polling: no CQ armed, no fd signal after the
+  // burst's first message (which may have woken a sleeping side).
+  for (Conn *c : {p.c, p.a}) {
+    assert_int_equal(c->rx_armed, 0);
+    assert_int_equal(c->rx_polling, 500);
+    assert_int_equal(c->rx_last.arms, c->rx_first.arms);
+    assert_int_equal(c->rx_last.signals, c->rx_first.signals);
+  }
+  fake::CqInfo c_burst = cq(*p.c), a_burst = cq(*p.a);
+  double last = p.c->last_rx_ms;
+  // While polling, a foreign loop is told to come back at once; the time after the last
+  // activity, both sides arm their CQs and the timeout says to wait for the fd.
+  assert_int_equal(loop_timeout(h), 0);
+  double took = process_while_polling(h);
+  assert_true(took >= 0);
+  double quiet = now_ms() - last;
+  if (quiet < us / 1000.0 / 2)
+    fail_msg("stopped polling %.2f ms after the last activity, the option says %d us", quiet, us);
+  assert_int_equal(loop_timeout(h), -1);  // no timer runs
+  assert_int_equal(loop_polling(h), 0);
+  assert_false(poller_running(h));
+  assert_false(polls(*p.c));
+  assert_false(polls(*p.a));
+  for (auto &x : {std::make_pair(p.c, c_burst), std::make_pair(p.a, a_burst)}) {
+    fake::CqInfo now = cq(*x.first);
+    assert_true(now.armed);
+    assert_int_equal(now.arms, x.second.arms + 1);
+    assert_int_equal(now.signals, x.second.signals);
+  }
+  // Asleep: a round waits for the fd (or its timeout) instead of spinning.
+  double t = now_ms();
+  expect_code(ibmsg_dispatch_event_loop_timeout(&h->loop, 40), IBMSG_OK);
+  assert_true(now_ms() - t >= 30);
+  assert_int_equal(loop_timeout(h), -1);
+  // A second burst polls again.
+  reset_rx(*p.c);
+  reset_rx(*p.a);
+  ping_pong(h, p, 100);
+  assert_int_equal(p.a->rx_armed, 0);
+  assert_int_equal(p.c->rx_armed, 0);
+  assert_int_equal(p.c->received, 601);
+  assert_int_equal(p.a->received, 601);
+}
+
+// A sleeping adaptive connection next to an event-mode peer: what arrives signals the fd, a
+// blocking dispatch wakes for it, and the message makes the connection poll again.
+void sleeping_adaptive_connection_wakes_through_the_fd(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = busy_poll(h, 2000);
+  Pair p = connected(h, o, nullptr);  // the accepted side polls, the client does not
+  exchange(h, p);
+  assert_true(process_while_polling(h) >= 0);
+  assert_int_equal(loop_timeout(h), -1);
+  assert_false(polls(*p.a));
+  fake::CqInfo before = cq(*p.a);
+  assert_true(before.armed);
+  settle(h, 2);
+  assert_false(loop_fd_readable(h));
+
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);  // delivered at once by the fake
+  fake::CqInfo after = cq(*p.a);
+  assert_int_equal(after.signals, before.signals + 1);
+  assert_false(after.armed);
+  assert_true(loop_fd_readable(h));
+  assert_int_equal(loop_timeout(h), -1);  // an event-mode sender starts no polling
+  double t = now_ms();
+  for (int i = 0; i < 10 && p.a->received < 2; ++i)
+    expect_code(ibmsg_dispatch_event_loop_timeout(&h->loop, 5000), IBMSG_OK);
+  assert_true(now_ms() - t < 2000);
+  assert_int_equal(p.a->received, 2);
+  // Woken by a completion: it polls again, then sleeps again.
+  assert_true(polls(*p.a));
+  assert_int_equal(loop_timeout(h), 0);
+  assert_true(process_while_polling(h) >= 0);
+  assert_true(cq(*p.a).armed);
+  assert_int_equal(cq(*p.a).arms, before.arms + 1);
+  assert_int_equal(loop_timeout(h), -1);
+}
+
+// Posting is activity: a sleeping adaptive connection polls from the post on (the completion and
+// the answer will come soon), before anything completed.
+void posting_on_a_sleeping_adaptive_connection_polls_at_once(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = busy_poll(h, 2000);
+  Pair p = connected(h, nullptr, o);  // the client polls, the accepted side does not
+  exchange(h, p);
+  assert_true(process_while_polling(h) >= 0);
+  assert_false(polls(*p.c));
+  assert_int_equal(loop_timeout(h), -1);
+  fake::pause_wire(true);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);  // stays in flight: nothing completes
+  assert_true(polls(*p.c));
+  assert_int_equal(loop_timeout(h), 0);
+  assert_int_equal(loop_polling(h), 1);
+  fake::pause_wire(false);
+  RUN_UNTIL(h, p.a->received == 2 && p.c->sent_ok == 2);
+  assert_true(process_while_polling(h) >= 0);
+  assert_int_equal(loop_timeout(h), -1);
+}
+
+// A post from another connection's callback, which the poller runs: the connection posted on
+// polls for its time from then on, although nothing of it has completed yet (a relay).
+void post_from_a_polled_callback_keeps_the_other_connection_polling(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = busy_poll(h, 10 * 1000 * 1000);  // 10 s: nothing goes to sleep here
+  Pair p1 = connected(h, o, o);
+  Pair p2 = connected(h, o, o);  // opened after p1: later in the loop's sockets
+  exchange(h, p1);
+  exchange(h, p2);
+  settle(h);
+  for (Conn *c : {p1.c, p1.a, p2.c, p2.a}) {
+    assert_true(polls(*c));
+    assert_int_equal(cq(*c).arms, 0);
+  }
+  int relay_rc = -1;
+  Conn *relay_to = p2.c;
+  p1.a->on_rx = [&relay_rc, relay_to] {
+    // The wire lags: the relayed message has not completed when the poller looks at p2's client.
+    fake::pause_wire(true);
+    relay_rc = send_msg(*relay_to, 16);
+  };
+  expect_code(send_msg(*p1.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p1.a->received == 2);
+  p1.a->on_rx = nullptr;
+  expect_code(relay_rc, IBMSG_OK);
+  settle(h);
+  assert_true(polls(*p2.c));
+  assert_int_equal(cq(*p2.c).arms, 0);
+  fake::pause_wire(false);
+  RUN_UNTIL(h, p2.a->received == 2 && p2.c->sent_ok == 2);
+}
+
+// An adaptive connection goes to sleep on its time while another one polls always.
+void adaptive_connection_sleeps_while_another_polls_always(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *always = busy_poll(h, IBMSG_BUSY_POLL_ALWAYS);
+  Pair p1 = connected(h, always, always);
+  Pair p2 = connected(h, busy_poll(h, 2000), nullptr);  // the accepted side is adaptive
+  exchange(h, p1);
+  exchange(h, p2);
+  assert_true(polls(*p2.a));
+  double start = now_ms();
+  while (polls(*p2.a) && now_ms() - start < 3000)
+    expect_code(ibmsg_event_loop_process(&h->loop), IBMSG_OK);
+  assert_false(polls(*p2.a));
+  assert_true(cq(*p2.a).armed);
+  assert_int_equal(cq(*p2.a).arms, 1);
+  assert_int_equal(loop_polling(h), 2);
+  assert_int_equal(loop_timeout(h), 0);  // the other connection still polls
+  // It wakes through the fd while the other one spins.
+  uint64_t before = cq(*p2.a).signals;
+  expect_code(send_msg(*p2.c, 16), IBMSG_OK);
+  assert_int_equal(cq(*p2.a).signals, before + 1);
+  RUN_UNTIL(h, p2.a->received == 2);
+  assert_true(polls(*p2.a));
+  ping_pong(h, p1, 100);
+  assert_int_equal(cq(*p1.c).arms + cq(*p1.a).arms, 0);
+}
+
+// The race the arming must not lose: a message lands in the CQ after the poller's last poll and
+// before the CQ is armed (fake::before_cq_arm delivers it from inside cq_arm), so it signals
+// nothing. Only the poll after the arming can find it.
+struct RaceResult {
+  bool hook_ran = false;
+  fake::CqInfo at_hook{};
+};
+
+RaceResult race_a_message_into_the_arming(H *h, Pair p) {
+  RaceResult r;
+  exchange(h, p);
+  assert_true(polls(*p.a));
+  fake::pause_wire(true);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);  // in flight until the wire resumes
+  Conn *a = p.a;
+  fake::before_cq_arm(cq_of(*a), [&r, a] {
+    r.hook_ran = true;
+    r.at_hook = cq(*a);
+    fake::pause_wire(false);
+  });
+  double start = now_ms();
+  while (!(r.hook_ran && p.a->received == 2) && now_ms() - start < 3000)
+    expect_code(ibmsg_dispatch_event_loop_timeout(&h->loop, 1), IBMSG_OK);
+  if (!r.hook_ran) fake::before_cq_arm(nullptr, nullptr);  // it refers to r
+  return r;
+}
+
+void message_arriving_just_before_the_arming_is_not_lost(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = busy_poll(h, 2000);
+  Pair p = connected(h, o, nullptr);
+  RaceResult r = race_a_message_into_the_arming(h, p);
+  assert_true(r.hook_ran);
+  assert_false(r.at_hook.armed);
+  assert_int_equal(p.a->received, 2);
+  // It signalled nothing: the poll after the arming found it.
+  assert_int_equal(cq(*p.a).signals, r.at_hook.signals);
+  RUN_UNTIL(h, p.c->sent_ok == 2);
+  // And the connection still works both ways.
+  exchange(h, p);
+  assert_int_equal(p.a->received, 3);
+}
+
+// The message found by the poll after the arming is the connection's activity: the option says
+// it keeps polling for its time after that.
+void message_found_at_the_arming_makes_the_connection_poll_again(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = busy_poll(h, 10000);
+  Pair p = connected(h, o, nullptr);
+  RaceResult r = race_a_message_into_the_arming(h, p);
+  assert_true(r.hook_ran);
+  assert_int_equal(p.a->received, 2);
+  assert_true(polls(*p.a));
+  assert_int_equal(loop_timeout(h), 0);
+}
+
+// === event mode ===============================================================================
+
+void event_mode_arms_after_every_wakeup_and_never_polls(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  int zero_timeouts = 0, polling_rounds = 0;
+  auto check = [&] {
+    if (loop_timeout(h) == 0) ++zero_timeouts;
+    if (loop_polling(h) != 0 || poller_running(h)) ++polling_rounds;
+  };
+  p.a->replies_left = 200;
+  p.c->replies_left = 199;
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, (check(), p.a->received == 200 && p.c->received == 200));
+  settle(h);
+  assert_int_equal(zero_timeouts, 0);
+  assert_int_equal(polling_rounds, 0);
+  assert_int_equal(loop_timeout(h), -1);
+  for (Conn *c : {p.c, p.a}) {
+    fake::CqInfo i = cq(*c);
+    assert_true(i.armed);
+    assert_int_equal(i.arms, i.signals);  // each wake-up re-armed once
+    assert_true(i.signals >= 100);        // woken by the fd, not polled
+    assert_int_equal(c->rx_polling, 0);
+    assert_false(polls(*c));
+  }
+  double t = now_ms();
+  expect_code(ibmsg_dispatch_event_loop_timeout(&h->loop, 40), IBMSG_OK);
+  assert_true(now_ms() - t >= 30);
+}
+
+// === a failing arm ============================================================================
+
+// The only CQ that is ever armed is the adaptive client's, when it goes to sleep: that arm fails.
+void failing_arm_when_going_to_sleep_closes_only_that_connection(void **state) {
+  H *h = h_of(state);
+  set_loop_busy_poll(h, IBMSG_BUSY_POLL_ALWAYS);
+  Pair p1 = connected(h);
+  Pair p2 = connected(h, nullptr, busy_poll(h, 2000));
+  exchange(h, p1);
+  exchange(h, p2);
+  fake::fail_call(fake::Call::CqArm, IBMSG_EIO);
+  fake::pause_wire(true);
+  for (int i = 0; i < 3; ++i) expect_code(send_msg(*p2.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p2.c->closed && p2.a->closed);
+  fake::pause_wire(false);
+  expect_code(p2.c->close_reason, IBMSG_EIO);
+  expect_code(p2.a->close_reason, IBMSG_ECONNRESET);
+  // Every posted message got its callback before the closed one: the first delivered, the three
+  // still on the wire canceled.
+  assert_int_equal(p2.c->sent_ok, 1);
+  assert_int_equal(p2.c->sent_canceled, 3);
+  assert_int_equal(p2.c->sent_at_close, 4);
+  assert_int_equal(p2.a->sent_at_close, 1);
+  // The other connection polls on.
+  settle(h);
+  assert_int_equal(p1.c->closed + p1.a->closed + p1.l->closed + p2.l->closed, 0);
+  assert_int_equal(loop_polling(h), 2);
+  ping_pong(h, p1, 100);
+  assert_false(cq(*p1.c).armed);
+  assert_false(cq(*p1.a).armed);
+  assert_int_equal(cq(*p1.c).arms + cq(*p1.a).arms, 0);
+}
+
+// An event-mode connection arms after each wake-up: the failing arm closes it after its
+// completions were delivered; the polling peer learns of it as a disconnect.
+void failing_arm_after_a_wakeup_closes_that_connection_with_eio(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h, busy_poll(h, IBMSG_BUSY_POLL_ALWAYS), nullptr);
+  Pair other = connected(h, busy_poll(h, IBMSG_BUSY_POLL_ALWAYS),
+                         busy_poll(h, IBMSG_BUSY_POLL_ALWAYS));
+  fake::fail_call(fake::Call::CqArm, IBMSG_EIO);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  expect_code(p.c->close_reason, IBMSG_EIO);
+  expect_code(p.a->close_reason, IBMSG_ECONNRESET);
+  assert_int_equal(p.c->sent_ok, 1);  // it completed before the arm failed
+  assert_int_equal(p.c->sent_at_close, 1);
+  assert_int_equal(p.a->received, 1);
+  settle(h);
+  assert_int_equal(other.c->closed + other.a->closed, 0);
+  ping_pong(h, other, 50);
+}
+
+// === closing stops the polling ================================================================
+
+void disconnecting_polling_connections_stops_the_poller(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = busy_poll(h, IBMSG_BUSY_POLL_ALWAYS);
+  Pair p1 = connected(h, o, o);
+  Pair p2 = connected(h, o, o);
+  exchange(h, p1);
+  exchange(h, p2);
+  assert_int_equal(loop_polling(h), 4);
+  // In flight when it closes: canceled, once each.
+  fake::pause_wire(true);
+  for (int i = 0; i < 3; ++i) expect_code(send_msg(*p1.c, 16), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p1.c->s), IBMSG_OK);
+  RUN_UNTIL(h, p1.c->closed && p1.a->closed);
+  fake::pause_wire(false);
+  expect_code(p1.c->close_reason, IBMSG_OK);
+  expect_code(p1.a->close_reason, IBMSG_ECONNRESET);
+  assert_int_equal(p1.c->sent_canceled, 3);
+  assert_int_equal(p1.c->sent_at_close, 4);
+  // The other connection still polls.
+  settle(h);
+  assert_int_equal(loop_polling(h), 2);
+  assert_int_equal(loop_timeout(h), 0);
+  ping_pong(h, p2, 100);
+  // Closing from inside a callback the poller runs.
+  p2.a->disconnect_at = p2.a->received + 1;
+  expect_code(send_msg(*p2.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p2.c->closed && p2.a->closed);
+  expect_code(p2.a->disconnect_rc, IBMSG_OK);
+  expect_code(p2.a->close_reason, IBMSG_OK);
+  expect_code(p2.c->close_reason, IBMSG_ECONNRESET);
+  settle(h);
+  assert_int_equal(loop_polling(h), 0);
+  assert_false(poller_running(h));
+  assert_int_equal(loop_timeout(h), -1);
+  double t = now_ms();
+  expect_code(ibmsg_dispatch_event_loop_timeout(&h->loop, 40), IBMSG_OK);
+  assert_true(now_ms() - t >= 30);
+  expect_code(ibmsg_disconnect(&p1.l->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p2.l->s), IBMSG_OK);
+  RUN_UNTIL(h, p1.l->closed && p2.l->closed);
+  settle(h);
+  assert_int_equal(loop_timeout(h), -1);
+  expect_code(ibmsg_destroy_event_loop(&h->loop), IBMSG_OK);
+  h->loop_alive = false;
+}
+
+void peer_disconnect_stops_polling_always_and_adaptive(void **state) {
+  H *h = h_of(state);
+  Pair p1 = connected(h, busy_poll(h, IBMSG_BUSY_POLL_ALWAYS), nullptr);
+  Pair p2 = connected(h, busy_poll(h, 10 * 1000 * 1000), nullptr);  // 10 s: polls throughout
+  exchange(h, p1);
+  exchange(h, p2);
+  assert_true(polls(*p1.a));
+  assert_true(polls(*p2.a));
+  assert_int_equal(loop_polling(h), 2);
+  expect_code(ibmsg_disconnect(&p1.c->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p2.c->s), IBMSG_OK);
+  RUN_UNTIL(h, p1.a->closed && p2.a->closed && p1.c->closed && p2.c->closed);
+  expect_code(p1.a->close_reason, IBMSG_ECONNRESET);
+  expect_code(p2.a->close_reason, IBMSG_ECONNRESET);
+  settle(h);
+  assert_int_equal(loop_polling(h), 0);
+  assert_false(poller_running(h));
+  assert_int_equal(loop_timeout(h), -1);
+  expect_code(ibmsg_disconnect(&p1.l->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p2.l->s), IBMSG_OK);
+  RUN_UNTIL(h, p1.l->closed && p2.l->closed);
+  settle(h);
+  expect_code(ibmsg_destroy_event_loop(&h->loop), IBMSG_OK);
+  h->loop_alive = false;
+}
+
+void device_removal_closes_polling_connections_with_enodev(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = busy_poll(h, IBMSG_BUSY_POLL_ALWAYS);
+  Pair p = connected(h, o, o);
+  exchange(h, p);
+  fake::remove_device();
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  expect_code(p.c->close_reason, IBMSG_ENODEV);
+  expect_code(p.a->close_reason, IBMSG_ENODEV);
+  settle(h);
+  assert_int_equal(loop_polling(h), 0);
+  RUN_UNTIL(h, fake::open_objects().devices == 0);
+}
+
+// === the option per socket ====================================================================
+
+void per_socket_option_polls_only_that_connection(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *always = busy_poll(h, IBMSG_BUSY_POLL_ALWAYS);
+  Pair p1 = connected(h, nullptr, always);  // the client polls, the accepted side does not
+  h->accept_opts = always;
+  Pair p2 = connected(h);  // the accepted side polls (ibmsg_accept_opts), the client does not
+  h->accept_opts = nullptr;
+  exchange(h, p1);
+  exchange(h, p2);
+  settle(h);
+  assert_int_equal(loop_polling(h), 2);
+  Conn *polling[] = {p1.c, p2.a}, *events[] = {p1.a, p2.c};
+  fake::CqInfo before[2] = {cq(*p1.c), cq(*p2.a)};
+  for (Conn *c : events) reset_rx(*c);
+  // Both connections at once.
+  p1.a->replies_left = 100;
+  p1.c->replies_left = 99;
+  p2.a->replies_left = 100;
+  p2.c->replies_left = 99;
+  expect_code(send_msg(*p1.c, 16), IBMSG_OK);
+  expect_code(send_msg(*p2.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p1.a->received == 101 && p1.c->received == 101 && p2.a->received == 101 &&
+                   p2.c->received == 101);
+  settle(h);
+  for (int i = 0; i < 2; ++i) {
+    fake::CqInfo now = cq(*polling[i]);
+    assert_false(now.armed);
+    assert_int_equal(now.arms, 0);
+    assert_int_equal(now.signals, before[i].signals);
+    assert_true(polls(*polling[i]));
+  }
+  for (Conn *c : events) {
+    fake::CqInfo now = cq(*c);
+    assert_true(now.armed);
+    assert_int_equal(now.arms, now.signals);
+    assert_true(now.arms >= 50);
+    assert_int_equal(c->rx_polling, 0);
+    assert_false(polls(*c));
+  }
+  assert_int_equal(loop_timeout(h), 0);
+  // The polling sides close: the loop sleeps again, the event-mode ones keep working.
+  expect_code(ibmsg_disconnect(&p1.c->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p2.a->s), IBMSG_OK);
+  RUN_UNTIL(h, p1.c->closed && p1.a->closed && p2.c->closed && p2.a->closed);
+  settle(h);
+  assert_int_equal(loop_polling(h), 0);
+  assert_int_equal(loop_timeout(h), -1);
+  Pair p3 = connected(h);
+  ping_pong(h, p3, 20);
+  assert_int_equal(loop_timeout(h), -1);
+}
+
+// === one-sided operations =====================================================================
+
+int g_done_calls = 0, g_done_status = -1;
+uint32_t g_write_imm = 0;
+int g_writes_received = 0;
+
+void on_done(ibmsg_socket *, ibmsg_op *, int status) {
+  ++g_done_calls;
+  g_done_status = status;
+}
+
+void on_write_received(ibmsg_socket *, uint32_t imm, size_t) {
+  ++g_writes_received;
+  g_write_imm = imm;
+}
+
+void rdma_write_imm_on_polling_connections_completes_without_a_signal(void **state) {
+  H *h = h_of(state);
+  h->loop.write_received = on_write_received;
+  g_done_calls = g_writes_received = 0;
+  ibmsg_options *o = busy_poll(h, IBMSG_BUSY_POLL_ALWAYS);
+  Pair p = connected(h, o, o);
+  exchange(h, p);
+  settle(h);
+  fake::CqInfo c0 = cq(*p.c), a0 = cq(*p.a);
+  h->regions.resize(2);
+  ibmsg_region &dst = h->regions[0], &src = h->regions[1];
+  expect_code(ibmsg_alloc_region(&h->loop, &dst, 4096, IBMSG_ACCESS_REMOTE_WRITE), IBMSG_OK);
+  expect_code(ibmsg_alloc_region(&h->loop, &src, 4096, 0), IBMSG_OK);
+  ibmsg_descriptor d;
+  expect_code(ibmsg_region_descriptor(&dst, &p.a->s, 0, 4096, IBMSG_ACCESS_REMOTE_WRITE, &d),
+              IBMSG_OK);
+  memset(src.addr, 0x5a, 100);
+  ibmsg_op op{};
+  op.done = on_done;
+  expect_code(ibmsg_rdma_write_imm(&p.c->s, &op, &src, 0, 100, &d, 0, 77), IBMSG_OK);
+  RUN_UNTIL(h, g_done_calls == 1 && g_writes_received == 1);
+  expect_code(g_done_status, IBMSG_OK);
+  assert_int_equal(g_write_imm, 77);
+  assert_int_equal(static_cast<uint8_t *>(dst.addr)[99], 0x5a);
+  settle(h);
+  assert_int_equal(g_done_calls, 1);
+  assert_int_equal(cq(*p.c).signals, c0.signals);
+  assert_int_equal(cq(*p.a).signals, a0.signals);
+  assert_false(cq(*p.c).armed);
+  assert_false(cq(*p.a).armed);
+}
+
+}  // namespace
+
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      T(busy_poll_option_takes_always_zero_and_microseconds),
+      T(always_polling_ping_pongs_without_arming_or_signalling),
+      T(adaptive_polls_through_a_burst_then_arms_and_sleeps),
+      T(sleeping_adaptive_connection_wakes_through_the_fd),
+      T(posting_on_a_sleeping_adaptive_connection_polls_at_once),
+      T(post_from_a_polled_callback_keeps_the_other_connection_polling),
+      T(adaptive_connection_sleeps_while_another_polls_always),
+      T(message_arriving_just_before_the_arming_is_not_lost),
+      T(message_found_at_the_arming_makes_the_connection_poll_again),
+      T(event_mode_arms_after_every_wakeup_and_never_polls),
+      T(failing_arm_when_going_to_sleep_closes_only_that_connection),
+      T(failing_arm_after_a_wakeup_closes_that_connection_with_eio),
+      T(disconnecting_polling_connections_stops_the_poller),
+      T(peer_disconnect_stops_polling_always_and_adaptive),
+      T(device_removal_closes_polling_connections_with_enodev),
+      T(per_socket_option_polls_only_that_connection),
+      T(rdma_write_imm_on_polling_connections_completes_without_a_signal),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
