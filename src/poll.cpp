@@ -7,6 +7,7 @@
 // spins over the polling connections for up to kSliceNs before it gives the loop back (CM
 // events, timers and the application's own watchers wait at most that long), so that a stream of
 // completions costs no system call per completion.
+#include <cstdint>
 #include <ctime>
 
 #include "internal.hpp"
@@ -15,6 +16,8 @@ namespace ibmsg {
 namespace {
 
 constexpr uint64_t kSliceNs = 1000 * 1000;  // one round of spinning: 1 ms
+constexpr uint64_t kJustNow = UINT64_MAX;   // poll_last_ns of a connection touched since the
+                                            // poller last read the clock
 
 uint64_t now_ns() {
   timespec ts;
@@ -25,7 +28,7 @@ uint64_t now_ns() {
 // Stops polling s if it has been quiet long enough: arms its CQ and polls it once more.
 void maybe_sleep(Socket *s, uint64_t now) {
   const int us = s->opts.busy_poll_us;
-  // now was read before this round's callbacks: a post from one of them (poll_touch) is later.
+  // A post since the poller's last clock reading (poll_touch) is kJustNow: later than now.
   if (us < 0 || now < s->poll_last_ns || now - s->poll_last_ns < uint64_t(us) * 1000) return;
   poll_stop(s);
   if (tp::cq_arm(s->cq)) {
@@ -47,8 +50,15 @@ void on_poll(struct ev_loop *ev, ev_idle *w, int) {
     // may grow here (a callback connects or accepts), never shrink.
     for (Socket *s = loop->sockets.front(); s; s = loop->sockets.next(s)) {
       if (!s->poll_active) continue;
-      if (drain_cq(s) > 0 && s->poll_active) s->poll_last_ns = now;
-      else if (s->poll_active && (spins & 63) == 0) maybe_sleep(s, now);
+      const int n = drain_cq(s);
+      if (!s->poll_active) continue;
+      if (n > 0 || s->poll_last_ns == kJustNow) {
+        // Activity: an adaptive connection's quiet time starts now (one clock read per batch of
+        // completions, none per message posted).
+        if (s->opts.busy_poll_us > 0) s->poll_last_ns = now = now_ns();
+      } else if ((spins & 63) == 0) {
+        maybe_sleep(s, now);
+      }
     }
     // Something to tear down: let the loop run it.
     if (!loop->closing.empty()) break;
@@ -66,7 +76,7 @@ void poll_init(Loop *loop) {
 
 void poll_touch(Socket *s) {
   if (s->opts.busy_poll_us == 0 || !s->cq || s->state == State::Closing) return;
-  s->poll_last_ns = now_ns();
+  s->poll_last_ns = kJustNow;  // the poller reads the clock for it
   if (s->poll_active) return;
   s->poll_active = true;
   if (s->loop->polling++ == 0) ev_idle_start(s->loop->ev, &s->loop->poller);
