@@ -11,10 +11,12 @@
  *              again and again (ping-pong); one-way latency = round trip / 2, timed with
  *              CLOCK_MONOTONIC from ibmsg_post_send() to the message_received callback, so it
  *              includes the completion event going through the loop, as in any ibmsg program.
- *   bandwidth  the client keeps as many messages in flight as ibmsg lets it (its send buffers
- *              are posted again from their message_sent callbacks); the clock runs from the
- *              first timed post to the last message_sent. The server answers the last message
- *              with a DONE message carrying its count, so no message goes unaccounted.
+ *   bandwidth  the client keeps a window of messages posted and not yet sent (its send buffers,
+ *              IBMSG_OPT_SEND_DEPTH of them, are posted again from their message_sent
+ *              callbacks), on each of -c connections of its one loop; the clock runs from the
+ *              first timed post (once every connection's warm-up has drained) to the last
+ *              message_sent of all. The server answers each connection's last message with a
+ *              DONE message carrying its count, so no message goes unaccounted.
  * The one-sided RDMA tests (write_lat, read_lat, atomic_lat, write_bw, read_bw) use messages only
  * to set up: the server answers the HELLO with a DESC message carrying a descriptor of a region it
  * allocated for the test and, apart from answering write_lat's writes, only runs its loop; the
@@ -28,7 +30,10 @@
  *   write_bw,  a window of operations in flight (--window, as perftest's --tx-depth), each one
  *   read_bw    posted again from its done callback; the clock runs from the first timed post to
  *              the last done callback.
- * A few untimed warm-up iterations come first. Because the ibmsg callbacks belong to the loop,
+ * A few untimed warm-up iterations come first. --busy-poll and --poll-us set IBMSG_OPT_BUSY_POLL
+ * on the loop, for the connections of whichever side is given them: a connection's options are
+ * fixed when it is accepted, before the HELLO could say anything, so the server polls only when
+ * it was started with the option itself. Because the ibmsg callbacks belong to the loop,
  * not to a socket, each socket's user_data says which role it plays, and one set of callbacks
  * serves the server side and the client side alike: that is what makes --loopback possible.
  */
@@ -77,7 +82,19 @@ static const char usage_text[] =
     "  -n, --iters N         timed iterations per test (default 1000)\n"
     "  -w, --warmup N        untimed iterations before each test (default 32)\n"
     "  -W, --window N        RDMA operations in flight in write_bw and read_bw\n"
-    "                        (1..4096, default 128, like perftest's tx depth)\n"
+    "                        (1..4096, default 128, like perftest's tx depth);\n"
+    "                        messages posted and not yet sent per connection in\n"
+    "                        bw (default 32, ibmsg's send depth)\n"
+    "  -c, --connections N   connections of the bw test, all on the client's one\n"
+    "                        loop; it reports their aggregate rate (1..16,\n"
+    "                        default 1)\n"
+    "      --busy-poll       poll the completion queues and never sleep\n"
+    "                        (IBMSG_OPT_BUSY_POLL always); the server polls only\n"
+    "                        if it is given this option too\n"
+    "      --poll-us N       adaptive polling: poll for N microseconds after a\n"
+    "                        connection's last activity, then sleep until the\n"
+    "                        next completion event (0: events only, the default);\n"
+    "                        give it to the server too\n"
     "      --max-size BYTES  largest message size (default 65536, and at least\n"
     "                        the largest of SIZES)\n"
     "      --json            print the results as one JSON document\n"
@@ -98,6 +115,10 @@ static const char usage_text[] =
 #define IDLE_TIMEOUT_S 10.0
 /* How long the tool waits for sockets to close at the end. */
 #define CLOSE_TIMEOUT_S 5.0
+/* Connections a server serves at once, and so the most a client opens for one test (-c). */
+#define MAX_CONNS 16
+/* The bandwidth test's window without -W: ibmsg's default send depth, which is left as it is. */
+#define DEFAULT_MSG_WINDOW 32
 
 /* The tests; the values are also their numbers in the HELLO message. */
 enum test {
@@ -213,27 +234,38 @@ struct endpoint {
   ibmsg_op ops[2];            /* write_lat: an answer may be posted before the last one's done */
 };
 
-/* The client's side of the test running now. */
-static struct {
-  struct endpoint ep;
+/* One of the client's connections for the test running now: one, or -c of them for bw. */
+struct conn {
+  struct endpoint ep; /* first: the callbacks' socket pointer is the connection's */
   int established;
   int closed;
   int close_reason;
-  int test;
-  uint64_t size, warmup, iters, total;
   ibmsg_buffer *hello; /* the HELLO message, until its message_sent */
   int hello_sent;
   uint64_t posted, sent, received;
+  uint64_t server_count; /* bandwidth: from DONE */
+};
+
+/* The client's connection of an endpoint whose role is ROLE_CLIENT. */
+static struct conn *conn_of(struct endpoint *e) { return (struct conn *)e; }
+
+/* The client's side of the test running now. */
+static struct {
+  struct conn conns[MAX_CONNS];
+  int nconns;
+  int test;
+  uint64_t size, warmup, iters, total;
   double t_post;        /* latency: when the ping in flight was posted */
   double *rtt;          /* latency: the timed round trips, in seconds */
   double t_start, t_end;
-  uint64_t server_count; /* bandwidth: from DONE */
+  int hellos_sent;       /* bandwidth: connections whose HELLO went */
+  uint64_t sent_all;     /* bandwidth: message_sent callbacks of all connections */
   int finished;          /* all iterations done (and DONE came) */
   int failed;            /* reported */
   uint64_t activity; /* client callbacks so far: progress, without reading the clock */
 
-  /* RDMA tests: "received" counts the finished iterations of a latency test and "sent" the
-   * done callbacks of a bandwidth test. */
+  /* RDMA tests (always one connection, conns[0]): "received" counts the finished iterations of
+   * a latency test and "sent" the done callbacks of a bandwidth test. */
   ibmsg_region region; /* ours: the source or destination of the operations */
   int have_region;
   ibmsg_descriptor remote; /* the server's region, from its DESC message */
@@ -246,13 +278,13 @@ static struct {
 struct lat_result {
   int test;
   uint64_t size, iters;
-  double min, median, avg, p99, max; /* microseconds */
+  double min, median, avg, p99, p999, max; /* microseconds */
 };
 
 struct bw_result {
   int test;
-  uint64_t size, iters, window;
-  double seconds, mbps, mibps, mpps;
+  uint64_t size, iters, window, conns; /* iterations per connection */
+  double seconds, mbps, mibps, mpps;    /* all connections together */
 };
 
 static struct {
@@ -264,8 +296,10 @@ static struct {
   int tests; /* enum test flags */
   uint64_t sizes[MAX_SIZES];
   int nsizes;
-  uint64_t iters, warmup, max_size, window;
-  int max_size_given;
+  uint64_t iters, warmup, max_size, window, msg_window, conns;
+  int max_size_given, window_given;
+  int busy_poll; /* IBMSG_OPT_BUSY_POLL: 0, microseconds, or IBMSG_BUSY_POLL_ALWAYS */
+  int busy_poll_given;
   int json, quiet;
 
   ibmsg_event_loop loop;
@@ -542,15 +576,15 @@ static void client_fail(const char *what, int code) {
 static void client_op_done(ibmsg_socket *socket, ibmsg_op *op, int status);
 
 /* Posts one RDMA operation of the test on op. */
-static int client_post_op(ibmsg_op *op) {
-  ibmsg_socket *sock = &cl.ep.socket;
+static int client_post_op(struct conn *c, ibmsg_op *op) {
+  ibmsg_socket *sock = &c->ep.socket;
   size_t size = (size_t)cl.size;
 
   op->done = client_op_done;
   switch (cl.test) {
   case TEST_WRITE_LAT:
     return ibmsg_rdma_write_imm(sock, op, &cl.region, 0, size, &cl.remote, 0,
-                                (uint32_t)cl.posted);
+                                (uint32_t)c->posted);
   case TEST_WRITE_BW: return ibmsg_rdma_write(sock, op, &cl.region, 0, size, &cl.remote, 0);
   case TEST_ATOMIC_LAT: return ibmsg_atomic_fadd(sock, op, &cl.region, 0, &cl.remote, 0, 1);
   default: return ibmsg_rdma_read(sock, op, &cl.region, 0, size, &cl.remote, 0);
@@ -561,26 +595,26 @@ static int client_post_op(ibmsg_op *op) {
  * the window holds for a bandwidth test (the timed ones once the warm-up has drained). All of
  * them go to the same bytes on both sides, as perftest's do: what is measured is the transfer,
  * not the memory. */
-static void client_pump_rdma(void) {
+static void client_pump_rdma(struct conn *c) {
   uint64_t limit;
   int rc;
 
   if (!cl.have_remote)
     return; /* the server's DESC message has not come yet */
   if (cl.test & TESTS_LATENCY) {
-    limit = cl.posted == cl.received ? cl.posted + 1 : cl.posted; /* one at a time */
+    limit = c->posted == c->received ? c->posted + 1 : c->posted; /* one at a time */
     if (limit > cl.total)
       limit = cl.total;
   } else {
-    if (cl.t_start == 0 && cl.sent == cl.warmup)
+    if (cl.t_start == 0 && c->sent == cl.warmup)
       cl.t_start = tool_now();
     limit = cl.t_start != 0 ? cl.total : cl.warmup;
   }
-  while (cl.posted < limit && cl.nfree > 0) {
+  while (c->posted < limit && cl.nfree > 0) {
     ibmsg_op *op = cl.free_ops[--cl.nfree];
     if (cl.test & TESTS_LATENCY)
       cl.t_post = tool_now();
-    rc = client_post_op(op);
+    rc = client_post_op(c, op);
     if (rc != IBMSG_OK) {
       cl.free_ops[cl.nfree++] = op;
       if (rc == IBMSG_EOPNOTSUPP)
@@ -593,34 +627,35 @@ static void client_pump_rdma(void) {
         client_fail("cannot post an RDMA operation", rc);
       return;
     }
-    cl.posted++;
+    c->posted++;
   }
 }
 
-/* Posts the messages that are due: the next ping (latency), or as many as there are buffers
- * for (bandwidth), holding back the timed ones until the warm-up has drained. */
-static void client_pump(void) {
+/* Posts the messages of one connection that are due: the next ping (latency), or as many as
+ * the window holds (bandwidth), holding back the timed ones until the warm-up of every
+ * connection has drained. */
+static void client_pump_one(struct conn *c) {
   ibmsg_buffer *msg;
   uint64_t limit;
   int rc;
 
-  if (cl.failed || cl.closed)
+  if (cl.failed || c->closed)
     return;
   if (cl.test & TESTS_RDMA) {
-    client_pump_rdma();
+    client_pump_rdma(c);
     return;
   }
   if (cl.test == TEST_LAT) {
-    limit = cl.posted == cl.received ? cl.posted + 1 : cl.posted; /* one ping at a time */
+    limit = c->posted == c->received ? c->posted + 1 : c->posted; /* one ping at a time */
     if (limit > cl.total)
       limit = cl.total;
   } else {
-    if (cl.t_start == 0 && cl.hello_sent && cl.sent == cl.warmup)
-      cl.t_start = tool_now();
     limit = cl.t_start != 0 ? cl.total : cl.warmup;
   }
-  while (cl.posted < limit) {
-    rc = tool_sendpool_get(&cl.ep.pool, (size_t)cl.size, &msg);
+  /* The window is the send buffers (IBMSG_OPT_SEND_DEPTH is set to it): a message_sent gives
+   * one back and calls us again. */
+  while (c->posted < limit) {
+    rc = tool_sendpool_get(&c->ep.pool, (size_t)cl.size, &msg);
     if (rc == IBMSG_EAGAIN)
       return; /* a message_sent will call us again */
     if (rc != IBMSG_OK) {
@@ -629,39 +664,55 @@ static void client_pump(void) {
     }
     if (cl.test == TEST_LAT)
       cl.t_post = tool_now();
-    rc = ibmsg_post_send(&cl.ep.socket, msg);
+    rc = ibmsg_post_send(&c->ep.socket, msg);
     if (rc == IBMSG_EAGAIN) {
-      tool_sendpool_put(&cl.ep.pool, msg);
+      tool_sendpool_put(&c->ep.pool, msg);
       return;
     }
     if (rc != IBMSG_OK) {
-      tool_sendpool_put(&cl.ep.pool, msg);
+      tool_sendpool_put(&c->ep.pool, msg);
       client_fail("cannot send", rc);
       return;
     }
-    cl.posted++;
+    c->posted++;
   }
 }
 
-static void client_check_finished(void) {
-  int all_in;
-  if (cl.test & TESTS_RDMA) {
-    /* Also wait for every done callback, so that no op is posted any more. */
-    all_in = (cl.test & TESTS_LATENCY ? cl.received : cl.sent) == cl.total &&
-             cl.nfree == cl.nops;
-    if (all_in && cl.hello_sent && tool_sendpool_busy(&cl.ep.pool) == 0)
-      cl.finished = 1;
+/* client_pump_one() for c, and for every connection at the moment the bandwidth test's clock
+ * starts: when every connection has its HELLO sent and its warm-up drained. */
+static void client_pump(struct conn *c) {
+  if (cl.test == TEST_BW && cl.t_start == 0 && cl.hellos_sent == cl.nconns &&
+      cl.sent_all == (uint64_t)cl.nconns * cl.warmup) {
+    cl.t_start = tool_now();
+    for (int i = 0; i < cl.nconns; i++)
+      client_pump_one(&cl.conns[i]);
     return;
   }
-  all_in = cl.test == TEST_LAT ? cl.received == cl.total : cl.server_count == cl.total;
-  /* Also wait for every message_sent, so that the buffers can be freed. */
-  if (all_in && cl.hello_sent && cl.sent == cl.total && tool_sendpool_busy(&cl.ep.pool) == 0)
-    cl.finished = 1;
+  client_pump_one(c);
+}
+
+static void client_check_finished(void) {
+  for (int i = 0; i < cl.nconns; i++) {
+    struct conn *c = &cl.conns[i];
+    int all_in;
+    if (cl.test & TESTS_RDMA) {
+      /* Also wait for every done callback, so that no op is posted any more. */
+      all_in = (cl.test & TESTS_LATENCY ? c->received : c->sent) == cl.total &&
+               cl.nfree == cl.nops;
+    } else {
+      /* Also wait for every message_sent, so that the buffers can be freed. */
+      all_in = (cl.test == TEST_LAT ? c->received : c->server_count) == cl.total &&
+               c->sent == cl.total;
+    }
+    if (!all_in || !c->hello_sent || tool_sendpool_busy(&c->ep.pool) != 0)
+      return;
+  }
+  cl.finished = 1;
 }
 
 /* An RDMA test: our region (registered now that the connection's device is open, so that no
  * operation pays for it) and, for write_lat, the descriptor the server writes its answers to. */
-static int client_setup_rdma(ibmsg_descriptor *desc) {
+static int client_setup_rdma(struct conn *c, ibmsg_descriptor *desc) {
   unsigned access = IBMSG_ACCESS_LOCAL_WRITE;
   int rc;
 
@@ -674,7 +725,7 @@ static int client_setup_rdma(ibmsg_descriptor *desc) {
   }
   cl.have_region = 1;
   if (cl.test == TEST_WRITE_LAT) {
-    rc = ibmsg_region_descriptor(&cl.region, &cl.ep.socket, 0, (size_t)cl.size,
+    rc = ibmsg_region_descriptor(&cl.region, &c->ep.socket, 0, (size_t)cl.size,
                                  IBMSG_ACCESS_REMOTE_WRITE, desc);
     if (rc != IBMSG_OK) {
       client_fail("cannot make a descriptor of the region", rc);
@@ -684,14 +735,14 @@ static int client_setup_rdma(ibmsg_descriptor *desc) {
   return 0;
 }
 
-static void client_established(void) {
+static void client_established(struct conn *c) {
   ibmsg_descriptor desc;
   ibmsg_buffer *msg;
-  size_t max = ibmsg_socket_max_msg_size(&cl.ep.socket);
-  const char *dev = ibmsg_socket_device(&cl.ep.socket);
+  size_t max = ibmsg_socket_max_msg_size(&c->ep.socket);
+  const char *dev = ibmsg_socket_device(&c->ep.socket);
   int rc;
 
-  cl.established = 1;
+  c->established = 1;
   if (dev != NULL && g.device[0] == '\0')
     snprintf(g.device, sizeof g.device, "%s", dev);
   if ((cl.test & TESTS_SEND) && cl.size > max) {
@@ -702,9 +753,9 @@ static void client_established(void) {
     client_fail(what, IBMSG_OK);
     return;
   }
-  if ((cl.test & TESTS_RDMA) && client_setup_rdma(&desc) != 0)
+  if ((cl.test & TESTS_RDMA) && client_setup_rdma(c, &desc) != 0)
     return;
-  rc = tool_sendpool_get(&cl.ep.pool, cl.test == TEST_WRITE_LAT ? HELLO_DESC_SIZE : HELLO_SIZE,
+  rc = tool_sendpool_get(&c->ep.pool, cl.test == TEST_WRITE_LAT ? HELLO_DESC_SIZE : HELLO_SIZE,
                          &msg);
   if (rc != IBMSG_OK) {
     client_fail("cannot allocate a message", rc);
@@ -713,33 +764,34 @@ static void client_established(void) {
   encode_hello(msg->data, cl.test, cl.size, cl.total);
   if (cl.test == TEST_WRITE_LAT)
     memcpy((unsigned char *)msg->data + HELLO_SIZE, desc.bytes, IBMSG_DESCRIPTOR_SIZE);
-  cl.hello = msg;
-  rc = ibmsg_post_send(&cl.ep.socket, msg);
+  c->hello = msg;
+  rc = ibmsg_post_send(&c->ep.socket, msg);
   if (rc != IBMSG_OK) {
-    tool_sendpool_put(&cl.ep.pool, msg);
+    tool_sendpool_put(&c->ep.pool, msg);
     client_fail("cannot send the test request", rc);
     return;
   }
   /* Messages arrive in order: the data may follow the request at once (the RDMA tests wait
    * for the server's descriptor). */
-  client_pump();
+  client_pump(c);
 }
 
-static void client_sent(ibmsg_buffer *msg, int status) {
-  tool_sendpool_put(&cl.ep.pool, msg);
+static void client_sent(struct conn *c, ibmsg_buffer *msg, int status) {
+  tool_sendpool_put(&c->ep.pool, msg);
   if (status != IBMSG_OK) {
     if (status != IBMSG_ECANCELED) /* ECANCELED: connection_closed says why */
       client_fail("a message was not delivered", status);
     return;
   }
-  if (!cl.hello_sent && msg == cl.hello) {
-    cl.hello_sent = 1;
+  if (!c->hello_sent && msg == c->hello) {
+    c->hello_sent = 1;
+    cl.hellos_sent++;
   } else {
-    cl.sent++;
-    if (cl.sent == cl.total)
+    c->sent++;
+    if (++cl.sent_all == (uint64_t)cl.nconns * cl.total)
       cl.t_end = tool_now();
   }
-  client_pump();
+  client_pump(c);
   client_check_finished();
 }
 
@@ -760,54 +812,54 @@ static void client_got_desc(const ibmsg_buffer *msg) {
   }
 }
 
-static void client_received(ibmsg_buffer *msg) {
+static void client_received(struct conn *c, ibmsg_buffer *msg) {
   double now = tool_now();
 
   if ((cl.test & TESTS_RDMA) && !cl.have_remote && msg->size == DESC_SIZE &&
       memcmp(msg->data, "ibmsgdsc", 8) == 0) {
     client_got_desc(msg);
-  } else if (cl.test == TEST_LAT && msg->size == cl.size && cl.received < cl.posted) {
-    if (cl.received >= cl.warmup)
-      cl.rtt[cl.received - cl.warmup] = now - cl.t_post;
-    cl.received++;
+  } else if (cl.test == TEST_LAT && msg->size == cl.size && c->received < c->posted) {
+    if (c->received >= cl.warmup)
+      cl.rtt[c->received - cl.warmup] = now - cl.t_post;
+    c->received++;
   } else if (cl.test == TEST_BW && msg->size == DONE_SIZE &&
              memcmp(msg->data, "ibmsgend", 8) == 0) {
-    cl.server_count = get64((const unsigned char *)msg->data + 8);
-    if (cl.server_count != cl.total) {
+    c->server_count = get64((const unsigned char *)msg->data + 8);
+    if (c->server_count != cl.total) {
       char what[256];
       snprintf(what, sizeof what, "the server received %" PRIu64 " of %" PRIu64 " messages",
-               cl.server_count, cl.total);
+               c->server_count, cl.total);
       client_fail(what, IBMSG_OK);
     }
   } else {
     client_fail("unexpected message from the server (is it ibmsg-perf --server?)", IBMSG_OK);
   }
   ibmsg_free_msg(msg);
-  client_pump();
+  client_pump(c);
   client_check_finished();
 }
 
 /* write_lat: the server's answer to our write landed in our region. */
-static void client_write_received(uint32_t imm, size_t length) {
+static void client_write_received(struct conn *c, uint32_t imm, size_t length) {
   double now = tool_now();
 
-  if (cl.test != TEST_WRITE_LAT || length != cl.size || cl.received >= cl.posted ||
-      imm != (uint32_t)cl.received) {
+  if (cl.test != TEST_WRITE_LAT || length != cl.size || c->received >= c->posted ||
+      imm != (uint32_t)c->received) {
     client_fail("an RDMA write from the server that does not belong to the test", IBMSG_OK);
     return;
   }
-  if (cl.received >= cl.warmup)
-    cl.rtt[cl.received - cl.warmup] = now - cl.t_post;
-  cl.received++;
-  client_pump();
+  if (c->received >= cl.warmup)
+    cl.rtt[c->received - cl.warmup] = now - cl.t_post;
+  c->received++;
+  client_pump(c);
   client_check_finished();
 }
 
 static void client_op_done(ibmsg_socket *socket, ibmsg_op *op, int status) {
+  struct conn *c = conn_of(socket->user_data);
   /* The clock only where a time is taken: a bandwidth test reads it at its start and end. */
   double now = cl.test == TEST_READ_LAT || cl.test == TEST_ATOMIC_LAT ? tool_now() : 0;
 
-  (void)socket;
   cl.activity++;
   cl.free_ops[cl.nfree++] = op;
   if (status != IBMSG_OK) {
@@ -820,19 +872,19 @@ static void client_op_done(ibmsg_socket *socket, ibmsg_op *op, int status) {
   if (cl.test == TEST_READ_LAT || cl.test == TEST_ATOMIC_LAT) {
     /* The server's word starts at 0 and only we add to it: the value before our add counts
      * our adds. */
-    if (cl.test == TEST_ATOMIC_LAT && *(const uint64_t *)cl.region.addr != cl.received) {
+    if (cl.test == TEST_ATOMIC_LAT && *(const uint64_t *)cl.region.addr != c->received) {
       client_fail("fetch-and-add returned a wrong previous value", IBMSG_OK);
       return;
     }
-    if (cl.received >= cl.warmup)
-      cl.rtt[cl.received - cl.warmup] = now - cl.t_post;
-    cl.received++;
+    if (c->received >= cl.warmup)
+      cl.rtt[c->received - cl.warmup] = now - cl.t_post;
+    c->received++;
   } else if (cl.test & (TEST_WRITE_BW | TEST_READ_BW)) {
-    cl.sent++;
-    if (cl.sent == cl.total)
+    c->sent++;
+    if (c->sent == cl.total)
       cl.t_end = tool_now();
   }
-  client_pump();
+  client_pump(c);
   client_check_finished();
 }
 
@@ -842,7 +894,7 @@ static void on_established(ibmsg_socket *socket) {
   struct endpoint *e = socket->user_data;
   if (e->role == ROLE_CLIENT) {
     cl.activity++;
-    client_established();
+    client_established(conn_of(e));
   }
 }
 
@@ -850,7 +902,7 @@ static void on_received(ibmsg_socket *socket, ibmsg_buffer *msg) {
   struct endpoint *e = socket->user_data;
   if (e->role == ROLE_CLIENT) {
     cl.activity++;
-    client_received(msg);
+    client_received(conn_of(e), msg);
   } else {
     session_received(e, msg);
   }
@@ -860,7 +912,7 @@ static void on_write_received(ibmsg_socket *socket, uint32_t imm, size_t length)
   struct endpoint *e = socket->user_data;
   if (e->role == ROLE_CLIENT) {
     cl.activity++;
-    client_write_received(imm, length);
+    client_write_received(conn_of(e), imm, length);
   } else {
     session_write_received(e, imm, length);
   }
@@ -870,7 +922,7 @@ static void on_sent(ibmsg_socket *socket, ibmsg_buffer *msg, int status) {
   struct endpoint *e = socket->user_data;
   if (e->role == ROLE_CLIENT) {
     cl.activity++;
-    client_sent(msg, status);
+    client_sent(conn_of(e), msg, status);
   } else {
     tool_sendpool_put(&e->pool, msg);
     if (status == IBMSG_OK)
@@ -884,9 +936,10 @@ static void on_closed(ibmsg_socket *socket, int reason) {
   struct endpoint *e = socket->user_data;
   e->open = 0;
   if (e->role == ROLE_CLIENT) {
-    cl.closed = 1;
-    cl.close_reason = reason;
-    tool_sendpool_release(&cl.ep.pool);
+    struct conn *c = conn_of(e);
+    c->closed = 1;
+    c->close_reason = reason;
+    tool_sendpool_release(&c->ep.pool);
   } else if (e->role == ROLE_SESSION) {
     session_closed(e, reason);
   } else if (reason != IBMSG_OK) {
@@ -897,7 +950,7 @@ static void on_closed(ibmsg_socket *socket, int reason) {
 /* ---- running the loop ------------------------------------------------------------------------ */
 
 /* Dispatches until *flag is set. Returns 0, or -1 after reporting why it stopped waiting: the
- * test failed, its connection closed, the peer went quiet, or a signal came. */
+ * test failed, one of its connections closed, the peer went quiet, or a signal came. */
 static int client_wait(const int *flag) {
   /* The clock is read only after a dispatch that brought the client nothing: a test's hot path
    * reads it for its timings alone (where clock_gettime is a system call, as in emulated
@@ -909,14 +962,17 @@ static int client_wait(const int *flag) {
   while (!*flag) {
     if (cl.failed)
       return -1;
-    if (cl.closed) {
-      if (!cl.established) {
+    for (int i = 0; i < cl.nconns; i++) {
+      struct conn *c = &cl.conns[i];
+      if (!c->closed)
+        continue;
+      if (!c->established) {
         char what[256];
         snprintf(what, sizeof what, "cannot connect to %s port %u", g.ip, g.port);
-        client_fail(what, cl.close_reason == IBMSG_OK ? IBMSG_ECONNRESET : cl.close_reason);
+        client_fail(what, c->close_reason == IBMSG_OK ? IBMSG_ECONNRESET : c->close_reason);
       } else {
         client_fail("the server closed the connection during the test",
-                    cl.close_reason == IBMSG_OK ? IBMSG_ECONNRESET : cl.close_reason);
+                    c->close_reason == IBMSG_OK ? IBMSG_ECONNRESET : c->close_reason);
       }
       return -1;
     }
@@ -942,10 +998,18 @@ static int client_wait(const int *flag) {
   return 0;
 }
 
+/* How many of the client's connections are open. */
+static int client_open(void) {
+  int n = 0;
+  for (int i = 0; i < cl.nconns; i++)
+    n += cl.conns[i].ep.open;
+  return n;
+}
+
 /* Dispatches until no socket is open or the time is up. */
 static int wait_all_closed(void) {
   double deadline = tool_now() + CLOSE_TIMEOUT_S;
-  while (cl.ep.open || g.listener.open || g.sessions != NULL) {
+  while (client_open() > 0 || g.listener.open || g.sessions != NULL) {
     if (tool_now() > deadline) {
       tool_error("sockets did not close within %.0f s", CLOSE_TIMEOUT_S);
       return -1;
@@ -959,17 +1023,23 @@ static int wait_all_closed(void) {
   return 0;
 }
 
-/* Closes the client's connection (after a test, or when it failed) and waits for it. */
-static void client_close(void) {
+/* Closes the client's connections (after a test, or when it failed) and waits for them; a
+ * connection's pool is destroyed once it closed. Returns how many are still open. */
+static int client_close(void) {
   double deadline = tool_now() + CLOSE_TIMEOUT_S;
-  tool_sendpool_release(&cl.ep.pool);
-  if (cl.ep.open)
-    ibmsg_disconnect(&cl.ep.socket); /* IBMSG_ESTATE if the peer closed it first */
-  while (cl.ep.open && tool_now() < deadline)
+  for (int i = 0; i < cl.nconns; i++) {
+    struct conn *c = &cl.conns[i];
+    tool_sendpool_release(&c->ep.pool);
+    if (c->ep.open)
+      ibmsg_disconnect(&c->ep.socket); /* IBMSG_ESTATE if the peer closed it first */
+  }
+  while (client_open() > 0 && tool_now() < deadline)
     if (ibmsg_dispatch_event_loop_timeout(&g.loop, TOOL_TICK_MS) != IBMSG_OK)
       break;
-  if (!cl.ep.open)
-    tool_sendpool_destroy(&cl.ep.pool);
+  for (int i = 0; i < cl.nconns; i++)
+    if (!cl.conns[i].ep.open)
+      tool_sendpool_destroy(&cl.conns[i].ep.pool);
+  return client_open();
 }
 
 /* ---- results --------------------------------------------------------------------------------- */
@@ -984,7 +1054,19 @@ static void print_rule(void) {
        "--------");
 }
 
+/* How this side's connections wait for completions (IBMSG_OPT_BUSY_POLL), in words. */
+static const char *poll_mode(char *buf, size_t len) {
+  if (g.busy_poll == IBMSG_BUSY_POLL_ALWAYS)
+    snprintf(buf, len, "busy polling");
+  else if (g.busy_poll > 0)
+    snprintf(buf, len, "adaptive polling (%d usec, then events)", g.busy_poll);
+  else
+    snprintf(buf, len, "events");
+  return buf;
+}
+
 static void print_banner(const char *title) {
+  char mode[64];
   if (g.quiet) {
     return;
   }
@@ -992,6 +1074,7 @@ static void print_banner(const char *title) {
   printf("%*s%s\n", (int)(46 - strlen(title) / 2), "", title);
   printf(" Peer: %s port %u   Device: %s\n", g.ip, g.port, g.device[0] ? g.device : "?");
   printf(" Iterations: %" PRIu64 " per size, after %" PRIu64 " warm-up\n", g.iters, g.warmup);
+  printf(" Completions: %s\n", poll_mode(mode, sizeof mode));
   print_rule();
 }
 
@@ -1010,10 +1093,11 @@ static void report_lat(const struct lat_result *r) {
   if (g.json)
     return;
   if (table_header(r->test))
-    printf(" %-10s %-11s %-14s %-14s %-14s %-14s %s\n", "#bytes", "#iterations",
-           "t_min[usec]", "t_median[usec]", "t_avg[usec]", "t_p99[usec]", "t_max[usec]");
-  printf(" %-10" PRIu64 " %-11" PRIu64 " %-14.2f %-14.2f %-14.2f %-14.2f %.2f\n", r->size,
-         r->iters, r->min, r->median, r->avg, r->p99, r->max);
+    printf(" %-10s %-11s %-14s %-14s %-14s %-14s %-14s %s\n", "#bytes", "#iterations",
+           "t_min[usec]", "t_median[usec]", "t_avg[usec]", "t_p99[usec]", "t_p99.9[usec]",
+           "t_max[usec]");
+  printf(" %-10" PRIu64 " %-11" PRIu64 " %-14.2f %-14.2f %-14.2f %-14.2f %-14.2f %.2f\n",
+         r->size, r->iters, r->min, r->median, r->avg, r->p99, r->p999, r->max);
   fflush(stdout);
 }
 
@@ -1021,11 +1105,13 @@ static void report_bw(const struct bw_result *r) {
   if (g.json)
     return;
   if (r->test == TEST_BW) {
+    /* #iterations per connection; the rates are those of all connections together. */
     if (table_header(r->test))
-      printf(" %-10s %-11s %-14s %-14s %s\n", "#bytes", "#iterations", "BW[MB/s]",
-             "MsgRate[Mpps]", "seconds");
-    printf(" %-10" PRIu64 " %-11" PRIu64 " %-14.2f %-14.6f %.6f\n", r->size, r->iters, r->mbps,
-           r->mpps, r->seconds);
+      printf(" %-10s %-11s %-8s %-7s %-14s %-14s %-14s %s\n", "#bytes", "#iterations",
+             "#window", "#conns", "BW[MB/s]", "MsgRate[Mpps]", "msg/s", "seconds");
+    printf(" %-10" PRIu64 " %-11" PRIu64 " %-8" PRIu64 " %-7" PRIu64
+           " %-14.2f %-14.6f %-14.0f %.6f\n",
+           r->size, r->iters, r->window, r->conns, r->mbps, r->mpps, r->mpps * 1e6, r->seconds);
   } else {
     /* MiB/s: what perftest's ib_write_bw and ib_read_bw print as MB/sec. */
     if (table_header(r->test))
@@ -1053,15 +1139,20 @@ static void json_string(const char *s) {
 
 static void json_lat(const struct lat_result *r, int first) {
   printf("%s\n    {\"bytes\": %" PRIu64 ", \"iterations\": %" PRIu64 ", \"t_min_us\": %.3f, "
-         "\"t_median_us\": %.3f, \"t_avg_us\": %.3f, \"t_p99_us\": %.3f, \"t_max_us\": %.3f}",
-         first ? "" : ",", r->size, r->iters, r->min, r->median, r->avg, r->p99, r->max);
+         "\"t_median_us\": %.3f, \"t_avg_us\": %.3f, \"t_p99_us\": %.3f, \"t_p999_us\": %.3f, "
+         "\"t_max_us\": %.3f}",
+         first ? "" : ",", r->size, r->iters, r->min, r->median, r->avg, r->p99, r->p999,
+         r->max);
 }
 
 static void json_bw(const struct bw_result *r, int first) {
   printf("%s\n    {\"bytes\": %" PRIu64 ", \"iterations\": %" PRIu64 ", \"seconds\": %.6f, "
          "\"bw_mb_per_s\": %.3f, \"msg_rate_mpps\": %.6f",
          first ? "" : ",", r->size, r->iters, r->seconds, r->mbps, r->mpps);
-  if (r->test != TEST_BW)
+  if (r->test == TEST_BW)
+    printf(", \"window\": %" PRIu64 ", \"connections\": %" PRIu64 ", \"msg_per_s\": %.1f",
+           r->window, r->conns, r->mpps * 1e6);
+  else
     printf(", \"window\": %" PRIu64 ", \"bw_mib_per_s\": %.3f, \"ops_per_s\": %.1f", r->window,
            r->mibps, r->mpps * 1e6);
   putchar('}');
@@ -1091,7 +1182,7 @@ static void print_json(void) {
   json_string(g.ip);
   printf(", \"port\": %u},\n  \"device\": ", g.port);
   json_string(g.device);
-  printf(",\n  \"warmup\": %" PRIu64, g.warmup);
+  printf(",\n  \"warmup\": %" PRIu64 ",\n  \"busy_poll_us\": %d", g.warmup, g.busy_poll);
   json_test(TEST_LAT, "latency");
   json_test(TEST_BW, "bandwidth");
   for (int i = 0; i < NTESTS; i++)
@@ -1120,7 +1211,7 @@ static int client_free(void) {
 }
 
 static int run_test(int test, uint64_t size) {
-  int rc;
+  int rc, still_open;
 
   memset(&cl, 0, sizeof cl);
   cl.test = test;
@@ -1128,7 +1219,8 @@ static int run_test(int test, uint64_t size) {
   cl.warmup = g.warmup;
   cl.iters = g.iters;
   cl.total = g.warmup + g.iters;
-  cl.ep.role = ROLE_CLIENT;
+  /* Only the message bandwidth test uses more than one connection. */
+  cl.nconns = test == TEST_BW ? (int)g.conns : 1;
   if (test & TESTS_LATENCY) {
     cl.rtt = malloc((size_t)g.iters * sizeof *cl.rtt);
     if (cl.rtt == NULL) {
@@ -1150,22 +1242,27 @@ static int run_test(int test, uint64_t size) {
     for (size_t i = 0; i < cl.nops; i++)
       cl.free_ops[cl.nfree++] = &cl.ops[cl.nops - 1 - i];
   }
-  rc = tool_sendpool_init(&cl.ep.pool, &cl.ep.socket, &g.loop);
-  if (rc == IBMSG_OK)
-    rc = ibmsg_connect(&g.loop, &cl.ep.socket, g.ip, g.port);
-  if (rc != IBMSG_OK) {
-    tool_error("cannot connect to %s port %u: %s", g.ip, g.port, ibmsg_strerror(rc));
-    tool_sendpool_destroy(&cl.ep.pool);
-    client_free();
-    return -1;
+  rc = IBMSG_OK;
+  for (int i = 0; i < cl.nconns && rc == IBMSG_OK; i++) {
+    struct conn *c = &cl.conns[i];
+    c->ep.role = ROLE_CLIENT;
+    rc = tool_sendpool_init(&c->ep.pool, &c->ep.socket, &g.loop);
+    if (rc == IBMSG_OK)
+      rc = ibmsg_connect(&g.loop, &c->ep.socket, g.ip, g.port);
+    if (rc != IBMSG_OK) {
+      tool_error("cannot connect to %s port %u: %s", g.ip, g.port, ibmsg_strerror(rc));
+      tool_sendpool_destroy(&c->ep.pool);
+      break;
+    }
+    c->ep.socket.user_data = &c->ep;
+    c->ep.open = 1;
   }
-  cl.ep.socket.user_data = &cl.ep;
-  cl.ep.open = 1;
 
-  rc = client_wait(&cl.finished);
-  client_close();
-  if (rc != 0 || cl.ep.open) {
-    if (!cl.ep.open)
+  if (rc == IBMSG_OK)
+    rc = client_wait(&cl.finished);
+  still_open = client_close();
+  if (rc != 0 || still_open) {
+    if (!still_open)
       client_free();
     return -1;
   }
@@ -1185,19 +1282,23 @@ static int run_test(int test, uint64_t size) {
     r->max = cl.rtt[n - 1] * f;
     r->median = (n % 2 ? cl.rtt[n / 2] : (cl.rtt[n / 2 - 1] + cl.rtt[n / 2]) / 2) * f;
     r->avg = sum / (double)n * f;
-    /* p99 by nearest rank: the smallest sample that 99% of the samples do not exceed. */
+    /* p99 and p99.9 by nearest rank: the smallest sample that 99% (99.9%) of the samples do
+     * not exceed. */
     r->p99 = cl.rtt[(n * 99 + 99) / 100 - 1] * f;
+    r->p999 = cl.rtt[(n * 999 + 999) / 1000 - 1] * f;
     report_lat(r);
   } else {
     struct bw_result *r = &g.bw[g.nbw++];
+    uint64_t n = g.iters * (uint64_t)cl.nconns; /* all connections' messages or operations */
     r->test = test;
     r->size = size;
     r->iters = g.iters;
-    r->window = test & TESTS_RDMA ? g.window : 0;
+    r->window = test & TESTS_RDMA ? g.window : g.msg_window;
+    r->conns = (uint64_t)cl.nconns;
     r->seconds = cl.t_end - cl.t_start;
-    r->mbps = r->seconds > 0 ? (double)(size * g.iters) / r->seconds / 1e6 : 0;
-    r->mibps = r->seconds > 0 ? (double)(size * g.iters) / r->seconds / 1048576.0 : 0;
-    r->mpps = r->seconds > 0 ? (double)g.iters / r->seconds / 1e6 : 0;
+    r->mbps = r->seconds > 0 ? (double)(size * n) / r->seconds / 1e6 : 0;
+    r->mibps = r->seconds > 0 ? (double)(size * n) / r->seconds / 1048576.0 : 0;
+    r->mpps = r->seconds > 0 ? (double)n / r->seconds / 1e6 : 0;
     report_bw(r);
   }
   return client_free();
@@ -1266,7 +1367,15 @@ static int parse_tests(const char *arg) {
 }
 
 static int parse_args(int argc, char **argv) {
-  enum { OPT_SERVER = 256, OPT_LOOPBACK, OPT_MAX_SIZE, OPT_JSON, OPT_VERSION };
+  enum {
+    OPT_SERVER = 256,
+    OPT_LOOPBACK,
+    OPT_MAX_SIZE,
+    OPT_BUSY_POLL,
+    OPT_POLL_US,
+    OPT_JSON,
+    OPT_VERSION
+  };
   static const struct option options[] = {
       {"server", no_argument, NULL, OPT_SERVER},
       {"loopback", no_argument, NULL, OPT_LOOPBACK},
@@ -1276,12 +1385,16 @@ static int parse_args(int argc, char **argv) {
       {"iters", required_argument, NULL, 'n'},
       {"warmup", required_argument, NULL, 'w'},
       {"window", required_argument, NULL, 'W'},
+      {"connections", required_argument, NULL, 'c'},
+      {"busy-poll", no_argument, NULL, OPT_BUSY_POLL},
+      {"poll-us", required_argument, NULL, OPT_POLL_US},
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
       {"json", no_argument, NULL, OPT_JSON},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, OPT_VERSION},
       {NULL, 0, NULL, 0}};
+  uint64_t v;
   int opt;
 
   g.port = TOOL_DEFAULT_PORT;
@@ -1293,9 +1406,10 @@ static int parse_args(int argc, char **argv) {
   g.iters = 1000;
   g.warmup = 32;
   g.window = 128;
+  g.conns = 1;
   g.max_size = TOOL_DEFAULT_MAX_SIZE;
   opterr = 0; /* we print our own one-line errors */
-  while ((opt = getopt_long(argc, argv, ":p:t:s:n:w:W:qh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":p:t:s:n:w:W:c:qh", options, NULL)) != -1) {
     switch (opt) {
     case OPT_SERVER: g.server = 1; break;
     case OPT_LOOPBACK: g.loopback = 1; break;
@@ -1324,6 +1438,27 @@ static int parse_args(int argc, char **argv) {
       /* the range of IBMSG_OPT_RDMA_DEPTH, which is set to it */
       if (tool_parse_uint("-W", optarg, 1, 4096, &g.window) != 0)
         return -1;
+      g.window_given = 1;
+      break;
+    case 'c':
+      if (tool_parse_uint("-c", optarg, 1, MAX_CONNS, &g.conns) != 0)
+        return -1;
+      break;
+    case OPT_BUSY_POLL:
+    case OPT_POLL_US:
+      if (g.busy_poll_given) {
+        tool_usage_error("give one of --busy-poll and --poll-us, once");
+        return -1;
+      }
+      g.busy_poll_given = 1;
+      if (opt == OPT_BUSY_POLL) {
+        g.busy_poll = IBMSG_BUSY_POLL_ALWAYS;
+      } else {
+        /* the range of IBMSG_OPT_BUSY_POLL, which is set to it */
+        if (tool_parse_uint("--poll-us", optarg, 0, 10000000, &v) != 0)
+          return -1;
+        g.busy_poll = (int)v;
+      }
       break;
     case OPT_MAX_SIZE:
       if (tool_parse_size("--max-size", optarg, HELLO_DESC_SIZE, INT32_MAX, &g.max_size) != 0)
@@ -1365,6 +1500,7 @@ static int parse_args(int argc, char **argv) {
       if (g.max_size < g.sizes[i])
         g.max_size = g.sizes[i];
   }
+  g.msg_window = g.window_given ? g.window : DEFAULT_MSG_WINDOW;
   if (g.loopback && !g.port_given)
     g.port = 0; /* any free port: nothing else needs to know it */
   return 0;
@@ -1373,9 +1509,9 @@ static int parse_args(int argc, char **argv) {
 /* ---- main ------------------------------------------------------------------------------------ */
 
 static int start_listener(void) {
-  char addr[64];
+  char addr[64], mode[64];
   unsigned short port;
-  int rc = ibmsg_listen(&g.loop, &g.listener.socket, g.ip, g.port, 16);
+  int rc = ibmsg_listen(&g.loop, &g.listener.socket, g.ip, g.port, MAX_CONNS);
   if (rc != IBMSG_OK) {
     tool_error("cannot listen on %s port %u: %s", g.ip ? g.ip : "all addresses", g.port,
                ibmsg_strerror(rc));
@@ -1389,7 +1525,8 @@ static int start_listener(void) {
   else
     snprintf(addr, sizeof addr, "%s", g.ip ? g.ip : "*");
   if (g.server)
-    tool_info(g.quiet, "listening on %s port %u", addr, g.port);
+    tool_info(g.quiet, "listening on %s port %u (completions: %s)", addr, g.port,
+              poll_mode(mode, sizeof mode));
   return 0;
 }
 
@@ -1422,12 +1559,21 @@ int main(int argc, char **argv) {
   g.loop.message_sent = on_sent;
   g.loop.connection_closed = on_closed;
   g.loop.write_received = on_write_received;
-  /* The bandwidth window must fit in flight, or operations would wait in ibmsg's send queue. */
+  /* The bandwidth window must fit in flight, or operations would wait in ibmsg's send queue.
+   * The message window is the send buffers: with more than the send queue holds, posts would
+   * fail with IBMSG_EAGAIN until some are sent. */
   if (tool_setopt_int(&g.loop, IBMSG_OPT_MAX_MSG_SIZE, "the maximum message size",
                       (int)g.max_size) != 0 ||
+      tool_setopt_int(&g.loop, IBMSG_OPT_BUSY_POLL, "busy polling", g.busy_poll) != 0 ||
       (!g.server && (g.tests & TESTS_RDMA) &&
        tool_setopt_int(&g.loop, IBMSG_OPT_RDMA_DEPTH, "the RDMA operations in flight",
-                       (int)g.window) != 0)) {
+                       (int)g.window) != 0) ||
+      (!g.server && (g.tests & TEST_BW) && g.window_given &&
+       (tool_setopt_int(&g.loop, IBMSG_OPT_SEND_DEPTH, "the send buffers per connection",
+                        (int)g.msg_window) != 0 ||
+        (g.msg_window > DEFAULT_MSG_WINDOW &&
+         tool_setopt_int(&g.loop, IBMSG_OPT_SEND_QUEUE, "the send queue",
+                         (int)g.msg_window) != 0)))) {
     ibmsg_destroy_event_loop(&g.loop);
     return TOOL_EXIT_FAILURE;
   }
