@@ -378,6 +378,8 @@ static void start_round(void) {
   g.op.done = op_done;
   rc = ibmsg_rdma_write(&g.socket, &g.op, &g.src, 0, (size_t)g.size, &g.remote,
                         (size_t)g.offset);
+  if (rc == IBMSG_ENOTCONN)
+    return; /* the connection is closing under it: connection_closed follows and tells why */
   if (rc != IBMSG_OK)
     fail("cannot post the RDMA write of %" PRIu64 " byte%s: %s", g.size, TOOL_S(g.size),
          ibmsg_strerror(rc));
@@ -394,6 +396,8 @@ static void start_read(void) {
     dst[i] = (unsigned char)~src[i];
   rc = ibmsg_rdma_read(&g.socket, &g.op, &g.dst, 0, (size_t)g.size, &g.remote,
                        (size_t)g.offset);
+  if (rc == IBMSG_ENOTCONN)
+    return; /* as in start_round */
   if (rc != IBMSG_OK)
     fail("cannot post the RDMA read of %" PRIu64 " byte%s: %s", g.size, TOOL_S(g.size),
          ibmsg_strerror(rc));
