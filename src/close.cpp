@@ -19,6 +19,7 @@ void teardown(Socket *s) {
   timer_stop(&s->connect_timer);
   // What already completed is delivered (data received, sends confirmed) before anything is
   // canceled; callbacks may run here, and may call the API (posting now fails: closing).
+  posts_flush(loop);  // what a callback posted before it closed the socket goes out first
   drain_cq(s);
   if (s->was_connected && s->id) tp::cm_disconnect(s->id);
   conn_release(s);  // the pools stay while the canceled messages below are the application's

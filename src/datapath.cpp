@@ -19,8 +19,9 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
     len += wire::kImmTrailer;
     imm.op = wire::Opcode::DataImm;
   }
-  return tp::post_send_imm(s->id, &slot->work.wr, slot->buf, len, slot->pool->mr,
-                           wire::encode_imm(imm), s->max_inline);
+  int rc = tp::post_send_imm(s->id, &slot->work.wr, slot->buf, len, slot->pool->mr,
+                             wire::encode_imm(imm), s->max_inline);
+  return rc ? rc : posted(s);
 }
 
 // Posts one message with a data credit; on failure the credits are as before.
@@ -65,6 +66,19 @@ void maybe_send_ctrl(Socket *s) {
     return;
   }
   ++s->ctrl_in_flight;
+  if (posted(s)) socket_close(s, IBMSG_EIO);
+}
+
+int posted(Socket *s) {
+  if (s->loop->depth == 0) return tp::post_flush(s->id);
+  if (!s->post_node.linked()) s->loop->unflushed.push_back(s);
+  return IBMSG_OK;
+}
+
+void posts_flush(Loop *loop) {
+  // A refused list closes its connection: what it carried is canceled with the rest.
+  while (Socket *s = loop->unflushed.pop_front())
+    if (s->has_qp && tp::post_flush(s->id)) socket_close(s, IBMSG_EIO);
 }
 
 bool work_can_go(const Socket *s, const Work *w) {
@@ -106,6 +120,14 @@ int wc_error(tp::WcStatus st) {
 }
 
 void on_send_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
+  if (wc.status == tp::WcStatus::Ok) {
+    // Only the last message of a post list is signaled: the ones before it are delivered too.
+    while (Work *w = s->flight.front()) {
+      if (w == &slot->work || w->wr.op != tp::Op::Send) break;
+      s->flight.remove(w);
+      notify_sent(s, static_cast<Slot *>(w->wr.owner), IBMSG_OK);
+    }
+  }
   s->flight.remove(&slot->work);
   if (wc.status == tp::WcStatus::Ok) {
     notify_sent(s, slot, IBMSG_OK);
@@ -244,7 +266,7 @@ int drain_cq(Socket *s) {
   tp::Completion wc[32];
   int total = 0;
   for (;;) {
-    if (!s->cq) return total;
+    if (!s->cq) break;
     int n = tp::cq_poll(s->cq, wc, 32);
     if (n < 0) {
       socket_close(s, IBMSG_EIO);
@@ -252,8 +274,11 @@ int drain_cq(Socket *s) {
     }
     for (int i = 0; i < n; ++i) on_completion(s, wc[i]);
     total += n;
-    if (n < 32) return total;
+    if (n < 32) break;
   }
+  // What the callbacks posted goes out now, one list per connection.
+  posts_flush(s->loop);
+  return total;
 }
 
 void on_cq_ready(void *cq_user, void *) { poll_cq_ready(static_cast<Socket *>(cq_user)); }

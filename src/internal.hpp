@@ -208,6 +208,8 @@ struct ibmsg__socket {
   bool poll_active = false;
   uint64_t poll_last_ns = 0;  // the connection's last activity
 
+  ibmsg::ListNode post_node;  // in the loop's list of sockets with posts not yet flushed
+
   // closing
   int close_reason = IBMSG_OK;
   ibmsg::ListNode close_node;  // in the loop's list of sockets due for teardown
@@ -231,6 +233,7 @@ struct ibmsg__loop {
   int rescans_left = 0;
   ibmsg::List<Socket, &Socket::loop_node> sockets;       // open sockets
   ibmsg::List<Socket, &Socket::close_node> closing;      // due for teardown
+  ibmsg::List<Socket, &Socket::post_node> unflushed;     // posts to flush (datapath.cpp)
   ibmsg::List<ibmsg::Timer, &ibmsg::Timer::node> timers;  // running timers
   ibmsg::List<ibmsg__region, &ibmsg__region::loop_node> regions;  // registered regions
   int epfd = -1;     // for ibmsg_event_loop_fd
@@ -254,10 +257,15 @@ struct ibmsg__request {
 
 namespace ibmsg {
 
-// Held while a watcher callback runs: the loop's API refuses to re-enter (IBMSG_EBUSY).
+void posts_flush(Loop *loop);  // datapath.cpp
+
+// Held while a watcher callback runs: the loop's API refuses to re-enter (IBMSG_EBUSY). What the
+// callbacks posted goes to the QPs when it ends, if not before (posts_flush).
 struct LoopEntered {
   explicit LoopEntered(Loop *l) : loop(l) { ++loop->depth; }
-  ~LoopEntered() { --loop->depth; }
+  ~LoopEntered() {
+    if (--loop->depth == 0 && !loop->unflushed.empty()) posts_flush(loop);
+  }
   LoopEntered(const LoopEntered &) = delete;
   LoopEntered &operator=(const LoopEntered &) = delete;
   Loop *loop;
@@ -314,6 +322,13 @@ void cancel_sends(Socket *s);
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
 int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm);
 int msg_free(ibmsg_buffer *msg);
+
+// Batching: a work request queued on s's send queue (tp::post_send_imm, tp::post_rdma) goes to
+// the device at once when the application posted it outside the loop's callbacks; inside them it
+// waits on the loop's unflushed list until the callbacks of this round are done: the end of a CQ
+// drain or of the watcher callback (LoopEntered), so that what one round posts on a connection is
+// one post list. Returns the error of an immediate flush (the caller closes the connection).
+int posted(Socket *s);
 
 // Hands the queue's head to the QP while it can go (credits, room in flight); a refusal closes.
 void flush_sends(Socket *s);

@@ -198,6 +198,7 @@ int conn_open(Socket *s) {
 
 void conn_release(Socket *s) {
   poll_stop(s);
+  s->loop->unflushed.remove(s);  // the QP drops what it holds: the teardown cancels it
   if (s->has_qp) tp::qp_destroy(s->id);
   s->has_qp = false;
   if (s->cq) tp::cq_destroy(s->cq);

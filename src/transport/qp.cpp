@@ -2,32 +2,90 @@
 // it. Every work request carries the core's WorkCtx in its wr_id.
 #include <arpa/inet.h>
 
+#include <new>
+
 #include "transport/verbs.hpp"
 
 namespace ibmsg::tp {
+namespace {
+
+// The send work requests queued since the last post_flush, posted as one list (one doorbell).
+constexpr int kChain = 32;
+struct Chain {
+  ibv_send_wr wr[kChain];
+  ibv_sge sge[kChain];
+  int n = 0;
+};
+
+Chain *chain_of(CmId *id) { return static_cast<Chain *>(id->qp->qp_context); }
+
+// The next free work request of the chain, zeroed; flushes a full chain first.
+ibv_send_wr *chain_next(CmId *id, int *err) {
+  Chain *c = chain_of(id);
+  if (c->n == kChain && (*err = post_flush(id))) return nullptr;
+  ibv_send_wr *wr = &c->wr[c->n];
+  *wr = ibv_send_wr{};
+  wr->sg_list = &c->sge[c->n];
+  ++c->n;
+  return wr;
+}
+
+}  // namespace
+
+int post_flush(CmId *id) {
+  Chain *c = id->qp ? chain_of(id) : nullptr;
+  if (!c || c->n == 0) return IBMSG_OK;
+  // Completions come in order: of the data messages before a one-sided operation (or the end
+  // of the list), the last is signaled and its completion stands for the others. Operations and
+  // credit-only messages are always signaled (chain_next, post_send_imm).
+  bool signal = true;
+  for (int i = c->n - 1; i >= 0; --i) {
+    c->wr[i].next = i + 1 < c->n ? &c->wr[i + 1] : nullptr;
+    const Op op = reinterpret_cast<WorkCtx *>(c->wr[i].wr_id)->op;
+    if (op == Op::Send) {
+      if (signal) c->wr[i].send_flags |= IBV_SEND_SIGNALED;
+      signal = false;
+    } else if (op != Op::Ctrl) {
+      signal = true;
+    }
+  }
+  c->n = 0;
+  ibv_send_wr *bad = nullptr;
+  return ibv_post_send(id->qp, &c->wr[0], &bad) ? IBMSG_EIO : IBMSG_OK;
+}
 
 int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps) {
   ibv_qp_init_attr attr{};
   attr.send_cq = cq_verbs(cq);
   attr.recv_cq = cq_verbs(cq);
   attr.qp_type = IBV_QPT_RC;
-  attr.sq_sig_all = 1;
+  attr.sq_sig_all = 0;  // post_flush says which sends are signaled
   attr.cap.max_send_wr = caps->send_wrs;
   attr.cap.max_recv_wr = caps->recv_wrs;
   attr.cap.max_send_sge = 1;
   attr.cap.max_recv_sge = 1;
   attr.cap.max_inline_data = caps->max_inline;
+  Chain *chain = new (std::nothrow) Chain;
+  if (!chain) return IBMSG_ENOMEM;
+  attr.qp_context = chain;
   if (rdma_create_qp(raw(id), device_pd(dev), &attr)) {
     // Not every device offers inline data.
     attr.cap.max_inline_data = 0;
-    if (rdma_create_qp(raw(id), device_pd(dev), &attr)) return alloc_error();
+    if (rdma_create_qp(raw(id), device_pd(dev), &attr)) {
+      int err = alloc_error();
+      delete chain;
+      return err;
+    }
   }
   caps->max_inline = attr.cap.max_inline_data;
   return IBMSG_OK;
 }
 
 void qp_destroy(CmId *id) {
-  if (id->qp) rdma_destroy_qp(raw(id));
+  if (!id->qp) return;
+  Chain *chain = chain_of(id);  // what was never flushed is dropped: the core cancels it
+  rdma_destroy_qp(raw(id));
+  delete chain;
 }
 
 int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr) {
@@ -44,30 +102,36 @@ int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr) {
 
 int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr,
                   uint32_t imm, uint32_t max_inline) {
-  ibv_sge sge;
-  ibv_send_wr wr{}, *bad = nullptr;
+  int err = IBMSG_OK;
+  ibv_send_wr *wr = chain_next(id, &err);
+  if (!wr) return err;
   if (len) {
-    sge.addr = reinterpret_cast<uintptr_t>(buf);
-    sge.length = len;
-    sge.lkey = mr_lkey(mr);
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
+    wr->sg_list->addr = reinterpret_cast<uintptr_t>(buf);
+    wr->sg_list->length = len;
+    wr->sg_list->lkey = mr_lkey(mr);
+    wr->num_sge = 1;
   }
-  wr.wr_id = reinterpret_cast<uintptr_t>(ctx);
-  wr.opcode = IBV_WR_SEND_WITH_IMM;
-  wr.send_flags = IBV_SEND_SIGNALED | (len && len <= max_inline ? IBV_SEND_INLINE : 0);
-  wr.imm_data = htonl(imm);
-  return ibv_post_send(id->qp, &wr, &bad) ? IBMSG_EIO : IBMSG_OK;
+  wr->wr_id = reinterpret_cast<uintptr_t>(ctx);
+  wr->opcode = IBV_WR_SEND_WITH_IMM;
+  // Credit-only messages are signaled: the core counts them back.
+  wr->send_flags = (ctx->op == Op::Send ? 0 : IBV_SEND_SIGNALED) |
+                   (len && len <= max_inline ? IBV_SEND_INLINE : 0);
+  wr->imm_data = htonl(imm);
+  return IBMSG_OK;
 }
 
 int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
-  ibv_sge sge;
-  sge.addr = reinterpret_cast<uintptr_t>(w.local);
-  sge.length = w.len;
-  sge.lkey = mr_lkey(w.mr);
-  ibv_send_wr wr{}, *bad = nullptr;
+  int err = IBMSG_OK;
+  if (ctx->op != Op::RdmaWrite && ctx->op != Op::WriteImm && ctx->op != Op::RdmaRead &&
+      ctx->op != Op::Atomic)
+    return IBMSG_EINVAL;
+  ibv_send_wr *wrp = chain_next(id, &err);
+  if (!wrp) return err;
+  ibv_send_wr &wr = *wrp;
+  wr.sg_list->addr = reinterpret_cast<uintptr_t>(w.local);
+  wr.sg_list->length = w.len;
+  wr.sg_list->lkey = mr_lkey(w.mr);
   wr.wr_id = reinterpret_cast<uintptr_t>(ctx);
-  wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.send_flags = IBV_SEND_SIGNALED;
   switch (ctx->op) {
@@ -91,9 +155,9 @@ int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
       wr.wr.atomic.compare_add = w.compare_add;
       wr.wr.atomic.swap = w.swap;
       break;
-    default: return IBMSG_EINVAL;
+    default: break;  // checked above
   }
-  return ibv_post_send(id->qp, &wr, &bad) ? IBMSG_EIO : IBMSG_OK;
+  return IBMSG_OK;
 }
 
 }  // namespace ibmsg::tp

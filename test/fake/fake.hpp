@@ -85,6 +85,8 @@ struct Stats {
   unsigned long rdma_ops;              // one-sided operations executed
   unsigned long cq_arms;     // successful cq_arm calls
   unsigned long cq_signals;  // completions that signalled their device's fd (the CQ was armed)
+  unsigned long post_lists;  // post_flush calls that posted something (doorbells)
+  unsigned long send_cqes;   // send-queue completions (unsignaled successes make none)
   // The RDMA read/atomic resources of the core's last cm_connect and cm_accept (-1: none yet);
   // for the accept, what they resolve to (tp::kMaxRdAtomic: what the request asked for, at most
   // the device's limit, as librdmacm does).
@@ -106,6 +108,7 @@ struct Post {
   unsigned short port;
   tp::Op op;
   uint32_t len;
+  bool inlined;  // the payload goes inline (len <= the max_inline the core passed)
 };
 const std::vector<Post> &posts();
 // The kinds of the posts from CM ids with that local port, in order (credit-only messages only
@@ -135,6 +138,7 @@ enum class Call {
   PostRecv,
   PostSend,
   PostRdma,
+  PostFlush,  // the whole list is refused (none of it posted)
   CqArm,
 };
 // The call after the next `skip` successful ones returns code (once).

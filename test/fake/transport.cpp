@@ -40,6 +40,7 @@ struct Cqe {
   Completion wc;
   Qp *qp;
   bool send;
+  uint32_t retire;  // send-queue slots it frees: itself and the unsignaled ones before it
 };
 
 struct Cq {
@@ -112,6 +113,13 @@ struct SendWr {
   uint32_t imm;
   bool rdma = false;
   RdmaWr rw{};
+  bool signaled = true;  // set at post_flush
+};
+
+// A delivered send whose completion is delayed.
+struct SendAck {
+  WorkCtx *ctx;
+  bool signaled;
 };
 
 struct Qp {
@@ -122,8 +130,10 @@ struct Qp {
   bool rts = false;
   bool error = false;
   std::deque<RecvWr> rq;       // posted receives
+  std::deque<SendWr> pending;  // queued for the next post_flush
   std::deque<SendWr> sq;       // posted sends and operations not yet executed (in flight)
-  std::deque<WorkCtx *> acks;  // delivered sends whose completion is delayed
+  std::deque<SendAck> acks;    // delivered sends whose completion is delayed
+  uint32_t unsignaled_done = 0;  // unsignaled sends completed since the last send CQE
   uint32_t recv_unpolled = 0;  // receive slots whose completion is not polled yet
   uint32_t send_unpolled = 0;  // send slots likewise (in flight ones included)
 };
@@ -285,9 +295,9 @@ void reject_connector(CmId *c, int status, const void *pdata, size_t plen, size_
 
 // --- completions and the wire ---
 
-void cq_push(Cq *c, Qp *qp, bool send, const Completion &wc) {
+void cq_push(Cq *c, Qp *qp, bool send, const Completion &wc, uint32_t retire = 1) {
   if (c->q.size() >= c->depth) misuse("CQ overrun: more than %u completions unpolled", c->depth);
-  c->q.push_back(Cqe{wc, qp, send});
+  c->q.push_back(Cqe{wc, qp, send, retire});
   if (!c->armed) return;
   c->armed = false;
   ++c->signals;
@@ -305,8 +315,17 @@ void complete_recv(Qp *q, WorkCtx *ctx, WcStatus st, bool has_imm = false, uint3
   cq_push(q->cq, q, false, Completion{ctx, st, has_imm, has_imm ? imm : 0, len, write_imm});
 }
 
-void complete_send(Qp *q, WorkCtx *ctx, WcStatus st) {
-  cq_push(q->cq, q, true, Completion{ctx, st, false, 0, 0, false});
+// An unsignaled send that succeeded makes no completion: its slot in the send queue is freed
+// with the next completion polled (as on a real device).
+void complete_send(Qp *q, WorkCtx *ctx, WcStatus st, bool signaled = true) {
+  if (st == WcStatus::Ok && !signaled) {
+    ++q->unsignaled_done;
+    return;
+  }
+  ++g.stats.send_cqes;
+  uint32_t retire = 1 + q->unsignaled_done;
+  q->unsignaled_done = 0;
+  cq_push(q->cq, q, true, Completion{ctx, st, false, 0, 0, false}, retire);
 }
 
 // Moves a QP to the error state: everything posted completes as flushed, in order.
@@ -319,7 +338,7 @@ void qp_error(Qp *q) {
     complete_recv(q, r.ctx, WcStatus::Flushed);
   }
   while (!q->acks.empty()) {  // delivered, but the sender never learned it
-    WorkCtx *ctx = q->acks.front();
+    WorkCtx *ctx = q->acks.front().ctx;
     q->acks.pop_front();
     complete_send(q, ctx, WcStatus::Flushed);
   }
@@ -336,9 +355,9 @@ Qp *peer_qp(const Qp *q) { return q->id && q->id->remote ? q->id->remote->qp : n
 // completion lagged are acknowledged with it (a send queue completes in order).
 void settle_acks(Qp *s) {
   while (!s->acks.empty()) {
-    WorkCtx *ctx = s->acks.front();
+    SendAck a = s->acks.front();
     s->acks.pop_front();
-    complete_send(s, ctx, WcStatus::Ok);
+    complete_send(s, a.ctx, WcStatus::Ok, a.signaled);
   }
 }
 
@@ -457,11 +476,11 @@ void deliver(Qp *s) {
       complete_recv(d, r.ctx, WcStatus::Ok, w.has_imm, w.imm, uint32_t(w.data.size()));
       ++g.stats.delivered;
     }
-    WorkCtx *ctx = w.ctx;
+    SendAck a{w.ctx, w.signaled};
     s->sq.pop_front();
     bool delay = g.delay_acks && (!g.delay_port || port_of(s->id->local) == g.delay_port);
-    if (delay || !s->acks.empty()) s->acks.push_back(ctx);  // completions stay in order
-    else complete_send(s, ctx, WcStatus::Ok);
+    if (delay || !s->acks.empty()) s->acks.push_back(a);  // completions stay in order
+    else complete_send(s, a.ctx, WcStatus::Ok, a.signaled);
   }
 }
 
@@ -482,8 +501,8 @@ bool check_mr(const Qp *q, const Mr *mr, const void *buf, uint32_t len) {
   return true;
 }
 
-void record_post(const Qp *q, Op op, uint32_t len) {
-  if (!g.raw) g.posts.push_back(fake::Post{port_of(q->id->local), op, len});
+void record_post(const Qp *q, Op op, uint32_t len, bool inlined) {
+  if (!g.raw) g.posts.push_back(fake::Post{port_of(q->id->local), op, len, inlined});
 }
 
 int post_send(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr, bool has_imm,
@@ -515,20 +534,15 @@ int post_send(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *m
     misuse("post_send before the connection is established");
     return IBMSG_EIO;
   }
-  record_post(q, ctx->op, len);
+  record_post(q, ctx->op, len, len && len <= max_inline);
   ++q->send_unpolled;
-  if (q->error) {
-    complete_send(q, ctx, WcStatus::Flushed);
-    return IBMSG_OK;
-  }
   SendWr w;
   w.ctx = ctx;
   if (len)
     w.data.assign(static_cast<const uint8_t *>(buf), static_cast<const uint8_t *>(buf) + len);
   w.has_imm = has_imm;
   w.imm = imm;
-  q->sq.push_back(std::move(w));
-  deliver(q);
+  q->pending.push_back(std::move(w));
   return IBMSG_OK;
 }
 
@@ -642,7 +656,7 @@ int cq_poll(Cq *c, Completion *out, int max) {
   while (n < max && !c->q.empty()) {
     Cqe e = c->q.front();
     c->q.pop_front();
-    if (e.send) --e.qp->send_unpolled;
+    if (e.send) e.qp->send_unpolled -= e.retire;
     else --e.qp->recv_unpolled;
     out[n++] = e.wc;
   }
@@ -1086,12 +1100,8 @@ int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
     misuse("post_rdma before the connection is established");
     return IBMSG_EIO;
   }
-  record_post(q, op, w.len);
+  record_post(q, op, w.len, write && w.len && w.len <= max_inline);
   ++q->send_unpolled;
-  if (q->error) {
-    complete_send(q, ctx, WcStatus::Flushed);
-    return IBMSG_OK;
-  }
   SendWr s;
   s.ctx = ctx;
   s.has_imm = op == Op::WriteImm;
@@ -1102,7 +1112,44 @@ int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
     auto p = static_cast<const uint8_t *>(w.local);
     s.data.assign(p, p + w.len);
   }
-  q->sq.push_back(std::move(s));
+  q->pending.push_back(std::move(s));
+  return IBMSG_OK;
+}
+
+int post_flush(CmId *id) {
+  Qp *q = id->qp;
+  if (!q) {
+    misuse("post_flush on an id without a QP");
+    return IBMSG_EIO;
+  }
+  if (q->pending.empty()) return IBMSG_OK;
+  if (int err = injected(fake::Call::PostFlush)) {
+    q->send_unpolled -= uint32_t(q->pending.size());
+    q->pending.clear();
+    return err;
+  }
+  ++g.stats.post_lists;
+  // As the rdma-core transport: of the data messages before a one-sided operation or the end of
+  // the list the last is signaled; credit-only messages and one-sided operations always are.
+  bool signal = true;
+  for (size_t i = q->pending.size(); i-- > 0;) {
+    SendWr &w = q->pending[i];
+    if (!w.rdma && w.ctx->op == Op::Send) {
+      w.signaled = signal;
+      signal = false;
+    } else {
+      w.signaled = true;
+      if (w.rdma) signal = true;
+    }
+  }
+  while (!q->pending.empty()) {
+    if (q->error) {
+      complete_send(q, q->pending.front().ctx, WcStatus::Flushed);
+    } else {
+      q->sq.push_back(std::move(q->pending.front()));
+    }
+    q->pending.pop_front();
+  }
   deliver(q);
   return IBMSG_OK;
 }
@@ -1211,9 +1258,9 @@ void delay_send_completions(bool delay, unsigned short port) {
   std::vector<Qp *> qps = tp::g.qps;
   for (Qp *q : qps) {
     while (!q->acks.empty()) {
-      WorkCtx *ctx = q->acks.front();
+      tp::SendAck a = q->acks.front();
       q->acks.pop_front();
-      tp::complete_send(q, ctx, WcStatus::Ok);
+      tp::complete_send(q, a.ctx, WcStatus::Ok, a.signaled);
     }
   }
 }
@@ -1227,7 +1274,8 @@ void release_established() {
 }
 
 int post_send_no_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr) {
-  return tp::post_send(id, ctx, buf, len, mr, false, 0, 0);
+  int err = tp::post_send(id, ctx, buf, len, mr, false, 0, 0);
+  return err ? err : tp::post_flush(id);
 }
 
 // --- RawPeer ---
@@ -1345,7 +1393,8 @@ int RawPeer::send(uint32_t imm, const void *data, size_t len) {
   poll();
   uint8_t *area = mem_ + size_t(nbufs_) * bufsize_;
   if (len) memcpy(area, data, len);
-  return post_send_imm(id_, &send_ctx_, area, uint32_t(len), mr_, imm, 0);
+  int err = post_send_imm(id_, &send_ctx_, area, uint32_t(len), mr_, imm, 0);
+  return err ? err : post_flush(id_);
 }
 
 int RawPeer::send_without_imm(const void *data, size_t len) {
@@ -1373,7 +1422,8 @@ int RawPeer::post_write(WorkCtx *ctx, uint32_t imm, uint64_t remote, uint32_t rk
   w.remote = remote;
   w.rkey = rkey;
   w.imm = imm;
-  return post_rdma(id_, ctx, w, 0);
+  int err = post_rdma(id_, ctx, w, 0);
+  return err ? err : post_flush(id_);
 }
 
 int RawPeer::write(uint64_t remote, uint32_t rkey, const void *data, size_t len) {

@@ -1005,6 +1005,74 @@ void message_delivered_just_before_the_close_is_confirmed_not_canceled(void **st
   assert_int_equal(c2->sent_ok, 1);
 }
 
+// Batching: what callbacks post in one round goes to the QP as one post list with one signaled
+// completion, and every message_sent still comes once, with IBMSG_OK.
+void posts_from_callbacks_go_as_one_list_with_one_completion(void **state) {
+  H *h = h_of(state);
+  Pair p1 = connected(h);
+  Pair p2 = connected(h);
+  Conn *c2 = p2.c;
+  settle(h);
+  const unsigned long lists = fake::stats().post_lists, cqes = fake::stats().send_cqes;
+  p1.c->when_closed = [c2] {
+    for (int i = 0; i < 8; ++i) expect_code(send_msg(*c2, 16), IBMSG_OK);
+  };
+  expect_code(ibmsg_disconnect(&p1.c->s), IBMSG_OK);
+  RUN_UNTIL(h, c2->sent_ok == 8 && p2.a->received == 8);
+  settle(h);
+  // p1's close sends nothing (fake disconnects make no work requests).
+  assert_int_equal(fake::stats().post_lists - lists, 1);
+  assert_int_equal(fake::stats().send_cqes - cqes, 1);
+  assert_int_equal(p2.a->bad_order, 0);
+  for (const Out &o : c2->outs) assert_int_equal(o.sent_cbs, o.posts);
+  assert_int_equal(c2->sent_canceled + c2->sent_other, 0);
+}
+
+// Outside the callbacks a post goes to the QP at once: nothing waits for the loop.
+void posts_outside_callbacks_go_at_once(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  settle(h);
+  const unsigned long lists = fake::stats().post_lists, delivered = fake::stats().delivered;
+  for (int i = 0; i < 3; ++i) expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  assert_int_equal(fake::stats().post_lists - lists, 3);
+  assert_int_equal(fake::stats().delivered - delivered, 3);
+  RUN_UNTIL(h, p.c->sent_ok == 3 && p.a->received == 3);
+}
+
+// A post list the device refuses closes the connection with IBMSG_EIO: each message in it comes
+// back once, canceled, and none arrives.
+void refused_post_list_cancels_each_message_once_and_closes_with_eio(void **state) {
+  H *h = h_of(state);
+  Pair p1 = connected(h);
+  Pair p2 = connected(h);
+  Conn *c2 = p2.c;
+  settle(h);
+  p1.c->when_closed = [c2] {
+    fake::fail_call(fake::Call::PostFlush, IBMSG_EIO);
+    for (int i = 0; i < 4; ++i) expect_code(send_msg(*c2, 16), IBMSG_OK);
+  };
+  expect_code(ibmsg_disconnect(&p1.c->s), IBMSG_OK);
+  RUN_UNTIL(h, c2->closed && p2.a->closed);
+  expect_code(c2->close_reason, IBMSG_EIO);
+  assert_int_equal(c2->sent_canceled, 4);
+  assert_int_equal(c2->sent_ok + c2->sent_other, 0);
+  for (const Out &o : c2->outs) assert_int_equal(o.sent_cbs, o.posts);
+  assert_int_equal(p2.a->received, 0);
+}
+
+// Small payloads go inline (the device copies them at posting), larger ones by reference.
+void small_messages_are_sent_inline(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  expect_code(send_msg(*p.c, 32), IBMSG_OK);
+  assert_int_equal(int(fake::posts().back().op), int(ibmsg::tp::Op::Send));
+  assert_true(fake::posts().back().inlined);
+  expect_code(send_msg(*p.c, 4096), IBMSG_OK);
+  assert_false(fake::posts().back().inlined);
+  RUN_UNTIL(h, p.c->sent_ok == 2 && p.a->received == 2);
+}
+
 void peer_disconnect_cancels_queued_messages_and_reports_econnreset(void **state) {
   H *h = h_of(state);
   ibmsg_options *o = small_queues(h);
@@ -1764,6 +1832,10 @@ int main(void) {
       // close paths
       T(disconnect_confirms_delivered_and_cancels_in_flight_and_queued),
       T(message_delivered_just_before_the_close_is_confirmed_not_canceled),
+      T(posts_from_callbacks_go_as_one_list_with_one_completion),
+      T(posts_outside_callbacks_go_at_once),
+      T(refused_post_list_cancels_each_message_once_and_closes_with_eio),
+      T(small_messages_are_sent_inline),
       T(peer_disconnect_cancels_queued_messages_and_reports_econnreset),
       T(connect_times_out_when_the_listener_never_answers),
       T(accepted_connection_whose_handshake_never_completes_times_out),
