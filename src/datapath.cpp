@@ -152,7 +152,8 @@ void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::
   slot->state = SlotState::Free;
   if (s->state != State::Closing) {
     if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
-                      slot->pool->mr)) {
+                      slot->pool->mr) ||
+        posted(s)) {
       socket_close(s, IBMSG_EIO);
     } else {
       slot->state = SlotState::Posted;
@@ -210,7 +211,8 @@ void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (s->state == State::Closing) {
     s->credits.on_data_dropped();
   } else if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
-                           slot->pool->mr)) {
+                           slot->pool->mr) ||
+             posted(s)) {
     s->credits.on_data_dropped();
     socket_close(s, IBMSG_EIO);
   } else {
@@ -356,7 +358,9 @@ int msg_free(ibmsg_buffer *msg) {
   --p->out;
   Socket *s = p->user;
   if (s && s->has_qp && s->state != State::Closing) {
-    if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(p->slot_size), p->mr) == IBMSG_OK) {
+    if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(p->slot_size), p->mr) ==
+            IBMSG_OK &&
+        posted(s) == IBMSG_OK) {
       slot->state = SlotState::Posted;
       s->credits.on_data_freed();
       maybe_send_ctrl(s);

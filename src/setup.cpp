@@ -191,6 +191,8 @@ int conn_open(Socket *s) {
                         s->recv_pool->mr);
     if (!err) slot->state = SlotState::Posted;
   }
+  // All of them before the connection can be established, also from inside a callback.
+  if (!err) err = tp::post_flush(s->id);
   if (!err) return IBMSG_OK;
   conn_release(s);
   return err;

@@ -9,12 +9,15 @@
 namespace ibmsg::tp {
 namespace {
 
-// The send work requests queued since the last post_flush, posted as one list (one doorbell).
+// The work requests queued since the last post_flush, posted as one list each (one doorbell).
 constexpr int kChain = 32;
 struct Chain {
   ibv_send_wr wr[kChain];
   ibv_sge sge[kChain];
   int n = 0;
+  ibv_recv_wr rwr[kChain];
+  ibv_sge rsge[kChain];
+  int rn = 0;
 };
 
 Chain *chain_of(CmId *id) { return static_cast<Chain *>(id->qp->qp_context); }
@@ -30,11 +33,26 @@ ibv_send_wr *chain_next(CmId *id, int *err) {
   return wr;
 }
 
+
+int flush_recvs(CmId *id, Chain *c) {
+  if (c->rn == 0) return IBMSG_OK;
+  for (int i = 0; i < c->rn; ++i) c->rwr[i].next = i + 1 < c->rn ? &c->rwr[i + 1] : nullptr;
+  c->rn = 0;
+  ibv_recv_wr *bad = nullptr;
+  return ibv_post_recv(id->qp, &c->rwr[0], &bad) ? IBMSG_EIO : IBMSG_OK;
+}
+
 }  // namespace
 
 int post_flush(CmId *id) {
   Chain *c = id->qp ? chain_of(id) : nullptr;
-  if (!c || c->n == 0) return IBMSG_OK;
+  if (!c) return IBMSG_OK;
+  // Receives first: a credit a send of this list returns is for a buffer posted by then.
+  if (int err = flush_recvs(id, c)) {
+    c->n = 0;
+    return err;
+  }
+  if (c->n == 0) return IBMSG_OK;
   // Completions come in order: of the data messages before a one-sided operation (or the end
   // of the list), the last is signaled and its completion stands for the others. Operations and
   // credit-only messages are always signaled (chain_next, post_send_imm).
@@ -89,15 +107,21 @@ void qp_destroy(CmId *id) {
 }
 
 int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr) {
-  ibv_sge sge;
-  sge.addr = reinterpret_cast<uintptr_t>(buf);
-  sge.length = len;
-  sge.lkey = mr_lkey(mr);
-  ibv_recv_wr wr{}, *bad = nullptr;
-  wr.wr_id = reinterpret_cast<uintptr_t>(ctx);
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  return ibv_post_recv(id->qp, &wr, &bad) ? IBMSG_EIO : IBMSG_OK;
+  Chain *c = chain_of(id);
+  if (c->rn == kChain) {
+    if (int err = flush_recvs(id, c)) return err;
+  }
+  ibv_recv_wr *wr = &c->rwr[c->rn];
+  ibv_sge *sge = &c->rsge[c->rn];
+  ++c->rn;
+  sge->addr = reinterpret_cast<uintptr_t>(buf);
+  sge->length = len;
+  sge->lkey = mr_lkey(mr);
+  *wr = ibv_recv_wr{};
+  wr->wr_id = reinterpret_cast<uintptr_t>(ctx);
+  wr->sg_list = sge;
+  wr->num_sge = 1;
+  return IBMSG_OK;
 }
 
 int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr,

@@ -198,11 +198,10 @@ struct QpCaps {
 int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps);
 void qp_destroy(CmId *id);
 
-int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr);
-
-// Send-queue work requests (post_send_imm, post_rdma) are queued on the QP and go to the device
-// together, as one list, at post_flush (or when the queue is full, which an error from the queuing
-// call reports). Nothing reaches the wire before post_flush. An error from post_flush means some
+// Work requests are queued on the QP and go to the device together, one list for the receives
+// (post_recv), then one for the send queue (post_send_imm, post_rdma), at post_flush (or when a
+// chain is full, which an error from the queuing call reports). Nothing reaches the device before
+// post_flush. An error from post_flush means some
 // of them may not have been posted: the core closes the connection. qp_destroy drops what was not
 // flushed. Completions: they come in posting order. Of the data messages (Op::Send) of one flush
 // between one-sided operations only the last is signaled: a successful completion of a Send
@@ -210,6 +209,8 @@ int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr);
 // Credit-only messages (Op::Ctrl) and one-sided operations are always signaled. A failed or
 // flushed work request always completes, signaled or not.
 int post_flush(CmId *id);
+
+int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr);
 
 // A SEND with immediate data (host byte order); len may be 0 (buf and mr are then unused).
 // Payloads up to the granted max_inline are sent inline.

@@ -85,7 +85,8 @@ struct Stats {
   unsigned long rdma_ops;              // one-sided operations executed
   unsigned long cq_arms;     // successful cq_arm calls
   unsigned long cq_signals;  // completions that signalled their device's fd (the CQ was armed)
-  unsigned long post_lists;  // post_flush calls that posted something (doorbells)
+  unsigned long post_lists;  // send-queue lists posted by post_flush (doorbells)
+  unsigned long recv_lists;  // receive lists posted by post_flush
   unsigned long send_cqes;   // send-queue completions (unsignaled successes make none)
   // The RDMA read/atomic resources of the core's last cm_connect and cm_accept (-1: none yet);
   // for the accept, what they resolve to (tp::kMaxRdAtomic: what the request asked for, at most

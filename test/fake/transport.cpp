@@ -131,6 +131,7 @@ struct Qp {
   bool error = false;
   std::deque<RecvWr> rq;       // posted receives
   std::deque<SendWr> pending;  // queued for the next post_flush
+  std::deque<RecvWr> pending_rq;  // likewise
   std::deque<SendWr> sq;       // posted sends and operations not yet executed (in flight)
   std::deque<SendAck> acks;    // delivered sends whose completion is delayed
   uint32_t unsignaled_done = 0;  // unsignaled sends completed since the last send CQE
@@ -1033,16 +1034,12 @@ int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr) {
     return IBMSG_EINVAL;
   }
   if (!check_mr(q, mr, buf, len)) return IBMSG_EIO;
-  if (q->rq.size() + q->recv_unpolled >= q->caps.recv_wrs) {
-    misuse("receive queue overflow: %zu work requests outstanding",
-           q->rq.size() + q->recv_unpolled);
+  const size_t outstanding = q->rq.size() + q->pending_rq.size() + q->recv_unpolled;
+  if (outstanding >= q->caps.recv_wrs) {
+    misuse("receive queue overflow: %zu work requests outstanding", outstanding);
     return IBMSG_EIO;
   }
-  if (q->error) {
-    complete_recv(q, ctx, WcStatus::Flushed);
-    return IBMSG_OK;
-  }
-  q->rq.push_back(RecvWr{ctx, static_cast<uint8_t *>(buf), len});
+  q->pending_rq.push_back(RecvWr{ctx, static_cast<uint8_t *>(buf), len});
   return IBMSG_OK;
 }
 
@@ -1122,12 +1119,21 @@ int post_flush(CmId *id) {
     misuse("post_flush on an id without a QP");
     return IBMSG_EIO;
   }
-  if (q->pending.empty()) return IBMSG_OK;
+  if (q->pending.empty() && q->pending_rq.empty()) return IBMSG_OK;
   if (int err = injected(fake::Call::PostFlush)) {
     q->send_unpolled -= uint32_t(q->pending.size());
     q->pending.clear();
+    q->pending_rq.clear();
     return err;
   }
+  // Receives first, as the rdma-core transport.
+  if (!q->pending_rq.empty()) ++g.stats.recv_lists;
+  while (!q->pending_rq.empty()) {
+    if (q->error) complete_recv(q, q->pending_rq.front().ctx, WcStatus::Flushed);
+    else q->rq.push_back(q->pending_rq.front());
+    q->pending_rq.pop_front();
+  }
+  if (q->pending.empty()) return IBMSG_OK;
   ++g.stats.post_lists;
   // As the rdma-core transport: of the data messages before a one-sided operation or the end of
   // the list the last is signaled; credit-only messages and one-sided operations always are.
@@ -1353,6 +1359,7 @@ void RawPeer::open_queues(CmId *id) {
     recv_ctx_[i] = WorkCtx{Op::Recv, reinterpret_cast<void *>(uintptr_t(i))};
     err = post_recv(id, &recv_ctx_[i], mem_ + size_t(i) * bufsize_, bufsize_, mr_);
   }
+  if (!err) err = post_flush(id);
   send_ctx_.owner = this;
   if (err) fprintf(stderr, "fake raw peer: cannot set up its queues: %d\n", err);
 }
@@ -1519,7 +1526,7 @@ void RawPeer::poll() {
         m.imm = wc[i].imm;
         m.data.assign(buf, buf + wc[i].len);
         received.push_back(std::move(m));
-        if (id_) post_recv(id_, wc[i].ctx, buf, bufsize_, mr_);
+        if (id_ && post_recv(id_, wc[i].ctx, buf, bufsize_, mr_) == IBMSG_OK) post_flush(id_);
       } else if (wc[i].ctx->op == Op::RdmaWrite || wc[i].ctx->op == Op::WriteImm) {
         last_rdma_status = wc[i].status;
         if (wc[i].status == WcStatus::Ok) ++rdma_ok;

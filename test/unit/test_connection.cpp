@@ -1040,6 +1040,19 @@ void posts_outside_callbacks_go_at_once(void **state) {
   RUN_UNTIL(h, p.c->sent_ok == 3 && p.a->received == 3);
 }
 
+// Receive buffers freed in one round go back to the receive queue as one list.
+void receives_freed_in_one_round_are_reposted_as_one_list(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  settle(h);
+  for (int i = 0; i < 8; ++i) expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  const unsigned long lists = fake::stats().recv_lists;
+  RUN_UNTIL(h, p.a->received == 8);  // freed in message_received
+  assert_int_equal(fake::stats().recv_lists - lists, 1);
+  RUN_UNTIL(h, p.c->sent_ok == 8);
+  assert_int_equal(p.a->bad_order, 0);
+}
+
 // A post list the device refuses closes the connection with IBMSG_EIO: each message in it comes
 // back once, canceled, and none arrives.
 void refused_post_list_cancels_each_message_once_and_closes_with_eio(void **state) {
@@ -1834,6 +1847,7 @@ int main(void) {
       T(message_delivered_just_before_the_close_is_confirmed_not_canceled),
       T(posts_from_callbacks_go_as_one_list_with_one_completion),
       T(posts_outside_callbacks_go_at_once),
+      T(receives_freed_in_one_round_are_reposted_as_one_list),
       T(refused_post_list_cancels_each_message_once_and_closes_with_eio),
       T(small_messages_are_sent_inline),
       T(peer_disconnect_cancels_queued_messages_and_reports_econnreset),
