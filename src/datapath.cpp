@@ -21,7 +21,7 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
   }
   int rc = tp::post_send_imm(s->id, &slot->work.wr, slot->buf, len, slot->pool->mr,
                              wire::encode_imm(imm), s->max_inline);
-  return rc ? rc : posted(s);
+  return rc ? rc : posted(s, true);
 }
 
 // Posts one message with a data credit; on failure the credits are as before.
@@ -66,11 +66,16 @@ void maybe_send_ctrl(Socket *s) {
     return;
   }
   ++s->ctrl_in_flight;
-  if (posted(s)) socket_close(s, IBMSG_EIO);
+  if (posted(s, true)) socket_close(s, IBMSG_EIO);
 }
 
-int posted(Socket *s) {
-  if (s->loop->depth == 0) return tp::post_flush(s->id);
+int posted(Socket *s, bool send_queue) {
+  // Outside callbacks nothing would flush it soon; and a send to a connection with nothing in
+  // flight goes at once, since batching only adds latency while the wire is idle (as TCP
+  // autocorking holds back only while earlier packets wait to go out).
+  if (s->loop->depth == 0 ||
+      (send_queue && s->flight.empty() && s->ctrl_in_flight == 0))
+    return tp::post_flush(s->id);
   if (!s->post_node.linked()) s->loop->unflushed.push_back(s);
   return IBMSG_OK;
 }
@@ -153,7 +158,7 @@ void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::
   if (s->state != State::Closing) {
     if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
                       slot->pool->mr) ||
-        posted(s)) {
+        posted(s, false)) {
       socket_close(s, IBMSG_EIO);
     } else {
       slot->state = SlotState::Posted;
@@ -212,7 +217,7 @@ void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
     s->credits.on_data_dropped();
   } else if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
                            slot->pool->mr) ||
-             posted(s)) {
+             posted(s, false)) {
     s->credits.on_data_dropped();
     socket_close(s, IBMSG_EIO);
   } else {
@@ -360,7 +365,7 @@ int msg_free(ibmsg_buffer *msg) {
   if (s && s->has_qp && s->state != State::Closing) {
     if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(p->slot_size), p->mr) ==
             IBMSG_OK &&
-        posted(s) == IBMSG_OK) {
+        posted(s, false) == IBMSG_OK) {
       slot->state = SlotState::Posted;
       s->credits.on_data_freed();
       maybe_send_ctrl(s);

@@ -323,12 +323,14 @@ int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
 int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm);
 int msg_free(ibmsg_buffer *msg);
 
-// Batching: a work request queued on s's send queue (tp::post_send_imm, tp::post_rdma) goes to
-// the device at once when the application posted it outside the loop's callbacks; inside them it
-// waits on the loop's unflushed list until the callbacks of this round are done: the end of a CQ
-// drain or of the watcher callback (LoopEntered), so that what one round posts on a connection is
-// one post list. Returns the error of an immediate flush (the caller closes the connection).
-int posted(Socket *s);
+// Batching: a work request queued on s's QP (tp::post_recv, or with send_queue
+// tp::post_send_imm, tp::post_rdma) goes to the device at once when the application posted it
+// outside the loop's callbacks, or when it is for the send queue and nothing is in flight there;
+// otherwise it waits on the loop's unflushed list until the callbacks of this round are done: the
+// end of a CQ drain or of the watcher callback (LoopEntered), so that what one round posts on a
+// busy connection is one post list. Returns the error of an immediate flush (the caller closes
+// the connection).
+int posted(Socket *s, bool send_queue);
 
 // Hands the queue's head to the QP while it can go (credits, room in flight); a refusal closes.
 void flush_sends(Socket *s);

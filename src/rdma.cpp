@@ -145,7 +145,7 @@ int op_send_now(Socket *s, Op *op) {
   Credits saved = s->credits;
   if (op->work.wr.op == tp::Op::WriteImm) s->credits.spend_data();  // the peer's receive buffer
   int err = tp::post_rdma(s->id, &op->work.wr, op->rw, s->max_inline);
-  if (!err) err = posted(s);
+  if (!err) err = posted(s, true);
   if (err) {
     s->credits = saved;
     return err;
