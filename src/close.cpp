@@ -20,9 +20,9 @@ void teardown(Socket *s) {
   // What already completed is delivered (data received, sends confirmed) before anything is
   // canceled; callbacks may run here, and may call the API (posting now fails: closing).
   posts_flush(loop);  // what a callback posted before it closed the socket goes out first
-  drain_cq(s);
+  if (s->cq) drain_device(s->dev);
   if (s->was_connected && s->id) tp::cm_disconnect(s->id);
-  conn_release(s);  // the pools stay while the canceled messages below are the application's
+  conn_release(s, true);  // the pools stay while the canceled messages below are the application's
   cancel_sends(s);
   if (s->id) tp::cm_id_destroy(s->id);
   s->id = nullptr;

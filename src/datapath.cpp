@@ -250,6 +250,8 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   }
 }
 
+}  // namespace
+
 void on_completion(Socket *s, const tp::Completion &wc) {
   switch (wc.ctx->op) {
     case tp::Op::Recv: on_recv_wc(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
@@ -266,29 +268,6 @@ void on_completion(Socket *s, const tp::Completion &wc) {
     default: socket_close(s, IBMSG_EIO); break;  // nothing else is posted
   }
 }
-
-}  // namespace
-
-int drain_cq(Socket *s) {
-  tp::Completion wc[32];
-  int total = 0;
-  for (;;) {
-    if (!s->cq) break;
-    int n = tp::cq_poll(s->cq, wc, 32);
-    if (n < 0) {
-      socket_close(s, IBMSG_EIO);
-      return total;
-    }
-    for (int i = 0; i < n; ++i) on_completion(s, wc[i]);
-    total += n;
-    if (n < 32) break;
-  }
-  // What the callbacks posted goes out now, one list per connection.
-  posts_flush(s->loop);
-  return total;
-}
-
-void on_cq_ready(void *cq_user, void *) { poll_cq_ready(static_cast<Socket *>(cq_user)); }
 
 void cancel_sends(Socket *s) {
   for (auto *list : {&s->flight, &s->queue}) {

@@ -11,6 +11,7 @@
 //                      memory.cpp    registered pools, owned by a device, lent to connections
 //                      region.cpp    application memory regions, their registrations and grants
 //                      rdma.cpp      one-sided operations: checks, posting, completions
+//                      cq.cpp        a device's completion queue, shared by its connections
 //                      poll.cpp      busy polling of completion queues from the loop
 //                      setup.cpp     listen / connect / accept / reject, the connection's queues
 //                      cm.cpp        connection-manager events and the hello
@@ -84,9 +85,14 @@ double timers_next(Loop *loop);
 
 // --- device.cpp ------------------------------------------------------------------------------
 
+// A completion queue of a device's connections on one loop (cq.cpp).
+struct DevCq {
+  tp::Cq *cq;
+  uint32_t size, need;  // completions it holds; its connections' work requests together
+  ListNode node;
+};
 // An RDMA device as one loop uses it. Every connection on it and every pool registered on it
-// holds a reference; at zero the device is released (from the loop), so a removed device is not
-// held by an idle program.
+// holds a reference; at zero the device is released (from the loop): an idle program holds none.
 struct Device {
   Loop *loop;
   tp::DeviceKey key;
@@ -96,17 +102,20 @@ struct Device {
   bool removed;                         // the device went away (a CM event said so)
   ListNode node;                        // in the loop's devices
   List<Pool, &Pool::dev_node> pools;    // registered on this device
+  List<DevCq, &DevCq::node> cqs;  // shared by its connections; another when they are full
+  int polling;  // its connections with poll_active: the CQs are polled, not armed
+  bool rearm;   // polling stopped outside the poller: arm and drain from the loop
 };
 Device *device_get(Loop *loop, tp::DeviceKey key, int *err);  // takes a reference
 void device_put(Device *dev);
-// Releases the devices no one references any more (called from the loop).
+// Releases the devices no one references any more (from the loop).
 void devices_collect(Loop *loop);
-// Stops the rescans that follow the release of a removed device (the loop goes away).
+// Stops the rescans that follow a removed device's release (the loop goes away).
 void devices_stop_rescans(Loop *loop);
 
 // --- memory.cpp ------------------------------------------------------------------------------
 
-// A pool of count slots of slot_size bytes, registered on dev for local access, lent to user.
+// count slots of slot_size bytes, registered on dev for local access, lent to user.
 Pool *pool_acquire(Device *dev, Socket *user, bool recv, uint32_t count, size_t slot_size, int *err);
 // The user closed: slots it still posted are free again; the pool goes once no slot is out.
 void pool_disown(Pool *p);
@@ -179,7 +188,9 @@ struct ibmsg__socket {
 
   // connection
   ibmsg::Device *dev = nullptr;
-  ibmsg::tp::Cq *cq = nullptr;
+  ibmsg::DevCq *devcq = nullptr;  // its device's CQ, from conn_open to conn_release,
+  ibmsg::tp::Cq *cq = nullptr;    // and its share of it
+  uint32_t cq_need = 0;
   bool has_qp = false;
   ibmsg::Pool *send_pool = nullptr;
   ibmsg::Pool *recv_pool = nullptr;
@@ -209,7 +220,6 @@ struct ibmsg__socket {
   uint64_t poll_last_ns = 0;  // the connection's last activity
 
   ibmsg::ListNode post_node;  // in the loop's list of sockets with posts not yet flushed
-
   // closing
   int close_reason = IBMSG_OK;
   ibmsg::ListNode close_node;  // in the loop's list of sockets due for teardown
@@ -247,8 +257,7 @@ struct ibmsg_options {
   ibmsg::Options opts;
 };
 
-// The private part of ibmsg_connection_request: lives on the stack while the
-// connection_request callback runs.
+// The private part of ibmsg_connection_request: on the stack while connection_request runs.
 struct ibmsg__request {
   ibmsg::tp::CmId *id;
   ibmsg::wire::Hello hello;
@@ -258,7 +267,6 @@ struct ibmsg__request {
 namespace ibmsg {
 
 void posts_flush(Loop *loop);  // datapath.cpp
-
 // Held while a watcher callback runs: the loop's API refuses to re-enter (IBMSG_EBUSY). What the
 // callbacks posted goes to the QPs when it ends, if not before (posts_flush).
 struct LoopEntered {
@@ -288,14 +296,14 @@ int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short
                    const Options *opts);
 int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts);
 int socket_reject(ibmsg_connection_request *req, const char *reason);
-// Whether pub is the struct of a socket that is open (not yet closed) on any loop.
-bool socket_is_open(const ibmsg_socket *pub);
+bool socket_is_open(const ibmsg_socket *pub);  // of an open socket (not yet closed), any loop
 void socket_unregister(Socket *s);  // it closed
 // Creates the CQ, the QP, the pools and posts every receive buffer (s->dev, s->opts set).
 int conn_open(Socket *s);
-// Destroys the QP and the CQ and gives the pools back (they go once the application returned
-// every buffer).
-void conn_release(Socket *s);
+// Destroys the QP, leaves its CQ, gives the pools back (they go once the application returned
+// every buffer). With drain (teardown) it polls the CQs after the QP is gone: Soft-RoCE leaves
+// the QP's completions there, and they name this socket's memory.
+void conn_release(Socket *s, bool drain = false);
 wire::Hello my_hello(const Socket *s);
 // The hello (encoded into hello) and the transport settings for connect and accept.
 void fill_conn_param(const Socket *s, tp::ConnParam *p, uint8_t *hello);
@@ -314,30 +322,30 @@ void reject_id(tp::CmId *id, const char *text);
 // The connection is up (CM event, or data that overtook it): connection_established.
 void establish(Socket *s);
 
+// --- cq.cpp ---
+// A CQ of the device with room for need more completions (grown, or a new one).
+DevCq *device_cq_reserve(Device *dev, uint32_t need, int *err);
+void device_cqs_destroy(Device *dev);
+// Polls the device's CQs empty, each completion to its connection (callbacks: loop context only).
+int drain_device(Device *dev);
+void device_cq_failed(Device *dev, int reason);  // closes the connections on its CQ
+void on_cq_ready(void *cq_user, void *arg);      // for tp::device_take_events
+
 // --- datapath.cpp ---
-void on_cq_ready(void *cq_user, void *arg);  // for tp::device_take_events
-int drain_cq(Socket *s);  // returns the number of completions handled
-// Completions of the flight and queue lists with IBMSG_ECANCELED (closing).
-void cancel_sends(Socket *s);
+void on_completion(Socket *s, const tp::Completion &wc);
+void cancel_sends(Socket *s);  // the flight and queue lists complete with ECANCELED (closing)
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
 int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm);
 int msg_free(ibmsg_buffer *msg);
 
-// Batching: a work request queued on s's QP (tp::post_recv, or with send_queue
-// tp::post_send_imm, tp::post_rdma) goes to the device at once when the application posted it
-// outside the loop's callbacks, or when it is for the send queue and nothing is in flight there;
-// otherwise it waits on the loop's unflushed list until the callbacks of this round are done: the
-// end of a CQ drain or of the watcher callback (LoopEntered), so that what one round posts on a
-// busy connection is one post list. Returns the error of an immediate flush (the caller closes
-// the connection).
+// Batching: a work request just queued on s's QP goes to the device at once outside callbacks,
+// or to an idle send queue (send_queue, nothing in flight); else at the end of the round (CQ drain
+// or watcher callback): one list per busy connection. Returns an immediate flush's error.
 int posted(Socket *s, bool send_queue);
 
-// Hands the queue's head to the QP while it can go (credits, room in flight); a refusal closes.
-void flush_sends(Socket *s);
-// Whether the head of the send queue could go now.
-bool work_can_go(const Socket *s, const Work *w);
-// A credit-only message if credits are owed and nothing else carries them.
-void maybe_send_ctrl(Socket *s);
+void flush_sends(Socket *s);  // the queue's head to the QP while it can go; a refusal closes
+bool work_can_go(const Socket *s, const Work *w);  // whether the queue's head could go now
+void maybe_send_ctrl(Socket *s);  // a credit-only message, if owed and nothing carries them
 
 // --- region.cpp ---
 using Region = ::ibmsg__region;
@@ -345,7 +353,7 @@ int region_register(Loop *loop, ibmsg_region *pub, void *addr, size_t len, unsig
                     bool allocate);
 int region_deregister(Region *r);
 Region *region_of(const ibmsg_region *pub);  // validated impl or nullptr
-// The registration of r on dev (made now if r has none there yet).
+// The registration of r on dev (made now if none yet).
 tp::Mr *region_mr(Region *r, Device *dev, int *err);
 int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned access,
                       ibmsg_descriptor *out);
@@ -368,17 +376,16 @@ void op_cancel(Socket *s, Op *op);   // ECANCELED (teardown)
 
 // --- poll.cpp ---
 void poll_init(Loop *loop);
-// Activity on s: with IBMSG_OPT_BUSY_POLL, its CQ is polled from the loop (not armed) until it
-// has been quiet for the option's time.
+// Activity on s: with IBMSG_OPT_BUSY_POLL, its CQ is polled (not armed) until quiet long enough.
 void poll_touch(Socket *s);
-// The CQ signalled (device_take_events): poll it, or arm it and poll it once more.
-void poll_cq_ready(Socket *s);
-void poll_stop(Socket *s);  // the connection releases its CQ
+// A CQ of the device signalled: poll them, then arm them unless a connection on it polls.
+void poll_cq_ready(Device *dev);
+void poll_stop(Socket *s);       // the connection releases its CQ
+void poll_rearm(Device *dev);    // polling on dev stopped: arm its CQ, poll it once more
 
 // --- close.cpp ---
-// The one close path, for every cause: records the first reason, moves the socket to Closing
-// and queues its teardown, which runs from the loop (never inside an API call or a handler).
-// A socket already closing keeps its first reason.
+// The one close path, for every cause: records the first reason (a socket already closing keeps
+// it), moves the socket to Closing and queues its teardown, which runs from the loop.
 void socket_close(Socket *s, int reason);
 // Runs due teardowns: releases everything and calls each closed callback.
 void run_teardowns(Loop *loop);

@@ -25,6 +25,8 @@ void on_idle(struct ev_loop *ev, ev_idle *w, int) {
   Loop *loop = static_cast<Loop *>(w->data);
   LoopEntered entered(loop);
   run_teardowns(loop);
+  for (Device *d = loop->devices.front(); d; d = loop->devices.next(d))
+    if (d->rearm) poll_rearm(d);
   devices_collect(loop);
   if (loop->closing.empty() && !loop->devices_dirty) ev_idle_stop(ev, w);
 }
@@ -129,6 +131,8 @@ int loop_fd(Loop *loop) {
 
 int loop_timeout_ms(Loop *loop) {
   if (!loop->closing.empty() || loop->devices_dirty || loop->polling > 0) return 0;
+  for (Device *d = loop->devices.front(); d; d = loop->devices.next(d))
+    if (d->rearm) return 0;  // a CQ to arm and poll (poll_rearm)
   double next = timers_next(loop);
   if (next < 0) return -1;
   return int(next * 1000) + 1;

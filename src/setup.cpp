@@ -174,8 +174,12 @@ int conn_open(Socket *s) {
       recv_slots + send_wrs > info.max_cqe)
     return IBMSG_EINVAL;
   int err = s->opts.rdma ? ops_open(s) : IBMSG_OK;
-  if (!err) err = tp::cq_create(s->dev->tp, recv_slots + send_wrs, s, &s->cq);
+  if (!err) s->devcq = device_cq_reserve(s->dev, recv_slots + send_wrs, &err);
   if (err) return err;
+  s->cq = s->devcq->cq;
+  s->cq_need = recv_slots + send_wrs;
+  s->devcq->need += s->cq_need;
+  s->ctrl_wr.owner = s;
   // Small messages go inline (no DMA read of the payload) where the device offers it.
   tp::QpCaps caps{send_wrs, recv_slots, 256};
   err = tp::qp_create(s->id, s->dev->tp, s->cq, &caps);
@@ -198,13 +202,20 @@ int conn_open(Socket *s) {
   return err;
 }
 
-void conn_release(Socket *s) {
+void conn_release(Socket *s, bool drain) {
   poll_stop(s);
   s->loop->unflushed.remove(s);  // the QP drops what it holds: the teardown cancels it
   if (s->has_qp) tp::qp_destroy(s->id);
   s->has_qp = false;
-  if (s->cq) tp::cq_destroy(s->cq);
+  if (s->cq) {
+    // Completions of the QP that are still in the shared CQ name this socket's slots and
+    // operations: they are handed out now, while the socket and its pools are still there.
+    if (drain) drain_device(s->dev);
+    s->devcq->need -= s->cq_need;
+    s->cq_need = 0;
+  }
   s->cq = nullptr;
+  s->devcq = nullptr;
   pool_disown(s->send_pool);
   pool_disown(s->recv_pool);
   s->send_pool = s->recv_pool = nullptr;

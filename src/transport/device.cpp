@@ -119,6 +119,10 @@ int cq_create(Device *d, uint32_t depth, void *user, Cq **out) {
   return IBMSG_OK;
 }
 
+int cq_resize(Cq *c, uint32_t depth) {
+  return ibv_resize_cq(c->cq, int(depth)) ? from_errno(errno) : IBMSG_OK;
+}
+
 int cq_arm(Cq *c) { return ibv_req_notify_cq(c->cq, 0) ? IBMSG_EIO : IBMSG_OK; }
 
 void cq_destroy(Cq *c) {

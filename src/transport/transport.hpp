@@ -93,6 +93,8 @@ struct Cq;
 // An armed CQ with room for depth completions; user comes back from device_take_events().
 int cq_create(Device *dev, uint32_t depth, void *user, Cq **out);
 void cq_destroy(Cq *cq);
+// Room for depth completions (more than it has); on failure it is as before.
+int cq_resize(Cq *cq, uint32_t depth);
 // Asks for one completion-channel event at the next completion.
 int cq_arm(Cq *cq);
 // Up to max completions; returns their number, or a negative value on a device error.

@@ -87,6 +87,8 @@ struct Stats {
   unsigned long cq_signals;  // completions that signalled their device's fd (the CQ was armed)
   unsigned long post_lists;  // send-queue lists posted by post_flush (doorbells)
   unsigned long recv_lists;  // receive lists posted by post_flush
+  unsigned long cq_resizes;   // successful cq_resize calls
+  unsigned long orphan_cqes;  // completions polled after their QP was destroyed
   unsigned long send_cqes;   // send-queue completions (unsignaled successes make none)
   // The RDMA read/atomic resources of the core's last cm_connect and cm_accept (-1: none yet);
   // for the accept, what they resolve to (tp::kMaxRdAtomic: what the request asked for, at most
@@ -101,6 +103,8 @@ void set_iwarp(bool iwarp);
 
 // Whether devices opened from now on offer atomics (default yes; reset() restores it).
 void set_atomics(bool atomics);
+// The largest CQ of devices opened from now on (default 4194303; reset() restores it).
+void set_max_cqe(uint32_t max_cqe);
 
 // One work request the core posted to a send queue (raw peers' posts are not recorded), in
 // posting order: the local port of its CM id (an accepted connection's is its listener's), what

@@ -166,6 +166,7 @@ struct Fabric {
   unsigned short delay_port = 0;  // 0: every QP
   bool removed = false;
   bool atomics = true;                // devices opened from now on offer atomics
+  uint32_t max_cqe = 4194303;         // ... and CQs that large
   std::vector<CmId *> ids;  // every id (for device removal)
   std::map<unsigned short, CmId *> ports;
   std::vector<Qp *> qps;
@@ -549,8 +550,10 @@ int post_send(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *m
 
 void destroy_qp(Qp *q) {
   Cq *c = q->cq;
-  c->q.erase(std::remove_if(c->q.begin(), c->q.end(), [q](const Cqe &e) { return e.qp == q; }),
-             c->q.end());
+  // As on Soft-RoCE, the QP's completions stay in the CQ (a device like mlx5 removes them): the
+  // core must poll them before it frees what their contexts name.
+  for (Cqe &e : c->q)
+    if (e.qp == q) e.qp = nullptr;
   --c->qps;
   g.qps.erase(std::remove(g.qps.begin(), g.qps.end(), q), g.qps.end());
   --g.counts.qps;
@@ -571,7 +574,7 @@ int device_open(DeviceKey key, Device **out) {
   snprintf(d->info.name, sizeof d->info.name, "fake0");
   d->info.iwarp = g.iwarp;
   d->info.max_qp_wr = 16384;
-  d->info.max_cqe = 4194303;
+  d->info.max_cqe = g.max_cqe;
   d->info.max_rd_atom = kMaxRdAtom;
   d->info.max_init_rd_atom = kMaxRdAtom;
   d->info.atomics = g.atomics;
@@ -634,6 +637,14 @@ int cq_create(Device *d, uint32_t depth, void *user, Cq **out) {
   return IBMSG_OK;
 }
 
+int cq_resize(Cq *c, uint32_t depth) {
+  if (depth == 0 || depth > c->dev->info.max_cqe) return IBMSG_EINVAL;
+  if (depth < c->q.size()) misuse("cq_resize below the %zu completions it holds", c->q.size());
+  ++g.stats.cq_resizes;
+  c->depth = depth;
+  return IBMSG_OK;
+}
+
 void cq_destroy(Cq *c) {
   if (c->qps) misuse("cq_destroy while %d QPs use the CQ", c->qps);
   Device *d = c->dev;
@@ -657,8 +668,13 @@ int cq_poll(Cq *c, Completion *out, int max) {
   while (n < max && !c->q.empty()) {
     Cqe e = c->q.front();
     c->q.pop_front();
-    if (e.send) e.qp->send_unpolled -= e.retire;
-    else --e.qp->recv_unpolled;
+    if (!e.qp) {
+      ++g.stats.orphan_cqes;
+    } else if (e.send) {
+      e.qp->send_unpolled -= e.retire;
+    } else {
+      --e.qp->recv_unpolled;
+    }
     out[n++] = e.wc;
   }
   return n;
@@ -1178,6 +1194,7 @@ void reset() {
   tp::g.delay_port = 0;
   tp::g.removed = false;
   tp::g.atomics = true;
+  tp::g.max_cqe = 4194303;
   tp::g.ids.clear();
   tp::g.rkeys.clear();
   tp::g.posts.clear();
@@ -1214,6 +1231,7 @@ const Stats &stats() { return tp::g.stats; }
 void set_iwarp(bool iwarp) { tp::g.iwarp = iwarp; }
 
 void set_atomics(bool atomics) { tp::g.atomics = atomics; }
+void set_max_cqe(uint32_t max_cqe) { tp::g.max_cqe = max_cqe; }
 
 const std::vector<Post> &posts() { return tp::g.posts; }
 
