@@ -29,6 +29,7 @@ DevCq *device_cq_reserve(Device *dev, uint32_t need, int *err) {
   const uint32_t max = tp::device_info(dev->tp).max_cqe;
   *err = IBMSG_OK;
   for (DevCq *q = dev->cqs.front(); q; q = dev->cqs.next(q)) {
+    if (q->dead) continue;
     const uint64_t want = uint64_t(q->need) + need;
     if (want <= q->size) return q;
     if (want > max) continue;
@@ -75,9 +76,10 @@ int drain_device(Device *dev) {
   tp::Completion wc[32];
   int total = 0;
   for (DevCq *q = dev->cqs.front(); q; q = dev->cqs.next(q)) {
-    for (;;) {
+    while (!q->dead) {
       int n = tp::cq_poll(q->cq, wc, 32);
       if (n < 0) {
+        q->dead = true;
         device_cq_failed(dev, IBMSG_EIO);
         break;
       }
@@ -98,6 +100,26 @@ int drain_device(Device *dev) {
   return total;
 }
 
+void devices_unpark(Loop *loop) {
+  for (Device *d = loop->devices.front(); d; d = loop->devices.next(d)) {
+    if (d->parked == 0) continue;
+    drain_device(d);
+    Pool *p = d->pools.front();
+    while (p) {
+      Pool *next = d->pools.next(p);  // releasing p may release the device: not before the end
+      if (p->parked_cq) {
+        p->parked_cq->need -= p->parked_need;
+        p->parked_cq = nullptr;
+        --d->parked;
+        --p->out;
+        pool_maybe_release(p);
+      }
+      p = next;
+    }
+  }
+}
+
+// Marks nothing itself: the caller marks the CQ that failed dead first.
 void device_cq_failed(Device *dev, int reason) {
   for (Socket *s = dev->loop->sockets.front(); s; s = dev->loop->sockets.next(s))
     if (s->dev == dev && s->cq) socket_close(s, reason);

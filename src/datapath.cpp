@@ -125,13 +125,13 @@ int wc_error(tp::WcStatus st) {
 }
 
 void on_send_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
-  if (wc.status == tp::WcStatus::Ok) {
-    // Only the last message of a post list is signaled: the ones before it are delivered too.
-    while (Work *w = s->flight.front()) {
-      if (w == &slot->work || w->wr.op != tp::Op::Send) break;
-      s->flight.remove(w);
-      notify_sent(s, static_cast<Slot *>(w->wr.owner), IBMSG_OK);
-    }
+  // Only the last message of a post list is signaled. Whatever this completion says, the sends
+  // before it are done, and those still in flight succeeded: a failed or flushed one completes
+  // on its own, signaled or not, before this one.
+  while (Work *w = s->flight.front()) {
+    if (w == &slot->work || w->wr.op != tp::Op::Send) break;
+    s->flight.remove(w);
+    notify_sent(s, static_cast<Slot *>(w->wr.owner), IBMSG_OK);
   }
   s->flight.remove(&slot->work);
   if (wc.status == tp::WcStatus::Ok) {

@@ -85,10 +85,10 @@ double timers_next(Loop *loop);
 
 // --- device.cpp ------------------------------------------------------------------------------
 
-// A completion queue of a device's connections on one loop (cq.cpp).
-struct DevCq {
+struct DevCq {  // a completion queue of a device's connections on one loop (cq.cpp)
   tp::Cq *cq;
   uint32_t size, need;  // completions it holds; its connections' work requests together
+  bool dead;            // a poll or an arm failed: not polled, armed or joined again
   ListNode node;
 };
 // An RDMA device as one loop uses it. Every connection on it and every pool registered on it
@@ -105,14 +105,12 @@ struct Device {
   List<DevCq, &DevCq::node> cqs;  // shared by its connections; another when they are full
   int polling;  // its connections with poll_active: the CQs are polled, not armed
   bool rearm;   // polling stopped outside the poller: arm and drain from the loop
+  int parked;   // its pools in Pool::parked_cq: released after the loop polled the CQs
 };
 Device *device_get(Loop *loop, tp::DeviceKey key, int *err);  // takes a reference
 void device_put(Device *dev);
-// Releases the devices no one references any more (from the loop).
-void devices_collect(Loop *loop);
-// Stops the rescans that follow a removed device's release (the loop goes away).
-void devices_stop_rescans(Loop *loop);
-
+void devices_collect(Loop *loop);  // releases the devices no one references (from the loop)
+void devices_stop_rescans(Loop *loop);  // after a removed device's release (the loop goes)
 // --- memory.cpp ------------------------------------------------------------------------------
 
 // count slots of slot_size bytes, registered on dev for local access, lent to user.
@@ -298,12 +296,13 @@ int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Option
 int socket_reject(ibmsg_connection_request *req, const char *reason);
 bool socket_is_open(const ibmsg_socket *pub);  // of an open socket (not yet closed), any loop
 void socket_unregister(Socket *s);  // it closed
-// Creates the CQ, the QP, the pools and posts every receive buffer (s->dev, s->opts set).
+// Joins a CQ, creates the QP and the pools, posts every receive buffer (s->dev, s->opts set).
 int conn_open(Socket *s);
 // Destroys the QP, leaves its CQ, gives the pools back (they go once the application returned
-// every buffer). With drain (teardown) it polls the CQs after the QP is gone: Soft-RoCE leaves
-// the QP's completions there, and they name this socket's memory.
-void conn_release(Socket *s, bool drain = false);
+// every buffer). Soft-RoCE leaves the QP's completions in the CQ, naming this socket's memory:
+// with drain (teardown) it polls the CQs now; with park (a failed accept: an API call, so no
+// callbacks) the receive pool waits for the loop's poll.
+void conn_release(Socket *s, bool drain = false, bool park = false);
 wire::Hello my_hello(const Socket *s);
 // The hello (encoded into hello) and the transport settings for connect and accept.
 void fill_conn_param(const Socket *s, tp::ConnParam *p, uint8_t *hello);
@@ -326,6 +325,7 @@ void establish(Socket *s);
 // A CQ of the device with room for need more completions (grown, or a new one).
 DevCq *device_cq_reserve(Device *dev, uint32_t need, int *err);
 void device_cqs_destroy(Device *dev);
+void devices_unpark(Loop *loop);  // polls the CQs of parked pools, then lets the pools go
 // Polls the device's CQs empty, each completion to its connection (callbacks: loop context only).
 int drain_device(Device *dev);
 void device_cq_failed(Device *dev, int reason);  // closes the connections on its CQ

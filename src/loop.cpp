@@ -27,6 +27,7 @@ void on_idle(struct ev_loop *ev, ev_idle *w, int) {
   run_teardowns(loop);
   for (Device *d = loop->devices.front(); d; d = loop->devices.next(d))
     if (d->rearm) poll_rearm(d);
+  devices_unpark(loop);
   devices_collect(loop);
   if (loop->closing.empty() && !loop->devices_dirty) ev_idle_stop(ev, w);
 }
@@ -132,7 +133,7 @@ int loop_fd(Loop *loop) {
 int loop_timeout_ms(Loop *loop) {
   if (!loop->closing.empty() || loop->devices_dirty || loop->polling > 0) return 0;
   for (Device *d = loop->devices.front(); d; d = loop->devices.next(d))
-    if (d->rearm) return 0;  // a CQ to arm and poll (poll_rearm)
+    if (d->rearm || d->parked) return 0;  // CQs to arm or poll (poll_rearm, devices_unpark)
   double next = timers_next(loop);
   if (next < 0) return -1;
   return int(next * 1000) + 1;

@@ -102,7 +102,9 @@ void poll_rearm(Device *dev) {
   dev->rearm = false;
   if (dev->polling > 0) return;
   for (DevCq *q = dev->cqs.front(); q; q = dev->cqs.next(q)) {
+    if (q->dead) continue;
     if (tp::cq_arm(q->cq)) {
+      q->dead = true;  // it would never signal: no connection joins it again
       device_cq_failed(dev, IBMSG_EIO);
       return;
     }

@@ -19,6 +19,7 @@ using Socket = ::ibmsg__socket;
 using Slot = ::ibmsg__slot;
 struct Pool;
 struct Device;
+struct DevCq;
 
 enum class SlotState : uint8_t {
   Free,      // send: in the pool;            recv: not posted (connection closing)
@@ -70,6 +71,10 @@ struct Pool {
   tp::Mr *mr;
   Socket *user;        // the connection that uses it; nullptr once it closed
   ListNode dev_node;   // in the device's list of pools
+  // A failed accept's receive pool, whose flushed receives may still be in a CQ: held (one slot
+  // counted out) with the connection's share of that CQ until the loop has polled it.
+  DevCq *parked_cq;
+  uint32_t parked_need;
 };
 
 // nullptr on allocation failure. Memory is page-aligned; slots are slot_size apart (rounded up to

@@ -202,7 +202,7 @@ int conn_open(Socket *s) {
   return err;
 }
 
-void conn_release(Socket *s, bool drain) {
+void conn_release(Socket *s, bool drain, bool park) {
   poll_stop(s);
   s->loop->unflushed.remove(s);  // the QP drops what it holds: the teardown cancels it
   if (s->has_qp) tp::qp_destroy(s->id);
@@ -211,7 +211,16 @@ void conn_release(Socket *s, bool drain) {
     // Completions of the QP that are still in the shared CQ name this socket's slots and
     // operations: they are handed out now, while the socket and its pools are still there.
     if (drain) drain_device(s->dev);
-    s->devcq->need -= s->cq_need;
+    if (park && s->recv_pool) {
+      Pool *p = s->recv_pool;
+      p->parked_cq = s->devcq;
+      p->parked_need = s->cq_need;
+      ++p->out;  // pool_disown keeps it
+      ++s->dev->parked;
+      loop_kick(s->loop);
+    } else {
+      s->devcq->need -= s->cq_need;
+    }
     s->cq_need = 0;
   }
   s->cq = nullptr;
@@ -295,7 +304,8 @@ int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Option
     err = tp::cm_accept(s->id, param);
     if (err) {
       // The peer went away during the handshake (its request is void), or the device failed.
-      conn_release(s);
+      // librdmacm moved the QP to the error state: its receives complete as flushed.
+      conn_release(s, false, true);
     }
   }
   if (err) {

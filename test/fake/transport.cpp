@@ -929,7 +929,10 @@ int cm_connect(CmId *id, const ConnParam &p) {
 }
 
 int cm_accept(CmId *id, const ConnParam &p) {
-  if (int err = injected(fake::Call::CmAccept)) return err;
+  if (int err = injected(fake::Call::CmAccept)) {
+    if (id->qp) qp_error(id->qp);  // as librdmacm: its receives complete as flushed
+    return err;
+  }
   if (id->state != IdState::ReqRcvd) {
     misuse("cm_accept on an id that is no undecided request");
     return IBMSG_EINVAL;
@@ -952,7 +955,10 @@ int cm_accept(CmId *id, const ConnParam &p) {
     g.stats.accept_initiator_depth = int(idepth);
   }
   CmId *c = id->remote;
-  if (!c || c->state != IdState::Connecting) return IBMSG_ECONNRESET;  // the peer gave up
+  if (!c || c->state != IdState::Connecting) {  // the peer gave up
+    if (id->qp) qp_error(id->qp);
+    return IBMSG_ECONNRESET;
+  }
   id->state = c->state = IdState::Connected;
   if (id->qp) id->qp->rts = true;
   if (c->qp) c->qp->rts = true;

@@ -109,6 +109,7 @@ struct H {
   std::vector<Conn *> accepted;
   unsigned long transitions_before = 0;         // ibmsg::invalid_transitions() at the start
   int inner_dispatch = -1, inner_destroy = -1;  // loop calls made from inside a callback
+  unsigned long length_errors_expected = 0;     // a test that makes a peer lie about its buffers
   std::vector<Conn *> up, open, holding;        // random_traffic's (here: a failure leaks nothing)
 };
 
@@ -430,8 +431,9 @@ int teardown(void **state) {
     complain(&errs, "%lu misuses of the transport, the first: %s", st.misuses,
              st.first_misuse.c_str());
   if (st.rnr_errors) complain(&errs, "%lu sends found no posted receive (RNR)", st.rnr_errors);
-  if (st.length_errors)
-    complain(&errs, "%lu sends were longer than the receive buffer", st.length_errors);
+  if (st.length_errors != h->length_errors_expected)
+    complain(&errs, "%lu sends were longer than the receive buffer (%lu expected)",
+             st.length_errors, h->length_errors_expected);
   // The count is the process's: this test's share is what it added.
   if (unsigned long n = ibmsg::invalid_transitions() - h->transitions_before)
     complain(&errs, "%lu invalid state transitions (IBMSG_DEBUG=1 names them)", n);
@@ -1323,6 +1325,29 @@ void connections_beyond_the_largest_cq_get_another_cq(void **state) {
   RUN_UNTIL(h, q.c->received == 1 && q.a->sent_ok == 1);
 }
 
+// A CQ that failed to arm would never wake the loop: its connections close with IBMSG_EIO, and a
+// connection made while the device is still held (here by a message the application keeps) gets
+// another CQ instead of joining the dead one.
+void failed_arm_retires_the_cq_and_new_connections_get_another(void **state) {
+  H *h = h_of(state);
+  h->hold_accepted = true;
+  Pair p = connected(h);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->held.size() == 1);
+  fake::fail_call(fake::Call::CqArm, IBMSG_EIO);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  expect_code(p.c->close_reason, IBMSG_EIO);
+  expect_code(p.a->close_reason, IBMSG_EIO);
+  h->hold_accepted = false;
+  Pair q = connected(h);
+  assert_int_equal(fake::open_objects().cqs, 2);
+  expect_code(send_msg(*q.c, 16), IBMSG_OK);
+  expect_code(send_msg(*q.a, 16), IBMSG_OK);
+  RUN_UNTIL(h, q.a->received == 1 && q.c->received == 1);
+  free_held(*p.a);
+}
+
 // Soft-RoCE leaves a destroyed QP's completions in the shared CQ (the fake does too): the
 // teardown polls them while the socket's memory is still there, so none is left behind.
 void completions_left_by_a_destroyed_qp_are_polled_in_its_teardown(void **state) {
@@ -1459,6 +1484,47 @@ void failed_cm_accept_rejects_the_peer(void **state) {
   RUN_UNTIL(h, c.closed);
   expect_code(h->accept_rc, IBMSG_ECONNRESET);
   expect_code(c.close_reason, IBMSG_EREJECTED);
+}
+
+// Only the last message of a post list is signaled. When it fails, the unsignaled ones before it
+// that made it are still confirmed, first and in order: here the peer lied about its buffer size,
+// so the list's second message fails at the device after the first was delivered.
+void failing_last_message_of_a_list_confirms_the_ones_before_it(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8, 4, 65536));  // its buffers take 4096 bytes
+  h->length_errors_expected = 1;
+  Pair other = connected(h);
+  Conn *a = p.a;
+  other.c->when_closed = [a] {
+    expect_code(send_msg(*a, 16), IBMSG_OK);    // nothing in flight: goes at once
+    expect_code(send_msg(*a, 16), IBMSG_OK);    // these two: one list,
+    expect_code(send_msg(*a, 8192), IBMSG_OK);  // this one signaled
+  };
+  expect_code(ibmsg_disconnect(&other.c->s), IBMSG_OK);
+  RUN_UNTIL(h, a->closed);
+  expect_code(a->close_reason, IBMSG_EIO);
+  assert_int_equal(a->sent_ok, 2);
+  assert_int_equal(a->sent_other, 1);  // IBMSG_EIO
+  assert_int_equal(a->sent_canceled, 0);
+  assert_int_equal(p.r->received.size(), 2);
+}
+
+// A failed accept leaves its flushed receives in the device's CQ (librdmacm moves the QP to the
+// error state): their pool stays until the loop has polled them, then goes; connections on the
+// same CQ are not disturbed.
+void failed_accept_keeps_its_receive_pool_until_the_cq_is_polled(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  const unsigned long mrs = fake::open_objects().mrs, orphans = fake::stats().orphan_cqes;
+  fake::fail_call(fake::Call::CmAccept, IBMSG_ECONNRESET);
+  Conn &c = client(h, port_of(*p.l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(h->accept_rc, IBMSG_ECONNRESET);
+  settle(h);
+  assert_true(fake::stats().orphan_cqes > orphans);  // polled by the loop, after the accept
+  assert_int_equal(fake::open_objects().mrs, mrs);   // every pool of the failed accept went
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1 && p.c->sent_ok == 1);
 }
 
 void closing_the_listener_keeps_accepted_connections(void **state) {
@@ -1933,6 +1999,7 @@ int main(void) {
       T(connections_share_one_cq_that_grows_with_them),
       T(connections_beyond_the_largest_cq_get_another_cq),
       T(completions_left_by_a_destroyed_qp_are_polled_in_its_teardown),
+      T(failed_arm_retires_the_cq_and_new_connections_get_another),
       T(failed_receive_post_during_setup_closes_the_connect),
       T(failed_registration_on_accept_rejects_the_peer),
       T(failed_qp_create_closes_the_connect_with_its_error),
@@ -1946,6 +2013,8 @@ int main(void) {
       T(device_removed_while_its_sockets_close_is_still_rescanned),
       T(accept_when_the_peer_went_away_returns_econnreset),
       T(failed_cm_accept_rejects_the_peer),
+      T(failed_accept_keeps_its_receive_pool_until_the_cq_is_polled),
+      T(failing_last_message_of_a_list_confirms_the_ones_before_it),
       T(closing_the_listener_keeps_accepted_connections),
       T(closed_listener_refuses_new_connections),
       T(closing_the_listener_with_a_request_pending_rejects_it),
