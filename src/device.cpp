@@ -8,12 +8,14 @@
 namespace ibmsg {
 namespace {
 
-// A completion-channel event: the transport reads and acks it, the core polls that CQ, arming it
-// first unless the connection busy-polls (poll.cpp), so nothing that completes in between is
-// missed.
+// A completion-channel event. The device's CQs are polled first, so that what woke the loop is
+// handed out (and a reply posted) before the system call that reads the event; then the
+// transport reads and acks it, and the core arms the CQ and polls it once more, unless a
+// connection busy-polls (poll.cpp), so nothing that completes in between is missed.
 void on_channel_readable(struct ev_loop *, ev_io *w, int) {
   Device *dev = static_cast<Device *>(w->data);
   LoopEntered entered(dev->loop);
+  drain_device(dev);
   tp::device_take_events(dev->tp, on_cq_ready, nullptr);
 }
 

@@ -82,9 +82,9 @@ void poll_touch(Socket *s) {
 }
 
 void poll_cq_ready(Device *dev) {
-  // The CQ is polled first: a busy-polling connection it wakes takes it over without arming it.
-  // Otherwise it is armed and polled once more, for what completed in between.
-  drain_device(dev);
+  // The caller polled the CQ just before reading the event: a busy-polling connection it woke
+  // takes the CQ over without arming it. Otherwise it is armed and polled once more, for what
+  // completed since.
   if (dev->polling == 0) poll_rearm(dev);
 }
 

@@ -155,6 +155,7 @@ void fail_call(Call call, int code, unsigned skip = 0);
 struct CqInfo {
   bool armed;
   unsigned long arms, signals;
+  unsigned long taken;  // signals whose event device_take_events has read
 };
 CqInfo cq_info(const tp::Cq *cq);
 

@@ -53,6 +53,7 @@ struct Cq {
   int qps = 0;
   unsigned long arms = 0;     // successful cq_arm calls
   unsigned long signals = 0;  // completions that signalled the device
+  unsigned long taken = 0;    // its events read by device_take_events
 };
 
 constexpr uint32_t kMrMagic = 0x4d52f4e3;
@@ -598,7 +599,10 @@ void device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void
   fd_drain(d->fd);
   std::vector<Cq *> list;
   list.swap(d->signalled);
-  for (Cq *c : list) c->signalled = false;  // the core re-arms with cq_arm
+  for (Cq *c : list) {
+    c->signalled = false;  // the core re-arms with cq_arm
+    ++c->taken;
+  }
   d->taking = &list;
   for (size_t i = 0; i < list.size(); ++i)
     if (list[i]) ready(list[i]->user, arg);
@@ -1265,8 +1269,8 @@ void fail_call(Call call, int code, unsigned skip) {
 }
 
 CqInfo cq_info(const tp::Cq *cq) {
-  if (!cq) return CqInfo{false, 0, 0};
-  return CqInfo{cq->armed, cq->arms, cq->signals};
+  if (!cq) return CqInfo{false, 0, 0, 0};
+  return CqInfo{cq->armed, cq->arms, cq->signals, cq->taken};
 }
 
 void before_cq_arm(const tp::Cq *cq, std::function<void()> fn) {

@@ -2,7 +2,7 @@
 // (test/fake), through the public C API: a polling connection's CQ stays unarmed and its
 // completions never signal the device's fd; an adaptive one polls through a burst, then arms its
 // CQ, polls once more (a completion that arrived just before the arming is found) and sleeps until
-// the fd wakes it; event mode arms after every wake-up; ibmsg_event_loop_timeout() is 0 exactly
+// the fd wakes it; event mode arms after every wake-up, polling before it reads the event; ibmsg_event_loop_timeout() is 0 exactly
 // while something polls; a failing arm closes only its connection; closing stops the polling;
 // the option per socket.
 //
@@ -101,6 +101,7 @@ struct Conn {
   bool rx_seen = false;
   fake::CqInfo rx_first{}, rx_last{};
   int rx_polling = 0;  // messages received while the connection polled
+  int rx_unread = 0;   // messages handed out before the event that signalled them was read
 };
 
 struct H {
@@ -207,6 +208,7 @@ void on_received(ibmsg_socket *s, ibmsg_buffer *m) {
   c->last_rx_ms = now_ms();
   fake::CqInfo info = cq(*c);
   if (info.armed) ++c->rx_armed;
+  if (info.signals > info.taken) ++c->rx_unread;
   if (!c->rx_seen) c->rx_first = info;
   c->rx_seen = true;
   c->rx_last = info;
@@ -351,6 +353,7 @@ void reset_rx(Conn &c) {
   c.rx_armed = 0;
   c.rx_seen = false;
   c.rx_polling = 0;
+  c.rx_unread = 0;
 }
 
 // --- setup and the checks after every test ---
@@ -785,12 +788,40 @@ void event_mode_arms_after_every_wakeup_and_never_polls(void **state) {
     assert_true(i.armed);
     assert_int_equal(i.arms, i.signals);  // each wake-up re-armed once
     assert_true(i.signals >= 100);        // woken by the fd, not polled
+    assert_int_equal(i.taken, i.signals);
     assert_int_equal(c->rx_polling, 0);
     assert_false(polls(*c));
   }
   double t = now_ms();
   expect_code(ibmsg_dispatch_event_loop_timeout(&h->loop, 40), IBMSG_OK);
   assert_true(now_ms() - t >= 30);
+}
+
+// A message that arrives while the loop sleeps is handed out before the loop reads the event
+// that woke it (so that a reply goes out one system call sooner); the event is read and the CQ
+// armed again in the same wake-up.
+void event_mode_hands_out_a_completion_before_reading_its_event(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  exchange(h, p);
+  settle(h);
+  reset_rx(*p.a);
+  for (int i = 0; i < 20; ++i) {
+    fake::pause_wire(true);
+    expect_code(send_msg(*p.c, 16), IBMSG_OK);
+    settle(h);  // the loop sleeps, its CQ armed
+    assert_true(cq(*p.a).armed);
+    uint64_t before = p.a->received;
+    fake::pause_wire(false);  // the message lands and signals the fd
+    assert_true(loop_fd_readable(h));
+    RUN_UNTIL(h, p.a->received == before + 1);
+    settle(h);
+    fake::CqInfo info = cq(*p.a);
+    assert_true(info.armed);
+    assert_int_equal(info.taken, info.signals);
+  }
+  assert_int_equal(p.a->rx_unread, 20);
+  assert_int_equal(p.a->rx_polling, 0);
 }
 
 // === a failing arm ============================================================================
@@ -1049,6 +1080,7 @@ int main(void) {
       T(message_arriving_just_before_the_arming_is_not_lost),
       T(message_found_at_the_arming_makes_the_connection_poll_again),
       T(event_mode_arms_after_every_wakeup_and_never_polls),
+      T(event_mode_hands_out_a_completion_before_reading_its_event),
       T(failing_arm_when_going_to_sleep_closes_the_connections_on_that_cq),
       T(failing_arm_after_a_wakeup_closes_that_connection_with_eio),
       T(disconnecting_polling_connections_stops_the_poller),
