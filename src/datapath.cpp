@@ -253,6 +253,14 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
 }  // namespace
 
 void on_completion(Socket *s, const tp::Completion &wc) {
+  // The unsignaled credit-only messages posted before this work request (tp::post_flush): done
+  // if it succeeded; a failure closes the connection, and a flushed one completes on its own.
+  uint32_t carried = wc.ctx->carried;
+  if (carried) {
+    wc.ctx->carried = 0;
+    if (wc.status != tp::WcStatus::Ok || carried > s->ctrl_in_flight) carried = 0;
+    s->ctrl_in_flight -= carried;
+  }
   switch (wc.ctx->op) {
     case tp::Op::Recv: on_recv_wc(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
     case tp::Op::Send: on_send_wc(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
@@ -267,6 +275,7 @@ void on_completion(Socket *s, const tp::Completion &wc) {
     case tp::Op::Atomic: op_on_wc(s, static_cast<Op *>(wc.ctx->owner), wc); break;
     default: socket_close(s, IBMSG_EIO); break;  // nothing else is posted
   }
+  if (carried) maybe_send_ctrl(s);  // one may have waited for a control slot
 }
 
 void cancel_sends(Socket *s) {

@@ -207,7 +207,7 @@ struct ibmsg__socket {
   uint32_t ops_in_flight = 0;
   uint8_t responder_resources = 0;  // what fill_conn_param offers
   uint8_t initiator_depth = 0;
-  ibmsg::tp::WorkCtx ctrl_wr{ibmsg::tp::Op::Ctrl, nullptr};
+  ibmsg::tp::WorkCtx ctrl_wr{ibmsg::tp::Op::Ctrl, 0, nullptr};
   // Credit-only messages posted and not yet completed here: the send queue has room for
   // kCtrlDepth of them. Control credits alone do not bound them: the peer returns a control
   // credit once it consumed the message, which can be before our completion arrives.

@@ -54,17 +54,34 @@ int post_flush(CmId *id) {
   }
   if (c->n == 0) return IBMSG_OK;
   // Completions come in order: of the data messages before a one-sided operation (or the end
-  // of the list), the last is signaled and its completion stands for the others. Operations and
-  // credit-only messages are always signaled (chain_next, post_send_imm).
+  // of the list), the last is signaled and its completion stands for the others. Operations are
+  // always signaled (post_rdma). A credit-only message is signaled only when nothing signaled
+  // follows it in the list; otherwise the next signaled data message or operation stands for it
+  // too and counts it in its WorkCtx (the connection's one control context cannot: several of
+  // its messages may be in flight).
   bool signal = true;
+  WorkCtx *carrier = nullptr;
   for (int i = c->n - 1; i >= 0; --i) {
     c->wr[i].next = i + 1 < c->n ? &c->wr[i + 1] : nullptr;
-    const Op op = reinterpret_cast<WorkCtx *>(c->wr[i].wr_id)->op;
-    if (op == Op::Send) {
-      if (signal) c->wr[i].send_flags |= IBV_SEND_SIGNALED;
-      signal = false;
-    } else if (op != Op::Ctrl) {
-      signal = true;
+    WorkCtx *ctx = reinterpret_cast<WorkCtx *>(c->wr[i].wr_id);
+    switch (ctx->op) {
+      case Op::Send:
+        if (signal) {
+          c->wr[i].send_flags |= IBV_SEND_SIGNALED;
+          ctx->carried = 0;
+          carrier = ctx;
+        }
+        signal = false;
+        break;
+      case Op::Ctrl:
+        if (carrier) ++carrier->carried;
+        else c->wr[i].send_flags |= IBV_SEND_SIGNALED;
+        break;
+      default:
+        ctx->carried = 0;
+        carrier = ctx;
+        signal = true;
+        break;
     }
   }
   c->n = 0;
@@ -137,9 +154,8 @@ int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const M
   }
   wr->wr_id = reinterpret_cast<uintptr_t>(ctx);
   wr->opcode = IBV_WR_SEND_WITH_IMM;
-  // Credit-only messages are signaled: the core counts them back.
-  wr->send_flags = (ctx->op == Op::Send ? 0 : IBV_SEND_SIGNALED) |
-                   (len && len <= max_inline ? IBV_SEND_INLINE : 0);
+  // Signaled or not: post_flush decides for the whole list.
+  wr->send_flags = len && len <= max_inline ? IBV_SEND_INLINE : 0;
   wr->imm_data = htonl(imm);
   return IBMSG_OK;
 }

@@ -90,6 +90,7 @@ struct Stats {
   unsigned long cq_resizes;   // successful cq_resize calls
   unsigned long orphan_cqes;  // completions polled after their QP was destroyed
   unsigned long send_cqes;   // send-queue completions (unsignaled successes make none)
+  unsigned long ctrl_cqes;   // of them, credit-only messages' successful completions
   // The RDMA read/atomic resources of the core's last cm_connect and cm_accept (-1: none yet);
   // for the accept, what they resolve to (tp::kMaxRdAtomic: what the request asked for, at most
   // the device's limit, as librdmacm does).
@@ -255,9 +256,9 @@ class RawPeer {
   tp::Mr *mr_ = nullptr;
   uint8_t *mem_ = nullptr;  // nbufs_ receive buffers, then one send buffer
   std::vector<tp::WorkCtx> recv_ctx_;
-  tp::WorkCtx send_ctx_{tp::Op::Send, nullptr};
-  tp::WorkCtx write_ctx_{tp::Op::RdmaWrite, nullptr};
-  tp::WorkCtx write_imm_ctx_{tp::Op::WriteImm, nullptr};
+  tp::WorkCtx send_ctx_{tp::Op::Send, 0, nullptr};
+  tp::WorkCtx write_ctx_{tp::Op::RdmaWrite, 0, nullptr};
+  tp::WorkCtx write_imm_ctx_{tp::Op::WriteImm, 0, nullptr};
 };
 
 // For raw peers: a SEND without immediate data (post_send_imm always carries one).

@@ -326,6 +326,7 @@ void complete_send(Qp *q, WorkCtx *ctx, WcStatus st, bool signaled = true) {
     return;
   }
   ++g.stats.send_cqes;
+  if (st == WcStatus::Ok && ctx->op == Op::Ctrl) ++g.stats.ctrl_cqes;
   uint32_t retire = 1 + q->unsignaled_done;
   q->unsignaled_done = 0;
   cq_push(q->cq, q, true, Completion{ctx, st, false, 0, 0, false}, retire);
@@ -1162,16 +1163,27 @@ int post_flush(CmId *id) {
   if (q->pending.empty()) return IBMSG_OK;
   ++g.stats.post_lists;
   // As the rdma-core transport: of the data messages before a one-sided operation or the end of
-  // the list the last is signaled; credit-only messages and one-sided operations always are.
+  // the list the last is signaled; one-sided operations always are; a credit-only message is
+  // unless a signaled data message or operation follows it, which then counts it (carried).
   bool signal = true;
+  WorkCtx *carrier = nullptr;
   for (size_t i = q->pending.size(); i-- > 0;) {
     SendWr &w = q->pending[i];
     if (!w.rdma && w.ctx->op == Op::Send) {
       w.signaled = signal;
+      if (signal) {
+        w.ctx->carried = 0;
+        carrier = w.ctx;
+      }
       signal = false;
+    } else if (!w.rdma && w.ctx->op == Op::Ctrl) {
+      w.signaled = carrier == nullptr;
+      if (carrier) ++carrier->carried;
     } else {
       w.signaled = true;
-      if (w.rdma) signal = true;
+      w.ctx->carried = 0;
+      carrier = w.ctx;
+      signal = true;
     }
   }
   while (!q->pending.empty()) {
@@ -1384,7 +1396,7 @@ void RawPeer::open_queues(CmId *id) {
   if (!err) err = qp_create(id, dev_, cq_, &caps);
   recv_ctx_.resize(nbufs_);
   for (uint32_t i = 0; !err && i < nbufs_; ++i) {
-    recv_ctx_[i] = WorkCtx{Op::Recv, reinterpret_cast<void *>(uintptr_t(i))};
+    recv_ctx_[i] = WorkCtx{Op::Recv, 0, reinterpret_cast<void *>(uintptr_t(i))};
     err = post_recv(id, &recv_ctx_[i], mem_ + size_t(i) * bufsize_, bufsize_, mr_);
   }
   if (!err) err = post_flush(id);

@@ -258,6 +258,69 @@ static void bursts_freed_one_at_a_time_in_reverse_order_keep_flowing(void **stat
   h_finish(ctx);
 }
 
+/* The receiver answers every other message from message_received, right after freeing it: the
+ * credits of the freed buffers then often go back on a credit-only message posted just before the
+ * answer in the same round, which goes out unsignaled (the answer's completion confirms it and
+ * gives its control slot back). Then a stream without answers, whose credits can only go back on
+ * credit-only messages: had control slots not come back, it would stop at once. Answers use ctx->msgs[0 .. ANSWER_BUFS - 1]
+ * and are freed in message_sent. */
+#define ANSWER_BUFS SEND_QUEUE
+static int answers;
+
+static void free_then_answer(h_conn *conn, ibmsg_buffer *msg) {
+  h_ctx *ctx = conn->ctx;
+  int i, rc;
+  rc = ibmsg_free_msg(msg);
+  if (rc != IBMSG_OK) h_note_error(ctx, "ibmsg_free_msg in message_received: %s", ibmsg_err_name(rc));
+  if (conn == ctx->clients || conn->received % 2 != 0) return; /* the server answers */
+  for (i = 0; i < ANSWER_BUFS && ctx->outstanding[i] > 0; i++) continue;
+  if (i == ANSWER_BUFS) return; /* every answer buffer in flight: no answer this time */
+  rc = ibmsg_alloc_msg(&ctx->msgs[i], &conn->sock, MSG_SIZE);
+  if (rc != IBMSG_OK) {
+    h_note_error(ctx, "ibmsg_alloc_msg for an answer: %s", ibmsg_err_name(rc));
+    return;
+  }
+  h_fill(ctx->msgs[i].data, MSG_SIZE, conn->send_seq++);
+  rc = h_try_post(conn, &ctx->msgs[i]);
+  if (rc != IBMSG_OK) h_note_error(ctx, "posting an answer: %s", ibmsg_err_name(rc));
+  else answers++;
+}
+
+static void free_answer(h_conn *conn, ibmsg_buffer *msg, int status) {
+  int rc;
+  (void)status;
+  if (conn == conn->ctx->clients) return; /* the client's stream frees its own */
+  rc = ibmsg_free_msg(msg);
+  if (rc != IBMSG_OK) h_note_error(conn->ctx, "ibmsg_free_msg in message_sent: %s", ibmsg_err_name(rc));
+}
+
+static void answers_after_freeing_keep_a_stream_flowing(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  const int n = 4000;
+
+  flow_pair(ctx, &client, &server);
+  answers = 0;
+  ctx->on_received = free_then_answer;
+  ctx->on_sent = free_answer;
+  h_stream_start(client, n, MSG_SIZE, SEND_QUEUE);
+  H_RUN_UNTIL(ctx, server->received == n && h_stream_done(client) && client->received == answers &&
+                       server->sent == server->posted,
+              120000);
+  assert_still_connected(client, server);
+  H_ASSERT_EQ(client->sent_ok, n, "message_sent(IBMSG_OK) callbacks of the stream");
+  H_ASSERT_EQ(server->sent_ok, answers, "message_sent(IBMSG_OK) callbacks of the answers");
+  H_CHECK(answers >= n / 4, "only %d answers for %d messages", answers, n);
+  print_message("  %d messages, %d answers\n", n, answers);
+  ctx->on_received = NULL;
+  ctx->on_sent = NULL;
+  h_stream_start(client, n, MSG_SIZE, SEND_QUEUE);
+  H_RUN_UNTIL(ctx, server->received == 2 * n && h_stream_done(client), 60000);
+  assert_still_connected(client, server);
+  H_ASSERT_EQ(client->sent_ok, 2 * n, "message_sent(IBMSG_OK) callbacks of both streams");
+  h_finish(ctx);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       H_TEST(sender_stops_after_recv_depth_messages_while_receiver_holds_them),
@@ -268,6 +331,7 @@ int main(int argc, char **argv) {
       H_TEST(receiver_freeing_from_main_loop_keeps_a_stream_flowing),
       H_TEST(credits_return_when_both_sides_are_out_of_credits),
       H_TEST(bursts_freed_one_at_a_time_in_reverse_order_keep_flowing),
+      H_TEST(answers_after_freeing_keep_a_stream_flowing),
   };
   h_init(argc, argv);
   return cmocka_run_group_tests(tests, NULL, NULL);

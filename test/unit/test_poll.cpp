@@ -4,7 +4,7 @@
 // CQ, polls once more (a completion that arrived just before the arming is found) and sleeps until
 // the fd wakes it; event mode arms after every wake-up, polling before it reads the event; ibmsg_event_loop_timeout() is 0 exactly
 // while something polls; a failing arm closes only its connection; closing stops the polling;
-// the option per socket.
+// the option per socket; a credit-only message followed by a message in its round is unsignaled.
 //
 // The harness follows test_connection.cpp's (its fixture lives in that file, so the parts needed
 // here are repeated, with replies sent from the callbacks and the CQ's arming recorded there).
@@ -824,6 +824,54 @@ void event_mode_hands_out_a_completion_before_reading_its_event(void **state) {
   assert_int_equal(p.a->rx_polling, 0);
 }
 
+// === credit-only messages ======================================================================
+
+// The server's posts since posts[from], as kinds (credit-only messages included).
+std::vector<ibmsg::tp::Op> posts_since(size_t from, unsigned short port) {
+  std::vector<ibmsg::tp::Op> out;
+  const auto &all = fake::posts();
+  for (size_t i = from; i < all.size(); ++i)
+    if (all[i].port == port) out.push_back(all[i].op);
+  return out;
+}
+
+// A credit-only message with a message posted after it in the same round goes out unsignaled:
+// the message's completion stands for it (no completion of its own), and its control slot comes
+// back, so that more rounds than there are control slots (kCtrlDepth) go on. With nothing posted
+// after it, a credit-only message is signaled.
+void credit_only_message_before_a_message_goes_unsignaled(void **state) {
+  H *h = h_of(state);
+  using ibmsg::tp::Op;
+  ibmsg_options *o = options(h, {{IBMSG_OPT_RECV_DEPTH, 8}});  // credits return after 4
+  h->accept_opts = o;
+  Pair p = connected(h, o);
+  exchange(h, p);
+  settle(h);
+  const unsigned short port = port_of(*p.l);
+  for (int round = 0; round < 3 * int(ibmsg::kCtrlDepth); ++round) {
+    const bool reply = round % 3 != 2;
+    uint64_t a0 = p.a->received, c0 = p.c->received;
+    size_t posts0 = fake::posts().size();
+    unsigned long ctrl0 = fake::stats().ctrl_cqes;
+    // Four messages land at once; the server frees them in message_received, which returns the
+    // credits of the fourth with a credit-only message, and then (two rounds in three) replies.
+    fake::pause_wire(true);
+    for (int i = 0; i < 4; ++i) expect_code(send_msg(*p.c, 16), IBMSG_OK);
+    p.a->on_rx = [&] {
+      if (reply && p.a->received == a0 + 4 && send_msg(*p.a, 16) != IBMSG_OK) ++p.a->reply_errors;
+    };
+    fake::pause_wire(false);
+    RUN_UNTIL(h, p.a->received == a0 + 4 && p.c->received == c0 + (reply ? 1 : 0));
+    settle(h);
+    p.a->on_rx = nullptr;
+    std::vector<Op> want = reply ? std::vector<Op>{Op::Ctrl, Op::Send} : std::vector<Op>{Op::Ctrl};
+    if (posts_since(posts0, port) != want) fail_msg("round %d: unexpected posts", round);
+    assert_int_equal(fake::stats().ctrl_cqes - ctrl0, reply ? 0 : 1);
+    assert_int_equal(p.a->s.impl->ctrl_in_flight, 0);
+  }
+  assert_int_equal(p.a->reply_errors, 0);
+}
+
 // === a failing arm ============================================================================
 
 // Going to sleep, the last polling connection on the device arms its CQ: when that fails, every
@@ -1081,6 +1129,7 @@ int main(void) {
       T(message_found_at_the_arming_makes_the_connection_poll_again),
       T(event_mode_arms_after_every_wakeup_and_never_polls),
       T(event_mode_hands_out_a_completion_before_reading_its_event),
+      T(credit_only_message_before_a_message_goes_unsignaled),
       T(failing_arm_when_going_to_sleep_closes_the_connections_on_that_cq),
       T(failing_arm_after_a_wakeup_closes_that_connection_with_eio),
       T(disconnecting_polling_connections_stops_the_poller),
