@@ -55,10 +55,11 @@ int post_flush(CmId *id) {
   if (c->n == 0) return IBMSG_OK;
   // Completions come in order: of the data messages before a one-sided operation (or the end
   // of the list), the last is signaled and its completion stands for the others. Operations are
-  // always signaled (post_rdma). A credit-only message is signaled only when nothing signaled
-  // follows it in the list; otherwise the next signaled data message or operation stands for it
-  // too and counts it in its WorkCtx (the connection's one control context cannot: several of
-  // its messages may be in flight).
+  // always signaled (post_rdma). A credit-only message is signaled unless a signaled data
+  // message follows it in the list before any operation: that one's completion stands for it
+  // too and counts it in its WorkCtx (not the connection's one control context: several of its
+  // messages may be in flight; not an operation: a long read or write would hold the control
+  // slot back for its whole transfer).
   bool signal = true;
   WorkCtx *carrier = nullptr;
   for (int i = c->n - 1; i >= 0; --i) {
@@ -79,7 +80,7 @@ int post_flush(CmId *id) {
         break;
       default:
         ctx->carried = 0;
-        carrier = ctx;
+        carrier = nullptr;
         signal = true;
         break;
     }

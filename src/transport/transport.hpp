@@ -33,8 +33,8 @@ enum class Op : uint8_t {
 
 struct WorkCtx {
   Op op;
-  // Set by post_flush on a signaled data message or operation: the unsignaled credit-only
-  // messages before it in its list, whose completion its own stands for (the core zeroes it).
+  // Set by post_flush on a signaled data message: the unsignaled credit-only messages before it
+  // in its list, whose completion its own stands for (the core zeroes it).
   uint8_t carried;
   void *owner;  // the core's object (a slot, a connection)
 };

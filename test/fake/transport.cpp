@@ -1164,7 +1164,8 @@ int post_flush(CmId *id) {
   ++g.stats.post_lists;
   // As the rdma-core transport: of the data messages before a one-sided operation or the end of
   // the list the last is signaled; one-sided operations always are; a credit-only message is
-  // unless a signaled data message or operation follows it, which then counts it (carried).
+  // unless a signaled data message follows it before any operation, which then counts it
+  // (carried).
   bool signal = true;
   WorkCtx *carrier = nullptr;
   for (size_t i = q->pending.size(); i-- > 0;) {
@@ -1182,7 +1183,7 @@ int post_flush(CmId *id) {
     } else {
       w.signaled = true;
       w.ctx->carried = 0;
-      carrier = w.ctx;
+      carrier = nullptr;
       signal = true;
     }
   }

@@ -824,6 +824,41 @@ void event_mode_hands_out_a_completion_before_reading_its_event(void **state) {
   assert_int_equal(p.a->rx_polling, 0);
 }
 
+// Event mode polls before reading the event and again after arming: a message that lands between
+// the two (here: from inside the arming, the CQ not yet armed, so it signals nothing) is found by
+// the poll after the arming, in the same wake-up.
+void event_mode_message_arriving_just_before_the_arming_is_not_lost(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  exchange(h, p);
+  settle(h);
+  assert_true(cq(*p.a).armed);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);  // lands at once and signals: the wake-up
+  fake::pause_wire(true);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);  // held until the arming
+  bool hook_ran = false;
+  fake::CqInfo at_hook{};
+  Conn *a = p.a;
+  fake::before_cq_arm(cq_of(*a), [&hook_ran, &at_hook, a] {
+    hook_ran = true;
+    at_hook = cq(*a);
+    fake::pause_wire(false);
+  });
+  uint64_t before = p.a->received;
+  double start = now_ms();
+  while (!(hook_ran && p.a->received == before + 2) && now_ms() - start < 3000)
+    expect_code(ibmsg_dispatch_event_loop_timeout(&h->loop, 1), IBMSG_OK);
+  if (!hook_ran) fake::before_cq_arm(nullptr, nullptr);  // it refers to locals
+  assert_true(hook_ran);
+  assert_false(at_hook.armed);
+  assert_int_equal(p.a->received, before + 2);
+  assert_int_equal(p.a->rx_polling, 0);
+  // The second message signalled nothing: the poll after the arming found it.
+  assert_int_equal(cq(*p.a).signals, at_hook.signals);
+  assert_true(cq(*p.a).armed);
+  exchange(h, p);
+}
+
 // === credit-only messages ======================================================================
 
 // The server's posts since posts[from], as kinds (credit-only messages included).
@@ -1129,6 +1164,7 @@ int main(void) {
       T(message_found_at_the_arming_makes_the_connection_poll_again),
       T(event_mode_arms_after_every_wakeup_and_never_polls),
       T(event_mode_hands_out_a_completion_before_reading_its_event),
+      T(event_mode_message_arriving_just_before_the_arming_is_not_lost),
       T(credit_only_message_before_a_message_goes_unsignaled),
       T(failing_arm_when_going_to_sleep_closes_the_connections_on_that_cq),
       T(failing_arm_after_a_wakeup_closes_that_connection_with_eio),
