@@ -1,10 +1,11 @@
 /* test_busy_poll.c - IBMSG_OPT_BUSY_POLL on rxe0: messages and one-sided operations arrive intact
  * and in order when the loop polls (always, adaptive), from ibmsg's own dispatch and from a
  * poll(2) loop; an adaptive loop goes back to sleep and wakes again for the next message. */
-#define _POSIX_C_SOURCE 200809L
+#define _GNU_SOURCE /* dladdr */
 
 #include "harness.h"
 
+#include <dlfcn.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdlib.h>
@@ -29,17 +30,44 @@ extern void *__libc_calloc(size_t n, size_t size);
 extern void *__libc_realloc(void *p, size_t size);
 static volatile int counting;
 static volatile long allocations;
+/* Who made the first counted allocations (the return address into the caller), and their size. */
+#define TRACED 4
+static void *volatile alloc_caller[TRACED];
+static volatile size_t alloc_size[TRACED];
+static void counted(void *caller, size_t size) {
+  if (!counting) return;
+  if (allocations < TRACED) {
+    alloc_caller[allocations] = caller;
+    alloc_size[allocations] = size;
+  }
+  allocations++;
+}
 void *malloc(size_t size) {
-  if (counting) allocations++;
+  counted(__builtin_return_address(0), size);
   return __libc_malloc(size);
 }
 void *calloc(size_t n, size_t size) {
-  if (counting) allocations++;
+  counted(__builtin_return_address(0), n * size);
   return __libc_calloc(n, size);
 }
 void *realloc(void *p, size_t size) {
-  if (counting) allocations++;
+  counted(__builtin_return_address(0), size);
   return __libc_realloc(p, size);
+}
+/* Prints where the first counted allocations came from (library and nearest symbol). */
+static void print_callers(long n) {
+  long i;
+  for (i = 0; i < n && i < TRACED; i++) {
+    Dl_info info;
+    memset(&info, 0, sizeof info);
+    if (dladdr(alloc_caller[i], &info) && info.dli_fname)
+      print_message("  allocation %ld: %zu bytes from %s (%s+%#lx)\n", i, alloc_size[i],
+                    info.dli_fname, info.dli_sname ? info.dli_sname : "?",
+                    (unsigned long)((char *)alloc_caller[i] -
+                                    (char *)(info.dli_saddr ? info.dli_saddr : info.dli_fbase)));
+    else
+      print_message("  allocation %ld: %zu bytes from %p\n", i, alloc_size[i], alloc_caller[i]);
+  }
 }
 #endif
 
@@ -215,6 +243,7 @@ static void polling_data_path_allocates_nothing(void **state) {
   h_ctx *ctx = *state;
   h_conn *client, *server;
   long n;
+  int round;
 
   /* The counting reaches into the library: an option set is allocated there. */
   {
@@ -229,17 +258,27 @@ static void polling_data_path_allocates_nothing(void **state) {
   set_busy_poll(ctx, IBMSG_BUSY_POLL_ALWAYS);
   h_pair(ctx, &client, &server);
   stream_both_ways(ctx, client, server, 200, 64); /* warm-up: buffers, first completions */
-  client->received = server->received = 0;
-  client->sent_ok = server->sent_ok = 0;
-  client->sent = client->posted = server->sent = server->posted = 0;
-  client->recv_seq = server->recv_seq = client->send_seq = server->send_seq = 0;
-  allocations = 0;
-  counting = 1;
-  stream_both_ways(ctx, client, server, 10000, 64);
-  counting = 0;
-  n = allocations;
-  print_message("  allocations during 10,000 messages each way: %ld\n", n);
-  H_ASSERT_EQ(n, 0, "allocations during 10,000 messages each way while polling");
+  /* libev grows its arrays (pending watchers, timers) the first time more of them are active at
+   * once than ever before, which a short warm-up may not reach: an allocating round is followed
+   * by another, and a steady state allocates nothing. A per-message allocation would make every
+   * round allocate thousands of times. */
+  for (round = 1;; round++) {
+    client->received = server->received = 0;
+    client->sent_ok = server->sent_ok = 0;
+    client->sent = client->posted = server->sent = server->posted = 0;
+    client->recv_seq = server->recv_seq = client->send_seq = server->send_seq = 0;
+    allocations = 0;
+    counting = 1;
+    stream_both_ways(ctx, client, server, 10000, 64);
+    counting = 0;
+    n = allocations;
+    print_message("  allocations during 10,000 messages each way (round %d): %ld\n", round, n);
+    print_callers(n);
+    if (n == 0) break;
+    H_CHECK(n <= TRACED && round < 3,
+            "allocations during 10,000 messages each way while polling: %ld in round %d", n,
+            round);
+  }
   h_finish(ctx);
 #else
   (void)state;
