@@ -131,4 +131,60 @@ bool decode_descriptor(const uint8_t in[kDescriptorSize], Descriptor *out) {
   return out->length != 0 && out->addr + out->length > out->addr;
 }
 
+// --- rendezvous ---
+
+void encode_rts(const Rts &r, uint8_t out[kRtsSize]) {
+  out[0] = uint8_t(RndvKind::Rts);
+  out[1] = r.has_imm ? 1 : 0;
+  out[2] = out[3] = 0;
+  put32(out + 4, r.id);
+  put32(out + 8, r.rkey);
+  put32(out + 12, r.has_imm ? r.imm : 0);
+  put64(out + 16, r.addr);
+  put64(out + 24, r.length);
+}
+
+void encode_fin(const Fin &f, uint8_t out[kFinSize]) {
+  out[0] = uint8_t(RndvKind::Fin);
+  out[1] = uint8_t(f.status);
+  out[2] = out[3] = 0;
+  put32(out + 4, f.id);
+}
+
+bool rndv_kind(const void *data, size_t len, RndvKind *out) {
+  const uint8_t *p = static_cast<const uint8_t *>(data);
+  if (!p || len == 0) return false;
+  if (p[0] == uint8_t(RndvKind::Rts) && len == kRtsSize) *out = RndvKind::Rts;
+  else if (p[0] == uint8_t(RndvKind::Fin) && len == kFinSize) *out = RndvKind::Fin;
+  else return false;
+  return true;
+}
+
+bool decode_rts(const void *data, size_t len, Rts *out) {
+  const uint8_t *p = static_cast<const uint8_t *>(data);
+  if (!p || len != kRtsSize || p[0] != uint8_t(RndvKind::Rts) || (p[1] & ~1u) || p[2] || p[3])
+    return false;
+  Rts r;
+  r.has_imm = p[1] & 1;
+  r.id = get32(p + 4);
+  r.rkey = get32(p + 8);
+  r.imm = get32(p + 12);
+  r.addr = get64(p + 16);
+  r.length = get64(p + 24);
+  if (!r.has_imm && r.imm) return false;  // reserved while no immediate is carried
+  if (r.length == 0 || r.addr + r.length < r.addr) return false;
+  *out = r;
+  return true;
+}
+
+bool decode_fin(const void *data, size_t len, Fin *out) {
+  const uint8_t *p = static_cast<const uint8_t *>(data);
+  if (!p || len != kFinSize || p[0] != uint8_t(RndvKind::Fin) || p[1] > uint8_t(FinStatus::Failed) ||
+      p[2] || p[3])
+    return false;
+  out->status = FinStatus(p[1]);
+  out->id = get32(p + 4);
+  return true;
+}
+
 }  // namespace ibmsg::wire

@@ -58,7 +58,10 @@ constexpr uint32_t kFeatureRdma = 1u << 0;  // one-sided RDMA: this side accepts
                                             // writes, write-immediates and atomics on the regions
                                             // it describes, and issues them
 constexpr uint32_t kFeatureImm = 1u << 1;   // DataImm messages
-constexpr uint32_t kFeatures = kFeatureRdma | kFeatureImm;  // every feature this version knows
+// Rendezvous messages: larger than the eager limit, pulled by the receiver with RDMA reads. Not
+// yet in kFeatures: offered once the core implements it.
+constexpr uint32_t kFeatureRndv = 1u << 2;
+constexpr uint32_t kFeatures = kFeatureRdma | kFeatureImm;  // every feature this version offers
 
 // Limits a hello must respect to make sense.
 constexpr uint32_t kMaxDepth = 65535;     // data credits fit 16 bits
@@ -112,5 +115,39 @@ void encode_descriptor(const Descriptor &d, uint8_t out[kDescriptorSize]);
 // false if the magic, version, reserved bytes or check are wrong, the rights are none or unknown
 // ones, the length is 0 or the range wraps around.
 bool decode_descriptor(const uint8_t in[kDescriptorSize], Descriptor *out);
+
+// Rendezvous (kFeatureRndv). A message above the eager limit travels as an RTS: a message of
+// opcode Rendezvous (spending a data credit like any) whose payload tells the receiver where to
+// read the data; once it has it, the receiver answers with a FIN (opcode Rendezvous, a data
+// credit the other way), and the sender's buffer is free again. Little-endian:
+//   RTS, 32 bytes: 0 kind 1, 1 flags (bit 0: imm carries the application's immediate), 2..3
+//        zero, 4..7 id (the sender's, echoed by the FIN), 8..11 rkey, 12..15 imm, 16..23
+//        address, 24..31 length (not 0; the range does not wrap)
+//   FIN, 8 bytes:  0 kind 2, 1 status (0 done, 1 declined by the receiver, 2 failed), 2..3
+//        zero, 4..7 id
+constexpr size_t kRtsSize = 32;
+constexpr size_t kFinSize = 8;
+enum class RndvKind : uint8_t { Rts = 1, Fin = 2 };
+struct Rts {
+  uint32_t id = 0;
+  uint32_t rkey = 0;
+  bool has_imm = false;
+  uint32_t imm = 0;
+  uint64_t addr = 0;
+  uint64_t length = 0;
+};
+enum class FinStatus : uint8_t { Done = 0, Declined = 1, Failed = 2 };
+struct Fin {
+  uint32_t id = 0;
+  FinStatus status = FinStatus::Done;
+};
+void encode_rts(const Rts &r, uint8_t out[kRtsSize]);
+void encode_fin(const Fin &f, uint8_t out[kFinSize]);
+// What a Rendezvous message's payload is: an RTS or FIN of exactly its size with every reserved
+// bit zero (false otherwise: the connection closes with IBMSG_EPROTO). decode_rts also refuses a
+// zero length and a wrapping range, decode_fin an unknown status.
+bool rndv_kind(const void *data, size_t len, RndvKind *out);
+bool decode_rts(const void *data, size_t len, Rts *out);
+bool decode_fin(const void *data, size_t len, Fin *out);
 
 }  // namespace ibmsg::wire

@@ -1,6 +1,6 @@
 // test_wire.cpp - the wire format (src/wire.hpp): the immediate value of every message, the Hello
 // of connection set-up and its feature bits, the Reject with its reason text, and the remote
-// descriptor (ibmsg_descriptor) with its check.
+// descriptor (ibmsg_descriptor) with its check, and the rendezvous RTS and FIN.
 #include <cstdarg>
 #include <cstddef>
 #include <cstdint>
@@ -619,6 +619,7 @@ void feature_bits_have_their_documented_values(void **) {
   assert_int_equal(wire::kFeatureImm, 1u << 1);
   assert_int_equal(wire::kFeatures, wire::kFeatureRdma | wire::kFeatureImm);
   assert_int_equal(wire::kFeatureRdma & wire::kFeatureImm, 0);
+  assert_int_equal(wire::kFeatureRndv, 1u << 2);  // reserved now, offered once implemented
   // The features came with protocol 1.1 (a 1.0 peer sends features 0).
   assert_int_equal(wire::kMajor, 1);
   assert_int_equal(wire::kMinor, 1);
@@ -838,6 +839,170 @@ void descriptor_with_a_right_check_but_a_wrong_header_is_rejected(void **) {
   }
 }
 
+// --- rendezvous: RTS and FIN ----------------------------------------------------------------------
+
+wire::Rts make_rts(uint32_t id, uint32_t rkey, bool has_imm, uint32_t imm, uint64_t addr,
+                   uint64_t length) {
+  wire::Rts r;
+  r.id = id;
+  r.rkey = rkey;
+  r.has_imm = has_imm;
+  r.imm = imm;
+  r.addr = addr;
+  r.length = length;
+  return r;
+}
+
+void assert_rts_round_trip(const wire::Rts &in) {
+  uint8_t b[wire::kRtsSize];
+  wire::encode_rts(in, b);
+  wire::RndvKind kind;
+  assert_true(wire::rndv_kind(b, sizeof b, &kind));
+  assert_true(kind == wire::RndvKind::Rts);
+  wire::Rts out;
+  assert_true(wire::decode_rts(b, sizeof b, &out));
+  assert_int_equal(out.id, in.id);
+  assert_int_equal(out.rkey, in.rkey);
+  assert_int_equal(out.has_imm, in.has_imm);
+  assert_int_equal(out.imm, in.has_imm ? in.imm : 0);
+  assert_true(out.addr == in.addr);
+  assert_true(out.length == in.length);
+}
+
+void rts_round_trips(void **) {
+  assert_rts_round_trip(make_rts(1, 2, false, 0, 0x1000, 1));
+  assert_rts_round_trip(make_rts(0xffffffffu, 0xfedcba98u, true, 0xffffffffu, 0x7f0000001000ull,
+                                 0xffffffffull));
+  assert_rts_round_trip(make_rts(7, 9, true, 0, 0, 1ull << 40));  // beyond 32 bits
+  // An immediate without has_imm is not carried.
+  wire::Rts r = make_rts(3, 4, false, 0x1234, 0x2000, 10);
+  uint8_t b[wire::kRtsSize];
+  wire::encode_rts(r, b);
+  wire::Rts out;
+  assert_true(wire::decode_rts(b, sizeof b, &out));
+  assert_false(out.has_imm);
+  assert_int_equal(out.imm, 0);
+}
+
+void rts_layout_is_little_endian_byte_by_byte(void **) {
+  uint8_t b[wire::kRtsSize + 4];
+  memset(b, 0xee, sizeof b);
+  wire::encode_rts(make_rts(0x11223344u, 0x55667788u, true, 0x99aabbccu, 0x0102030405060708ull,
+                            0x1112131415161718ull),
+                   b);
+  const uint8_t expected[wire::kRtsSize] = {
+      1,    1,    0,    0,    0x44, 0x33, 0x22, 0x11, 0x88, 0x77, 0x66, 0x55, 0xcc, 0xbb, 0xaa, 0x99,
+      0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, 0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11};
+  for (size_t i = 0; i < wire::kRtsSize; ++i)
+    if (b[i] != expected[i]) fail_msg("RTS byte %zu is 0x%02x, expected 0x%02x", i, b[i], expected[i]);
+  for (size_t i = wire::kRtsSize; i < sizeof b; ++i)
+    if (b[i] != 0xee) fail_msg("encode_rts wrote byte %zu, past kRtsSize", i);
+}
+
+void fin_round_trips_every_status_and_layout(void **) {
+  for (auto st : {wire::FinStatus::Done, wire::FinStatus::Declined, wire::FinStatus::Failed}) {
+    wire::Fin f;
+    f.id = 0xa1b2c3d4u;
+    f.status = st;
+    uint8_t b[wire::kFinSize + 2];
+    memset(b, 0xee, sizeof b);
+    wire::encode_fin(f, b);
+    const uint8_t expected[wire::kFinSize] = {2, uint8_t(st), 0, 0, 0xd4, 0xc3, 0xb2, 0xa1};
+    assert_memory_equal(b, expected, wire::kFinSize);
+    assert_int_equal(b[wire::kFinSize], 0xee);
+    wire::RndvKind kind;
+    assert_true(wire::rndv_kind(b, wire::kFinSize, &kind));
+    assert_true(kind == wire::RndvKind::Fin);
+    wire::Fin out;
+    assert_true(wire::decode_fin(b, wire::kFinSize, &out));
+    assert_int_equal(out.id, f.id);
+    assert_true(out.status == st);
+  }
+}
+
+void rts_with_bad_fields_is_rejected(void **) {
+  uint8_t good[wire::kRtsSize];
+  wire::encode_rts(make_rts(1, 2, true, 3, 0x1000, 64), good);
+  wire::Rts out;
+  assert_true(wire::decode_rts(good, sizeof good, &out));
+  // Any reserved bit, an unknown kind or flag.
+  for (size_t byte : {size_t(0), size_t(1), size_t(2), size_t(3)})
+    for (int bit = 0; bit < 8; ++bit) {
+      uint8_t b[wire::kRtsSize];
+      memcpy(b, good, sizeof b);
+      b[byte] ^= uint8_t(1u << bit);
+      bool flag_bit0 = byte == 1 && bit == 0;  // has_imm off: valid only without an immediate
+      if (wire::decode_rts(b, sizeof b, &out) && !flag_bit0)
+        fail_msg("an RTS with bit %d of byte %zu flipped decodes", bit, byte);
+    }
+  // has_imm off with an immediate left in the field.
+  uint8_t b[wire::kRtsSize];
+  memcpy(b, good, sizeof b);
+  b[1] = 0;
+  assert_false(wire::decode_rts(b, sizeof b, &out));
+  // Zero length, a wrapping range.
+  wire::encode_rts(make_rts(1, 2, false, 0, 0x1000, 0), b);
+  assert_false(wire::decode_rts(b, sizeof b, &out));
+  wire::encode_rts(make_rts(1, 2, false, 0, UINT64_MAX - 10, 11), b);
+  assert_false(wire::decode_rts(b, sizeof b, &out));
+  wire::encode_rts(make_rts(1, 2, false, 0, UINT64_MAX - 10, 10), b);
+  assert_true(wire::decode_rts(b, sizeof b, &out));
+  // Wrong sizes, NULL.
+  assert_false(wire::decode_rts(good, sizeof good - 1, &out));
+  uint8_t longer[wire::kRtsSize + 1] = {};
+  memcpy(longer, good, sizeof good);
+  assert_false(wire::decode_rts(longer, sizeof longer, &out));
+  assert_false(wire::decode_rts(nullptr, sizeof good, &out));
+  wire::RndvKind kind;
+  assert_false(wire::rndv_kind(good, sizeof good - 1, &kind));
+  assert_false(wire::rndv_kind(nullptr, 0, &kind));
+  // An RTS is not a FIN.
+  assert_false(wire::decode_fin(good, wire::kFinSize, nullptr));
+}
+
+void fin_with_bad_fields_is_rejected(void **) {
+  wire::Fin f;
+  f.id = 5;
+  uint8_t good[wire::kFinSize];
+  wire::encode_fin(f, good);
+  wire::Fin out;
+  for (size_t byte = 0; byte < 4; ++byte)
+    for (int bit = 0; bit < 8; ++bit) {
+      uint8_t b[wire::kFinSize];
+      memcpy(b, good, sizeof b);
+      b[byte] ^= uint8_t(1u << bit);
+      bool other_status = byte == 1 && (b[1] == 1 || b[1] == 2);
+      if (wire::decode_fin(b, sizeof b, &out) != other_status)
+        fail_msg("a FIN with bit %d of byte %zu flipped: wrong decode result", bit, byte);
+    }
+  uint8_t b[wire::kFinSize];
+  memcpy(b, good, sizeof b);
+  b[1] = 3;  // no such status
+  assert_false(wire::decode_fin(b, sizeof b, &out));
+  assert_false(wire::decode_fin(good, sizeof good - 1, &out));
+  assert_false(wire::decode_fin(nullptr, sizeof good, &out));
+  wire::RndvKind kind;
+  assert_false(wire::rndv_kind(good, wire::kRtsSize, &kind));  // a FIN of an RTS's size
+}
+
+void rndv_random_payloads_never_decode_wrongly(void **) {
+  std::mt19937 rng(12345);
+  wire::Rts rts;
+  wire::Fin fin;
+  wire::RndvKind kind;
+  for (int i = 0; i < 100000; ++i) {
+    uint8_t b[wire::kRtsSize];
+    for (auto &x : b) x = uint8_t(rng());
+    size_t len = rng() % 2 ? wire::kRtsSize : wire::kFinSize;
+    bool k = wire::rndv_kind(b, len, &kind);
+    bool r = wire::decode_rts(b, len, &rts);
+    bool f = wire::decode_fin(b, len, &fin);
+    if (r && (!k || kind != wire::RndvKind::Rts)) fail_msg("an RTS that rndv_kind does not call one");
+    if (f && (!k || kind != wire::RndvKind::Fin)) fail_msg("a FIN that rndv_kind does not call one");
+    if (r && (rts.length == 0 || rts.addr + rts.length < rts.addr)) fail_msg("a bad range decoded");
+  }
+}
+
 }  // namespace
 
 int main(void) {
@@ -906,6 +1071,12 @@ int main(void) {
       cmocka_unit_test(descriptor_with_no_or_unknown_rights_is_rejected),
       cmocka_unit_test(descriptor_whose_range_wraps_is_rejected),
       cmocka_unit_test(descriptor_with_a_right_check_but_a_wrong_header_is_rejected),
+      cmocka_unit_test(rts_round_trips),
+      cmocka_unit_test(rts_layout_is_little_endian_byte_by_byte),
+      cmocka_unit_test(fin_round_trips_every_status_and_layout),
+      cmocka_unit_test(rts_with_bad_fields_is_rejected),
+      cmocka_unit_test(fin_with_bad_fields_is_rejected),
+      cmocka_unit_test(rndv_random_payloads_never_decode_wrongly),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
