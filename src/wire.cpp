@@ -67,6 +67,7 @@ void encode_hello(const Hello &h, uint8_t out[kHelloSize]) {
   put32(out + 12, h.recv_depth);
   put32(out + 16, h.ctrl_depth);
   put32(out + 20, h.max_msg_size);
+  put32(out + 24, h.eager_size);
 }
 
 HelloResult decode_hello(const void *data, size_t len, Hello *out) {
@@ -76,14 +77,15 @@ HelloResult decode_hello(const void *data, size_t len, Hello *out) {
   out->minor = p[5];
   // A later major may lay out the rest differently: only the version is read.
   if (out->major != kMajor) return HelloResult::OtherMajor;
-  if (len < kHelloSize) return HelloResult::NotIbmsg;
+  if (len < kHelloMinSize) return HelloResult::NotIbmsg;
   out->features = get32(p + 8);
   out->recv_depth = get32(p + 12);
   out->ctrl_depth = get32(p + 16);
   out->max_msg_size = get32(p + 20);
+  out->eager_size = len >= kHelloSize ? get32(p + 24) : 0;
   if (out->recv_depth == 0 || out->recv_depth > kMaxDepth) return HelloResult::Invalid;
   if (out->ctrl_depth == 0 || out->ctrl_depth > kMaxCtrlDepth) return HelloResult::Invalid;
-  if (out->max_msg_size == 0) return HelloResult::Invalid;
+  if (out->max_msg_size == 0 || out->eager_size > out->max_msg_size) return HelloResult::Invalid;
   return HelloResult::Ok;
 }
 

@@ -250,6 +250,7 @@ void hello_layout_is_little_endian_byte_by_byte(void **) {
   memset(buf, 0xee, sizeof buf);
   wire::Hello h = make_hello(0x01020304u, 0x0a0b0c0du, 0x00010000u);
   h.features = 0x11223344u;
+  h.eager_size = 0x00004000u;
   wire::encode_hello(h, buf);
   const uint8_t expected[wire::kHelloSize] = {
       0x53, 0x4d, 0x42, 0x49,  // magic 0x49424d53 ("IBMS" read as a big-endian word)
@@ -261,6 +262,7 @@ void hello_layout_is_little_endian_byte_by_byte(void **) {
       0x04, 0x03, 0x02, 0x01,  // recv_depth
       0x0d, 0x0c, 0x0b, 0x0a,  // ctrl_depth
       0x00, 0x00, 0x01, 0x00,  // max_msg_size
+      0x00, 0x40, 0x00, 0x00,  // eager_size
   };
   for (size_t i = 0; i < sizeof expected; ++i)
     if (buf[i] != expected[i])
@@ -294,6 +296,38 @@ void hello_decodes_when_padded_by_the_transport(void **) {
   assert_hello_result(buf, sizeof buf, wire::HelloResult::Ok, &out, "a hello padded to 56 bytes");
   assert_int_equal(out.recv_depth, 8);
   assert_int_equal(out.max_msg_size, 1024);
+}
+
+void hello_round_trips_the_eager_size(void **) {
+  for (uint32_t eager : {0u, 1u, 16384u, 65536u}) {
+    wire::Hello h = make_hello(8, 4, 65536);
+    h.eager_size = eager;
+    wire::Hello out = assert_hello_decodes_as(h, wire::HelloResult::Ok, "a hello with eager_size");
+    assert_int_equal(out.eager_size, eager);
+  }
+}
+
+void hello_of_protocol_1_1_without_eager_size_decodes_with_none(void **) {
+  // 24 bytes, as a 1.1 peer sends it (padding, if any, is zeros: the same).
+  uint8_t buf[wire::kHelloSize];
+  wire::Hello h = make_hello(8, 4, 1024);
+  h.minor = 1;
+  h.eager_size = 512;
+  wire::encode_hello(h, buf);
+  wire::Hello out;
+  assert_hello_result(buf, wire::kHelloMinSize, wire::HelloResult::Ok, &out, "a 24-byte hello");
+  assert_int_equal(out.eager_size, 0);
+  assert_int_equal(out.max_msg_size, 1024);
+  assert_hello_result(buf, wire::kHelloMinSize - 1, wire::HelloResult::NotIbmsg, &out,
+                      "a 23-byte hello");
+}
+
+void hello_with_eager_size_above_the_maximum_is_invalid(void **) {
+  wire::Hello h = make_hello(8, 4, 1024);
+  h.eager_size = 1025;
+  assert_hello_decodes_as(h, wire::HelloResult::Invalid, "eager_size above max_msg_size");
+  h.eager_size = 1024;
+  assert_hello_decodes_as(h, wire::HelloResult::Ok, "eager_size equal to max_msg_size");
 }
 
 void hello_of_a_higher_minor_with_unknown_features_is_ok(void **) {
@@ -426,12 +460,18 @@ void hello_with_wrong_kind_is_not_ibmsg(void **) {
 void hello_too_short_is_not_ibmsg(void **) {
   uint8_t buf[wire::kHelloSize];
   wire::encode_hello(make_hello(8, 4, 1024), buf);
-  for (size_t len = 0; len < wire::kHelloSize; ++len) {
+  for (size_t len = 0; len < wire::kHelloMinSize; ++len) {
     wire::Hello out;
     wire::HelloResult r = wire::decode_hello(buf, len, &out);
     if (r != wire::HelloResult::NotIbmsg)
       fail_msg("decode_hello of %zu bytes of this major returned %s, expected NotIbmsg", len,
                result_name(r));
+  }
+  // From protocol 1.1's size on it decodes; a cut eager_size counts as none.
+  for (size_t len = wire::kHelloMinSize; len < wire::kHelloSize; ++len) {
+    wire::Hello out;
+    assert_hello_result(buf, len, wire::HelloResult::Ok, &out, "a hello cut in its eager_size");
+    assert_int_equal(out.eager_size, 0);
   }
 }
 
@@ -1071,6 +1111,9 @@ int main(void) {
       cmocka_unit_test(descriptor_with_no_or_unknown_rights_is_rejected),
       cmocka_unit_test(descriptor_whose_range_wraps_is_rejected),
       cmocka_unit_test(descriptor_with_a_right_check_but_a_wrong_header_is_rejected),
+      cmocka_unit_test(hello_round_trips_the_eager_size),
+      cmocka_unit_test(hello_of_protocol_1_1_without_eager_size_decodes_with_none),
+      cmocka_unit_test(hello_with_eager_size_above_the_maximum_is_invalid),
       cmocka_unit_test(rts_round_trips),
       cmocka_unit_test(rts_layout_is_little_endian_byte_by_byte),
       cmocka_unit_test(fin_round_trips_every_status_and_layout),
