@@ -12,11 +12,24 @@ namespace {
 // handed out (and a reply posted) before the system call that reads the event; then the
 // transport reads and acks it, and the core arms the CQ and polls it once more, unless a
 // connection busy-polls (poll.cpp), so nothing that completes in between is missed.
-void on_channel_readable(struct ev_loop *, ev_io *w, int) {
+//
+// A channel that fails (a removed device's stays readable, and reading it fails) would wake the
+// loop for ever: it is no longer watched, its CQs are not used again, the device's connections on
+// this loop close, and later connections open the device anew.
+void on_channel_readable(struct ev_loop *ev, ev_io *w, int) {
   Device *dev = static_cast<Device *>(w->data);
   LoopEntered entered(dev->loop);
   drain_device(dev);
-  tp::device_take_events(dev->tp, on_cq_ready, nullptr);
+  int err = tp::device_take_events(dev->tp, on_cq_ready, nullptr);
+  if (err == IBMSG_OK) return;
+  ev_io_stop(ev, w);
+  loop_watch_fd(dev->loop, w->fd, false);
+  dev->removed = true;
+  for (DevCq *q = dev->cqs.front(); q; q = dev->cqs.next(q)) q->dead = true;
+  // Every connection on it, also one still being set up (it would join a CQ nobody watches).
+  Loop *loop = dev->loop;
+  for (Socket *s = loop->sockets.front(); s; s = loop->sockets.next(s))
+    if (s->dev == dev) socket_close(s, err);
 }
 
 constexpr int kRescans = 50;            // for 5 s: the kernel finishes the removal meanwhile
@@ -51,7 +64,7 @@ void release(Device *dev) {
 
 Device *device_get(Loop *loop, tp::DeviceKey key, int *err) {
   for (Device *d = loop->devices.front(); d; d = loop->devices.next(d)) {
-    if (d->key == key) {
+    if (d->key == key && !d->removed) {  // a removed one goes once unused; a new one may come
       ++d->refs;
       return d;
     }

@@ -99,7 +99,7 @@ struct Device {
   tp::Device *tp;
   ev_io watcher;
   int refs;
-  bool removed;                         // the device went away (a CM event said so)
+  bool removed;  // the device went away (a CM event said so) or its channel failed
   ListNode node;                        // in the loop's devices
   List<Pool, &Pool::dev_node> pools;    // registered on this device
   List<DevCq, &DevCq::node> cqs;  // shared by its connections; another when they are full
@@ -284,7 +284,7 @@ int loop_destroy(Loop *loop);
 int loop_run(Loop *loop, int flags, double timeout_s);
 int loop_fd(Loop *loop);
 int loop_timeout_ms(Loop *loop);
-void loop_watch_fd(Loop *loop, int fd);  // for ibmsg_event_loop_fd
+void loop_watch_fd(Loop *loop, int fd, bool watch = true);  // for ibmsg_event_loop_fd
 void loop_kick(Loop *loop);              // run the idle work (teardowns, device release) soon
 
 // --- setup.cpp ---

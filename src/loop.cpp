@@ -43,12 +43,12 @@ Loop *loop_of(ibmsg_event_loop *l) {
 
 void loop_kick(Loop *loop) { ev_idle_start(loop->ev, &loop->idle); }
 
-void loop_watch_fd(Loop *loop, int fd) {
+void loop_watch_fd(Loop *loop, int fd, bool watch) {
   if (loop->epfd < 0) return;
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.fd = fd;
-  epoll_ctl(loop->epfd, EPOLL_CTL_ADD, fd, &ev);
+  epoll_ctl(loop->epfd, watch ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev);
 }
 
 int loop_run(Loop *loop, int flags, double timeout_s) {
@@ -125,7 +125,7 @@ int loop_fd(Loop *loop) {
     if (loop->epfd < 0) return -1;
     loop_watch_fd(loop, tp::cm_channel_fd(loop->cm));
     for (Device *d = loop->devices.front(); d; d = loop->devices.next(d))
-      loop_watch_fd(loop, tp::device_fd(d->tp));
+      if (ev_is_active(&d->watcher)) loop_watch_fd(loop, tp::device_fd(d->tp));  // not a failed one
   }
   return loop->epfd;
 }

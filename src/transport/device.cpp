@@ -89,15 +89,19 @@ bool device_gone(const Device *d) {
 }
 const DeviceInfo &device_info(const Device *d) { return d->info; }
 
-void device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void *arg) {
+int device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void *arg) {
   // One event per call: reading on until EAGAIN would cost a read() that finds nothing on every
   // wake-up. The channel's fd stays readable while events are left, so the loop calls again.
   ibv_cq *cq;
   void *ctx;
-  if (ibv_get_cq_event(d->channel, &cq, &ctx) != 0) return;
+  if (ibv_get_cq_event(d->channel, &cq, &ctx) != 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return IBMSG_OK;
+    return errno == ENODEV || errno == EIO ? IBMSG_ENODEV : from_errno(errno);
+  }
   Cq *c = static_cast<Cq *>(ctx);
   ibv_ack_cq_events(c->cq, 1);
   ready(c->user, arg);
+  return IBMSG_OK;
 }
 
 int cq_create(Device *d, uint32_t depth, void *user, Cq **out) {

@@ -79,10 +79,12 @@ void device_close(Device *dev);
 int device_fd(const Device *dev);  // non-blocking; readable when a CQ on the device signalled
 const DeviceInfo &device_info(const Device *dev);
 // Reads a pending completion-channel event (one per call in rdma-core's transport: the fd stays
-// readable while more wait), acknowledges it and calls ready(cq_user, arg) for its CQ. The CQ is not re-armed: the core arms it (cq_arm) when it wants the
-// next event, and then polls it once more, so that a completion that arrived before the arming
-// is still found.
-void device_take_events(Device *dev, void (*ready)(void *cq_user, void *arg), void *arg);
+// readable while more wait), acknowledges it and calls ready(cq_user, arg) for its CQ. The CQ is
+// not re-armed: the core arms it (cq_arm) when it wants the next event, and then polls it once
+// more, so that a completion that arrived before the arming is still found. IBMSG_OK also when
+// there was none; an error when the channel failed (a removed device's stays readable): no event
+// comes through it again.
+int device_take_events(Device *dev, void (*ready)(void *cq_user, void *arg), void *arg);
 
 // Whether the device has gone from the system's device list (it is being removed).
 bool device_gone(const Device *dev);

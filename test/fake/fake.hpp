@@ -91,6 +91,7 @@ struct Stats {
   unsigned long orphan_cqes;  // completions polled after their QP was destroyed
   unsigned long send_cqes;   // send-queue completions (unsignaled successes make none)
   unsigned long ctrl_cqes;   // of them, credit-only messages' successful completions
+  unsigned long take_events;  // device_take_events calls (a removed device's fail)
   // The RDMA read/atomic resources of the core's last cm_connect and cm_accept (-1: none yet);
   // for the accept, what they resolve to (tp::kMaxRdAtomic: what the request asked for, at most
   // the device's limit, as librdmacm does).
@@ -122,7 +123,9 @@ const std::vector<Post> &posts();
 std::vector<tp::Op> posts_of(unsigned short port, bool with_ctrl = false);
 
 // Removes the device (until reset): every CM id on it gets DeviceRemoval, its QPs go to the
-// error state, and it can no longer be opened or resolved to.
+// error state, it can no longer be opened or resolved to, and the completion channel of every
+// open device object stays readable with device_take_events failing (as rdma-core's after a
+// disassociation).
 void remove_device();
 
 // Transport calls a test can make fail. Injections hit only calls made by the core, not by raw

@@ -34,6 +34,7 @@ struct Device {
   std::vector<Cq *> *taking = nullptr;  // the list device_take_events is calling back for
   int cqs = 0;
   int mrs = 0;
+  bool gone = false;  // removed: its fd stays readable and reading it fails, as rdma-core's
 };
 
 struct Cqe {
@@ -169,6 +170,7 @@ struct Fabric {
   bool atomics = true;                // devices opened from now on offer atomics
   uint32_t max_cqe = 4194303;         // ... and CQs that large
   std::vector<CmId *> ids;  // every id (for device removal)
+  std::vector<Device *> devices;  // open devices (for device removal)
   std::map<unsigned short, CmId *> ports;
   std::vector<Qp *> qps;
   std::map<uint32_t, Mr *> rkeys;  // every live registration by its remote key
@@ -581,6 +583,7 @@ int device_open(DeviceKey key, Device **out) {
   d->info.max_init_rd_atom = kMaxRdAtom;
   d->info.atomics = g.atomics;
   ++g.counts.devices;
+  g.devices.push_back(d);
   *out = d;
   return IBMSG_OK;
 }
@@ -590,13 +593,16 @@ void device_close(Device *d) {
     misuse("device_close with %d CQs and %d memory registrations still there", d->cqs, d->mrs);
   close(d->fd);
   --g.counts.devices;
+  g.devices.erase(std::find(g.devices.begin(), g.devices.end(), d));
   delete d;
 }
 
 int device_fd(const Device *d) { return d->fd; }
 const DeviceInfo &device_info(const Device *d) { return d->info; }
 
-void device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void *arg) {
+int device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void *arg) {
+  ++g.stats.take_events;
+  if (d->gone) return IBMSG_ENODEV;  // the fd stays readable
   fd_drain(d->fd);
   std::vector<Cq *> list;
   list.swap(d->signalled);
@@ -608,6 +614,7 @@ void device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void
   for (size_t i = 0; i < list.size(); ++i)
     if (list[i]) ready(list[i]->user, arg);
   d->taking = nullptr;
+  return IBMSG_OK;
 }
 
 void devices_rescan() { ++g.stats.rescans; }
@@ -1267,6 +1274,10 @@ std::vector<Op> posts_of(unsigned short port, bool with_ctrl) {
 
 void remove_device() {
   tp::g.removed = true;
+  for (tp::Device *d : tp::g.devices) {
+    d->gone = true;
+    tp::fd_signal(d->fd);
+  }
   for (CmId *id : tp::g.ids) {
     if (!id->has_dev) continue;
     if (id->qp) tp::qp_error(id->qp);

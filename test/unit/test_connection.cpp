@@ -1893,6 +1893,8 @@ void device_removal_closes_connections_with_enodev_and_lets_the_device_go(void *
   H *h = h_of(state);
   h->hold_accepted = true;
   Pair p = connected(h);
+  const int epfd = ibmsg_event_loop_fd(&h->loop);  // watches the device's channel too
+  assert_true(epfd >= 0);
   expect_code(send_msg(*p.c, 16), IBMSG_OK);
   RUN_UNTIL(h, p.a->held.size() == 1);
   fake::remove_device();
@@ -1902,6 +1904,21 @@ void device_removal_closes_connections_with_enodev_and_lets_the_device_go(void *
   assert_int_equal(p.l->closed, 0);  // a wildcard listener is on no device
   settle(h);
   assert_int_equal(fake::open_objects().devices, 1);  // the held message still needs it
+  // Its channel stays readable and reading it fails: it is no longer watched, so the loop does
+  // not spin while the device waits for the held message (nor does a foreign loop on the fd).
+  const unsigned long takes = fake::stats().take_events;
+  timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  int rounds = 0;
+  do {
+    expect_code(ibmsg_dispatch_event_loop_timeout(&h->loop, 10), IBMSG_OK);
+    ++rounds;
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+  } while ((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000 < 60);
+  assert_int_equal(fake::stats().take_events, takes);
+  if (rounds > 10) fail_msg("%d rounds of the loop in 60 ms with nothing to do", rounds);
+  pollfd pfd{epfd, POLLIN, 0};
+  assert_int_equal(poll(&pfd, 1, 0), 0);
   free_held(*p.a);
   RUN_UNTIL(h, fake::open_objects().devices == 0);
   assert_true(fake::stats().rescans > 0);  // rdma-core is told to let go of it
