@@ -1,0 +1,82 @@
+#include "shared_credits.hpp"
+
+namespace ibmsg {
+
+bool SharedCredits::join(ShareConn *c) {
+  if (c->joined || unassigned() < base_) return false;
+  c->joined = true;
+  c->granted = 0;
+  c->owed = base_;
+  c->wants = false;
+  assigned_ += base_;
+  return true;
+}
+
+void SharedCredits::leave(ShareConn *c) {
+  if (!c->joined) return;
+  unwait(c);
+  assigned_ -= c->total();
+  c->granted = c->owed = 0;
+  c->joined = false;
+}
+
+bool SharedCredits::on_arrival(ShareConn *c, bool wants) {
+  if (!c->joined || c->granted == 0 || free_ == 0) return false;
+  --c->granted;
+  --assigned_;
+  --free_;
+  c->wants = wants;
+  if (!wants || c->total() >= cap_) {
+    unwait(c);
+  } else if (unassigned() > 0) {
+    give(c);  // nobody waits while the pool has units (serve_waiting, on_freed)
+  } else if (!c->wait_node.linked()) {
+    waiting_.push_back(c);
+  }
+  return true;
+}
+
+bool SharedCredits::on_given_back(ShareConn *c, uint32_t n) {
+  // The peer holds at most what we granted (less what is on its way to it), and keeps its base.
+  if (!c->joined || n > c->granted || c->granted - n < base_) return false;
+  c->granted -= n;
+  assigned_ -= n;
+  if (n) unwait(c);  // it has more than it needs
+  return true;
+}
+
+ShareConn *SharedCredits::on_freed(ShareConn *c) {
+  ++free_;
+  if (c && !c->joined) c = nullptr;
+  // Its own connection back to its base first: every connection can always send again once the
+  // application frees what it holds.
+  if (c && c->total() < base_) {
+    give(c);
+    return c;
+  }
+  if (ShareConn *w = serve_waiting()) return w;
+  // Nobody waits: the credit stays where the traffic is.
+  if (c && c->wants && c->total() < cap_) {
+    give(c);
+    return c;
+  }
+  return nullptr;
+}
+
+ShareConn *SharedCredits::serve_waiting() {
+  if (unassigned() == 0) return nullptr;
+  ShareConn *w = waiting_.pop_front();
+  if (!w) return nullptr;
+  give(w);
+  if (w->total() < cap_) waiting_.push_back(w);  // one unit each in turn
+  return w;
+}
+
+uint32_t SharedCredits::take_owed(ShareConn *c) {
+  uint32_t n = c->owed;
+  c->granted += n;
+  c->owed = 0;
+  return n;
+}
+
+}  // namespace ibmsg
