@@ -128,6 +128,10 @@ std::vector<tp::Op> posts_of(unsigned short port, bool with_ctrl = false);
 // disassociation).
 void remove_device();
 
+// The completion channels of the device objects open now fail (readable, reading fails), with
+// no CM event, and the device can still be opened: a device object that broke, not a removal.
+void fail_channels();
+
 // Transport calls a test can make fail. Injections hit only calls made by the core, not by raw
 // peers.
 enum class Call {

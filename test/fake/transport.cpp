@@ -1285,6 +1285,13 @@ void remove_device() {
   }
 }
 
+void fail_channels() {
+  for (tp::Device *d : tp::g.devices) {
+    d->gone = true;
+    tp::fd_signal(d->fd);
+  }
+}
+
 void fail_call(Call call, int code, unsigned skip) {
   tp::Injection &i = tp::g.inj[int(call)];
   i.armed = true;

@@ -1927,6 +1927,36 @@ void device_removal_closes_connections_with_enodev_and_lets_the_device_go(void *
   expect_code(c2.close_reason, IBMSG_EHOSTUNREACH);
 }
 
+// A completion channel that fails on its own (no CM event): the core alone closes the device's
+// connections, leaves the fd out of ibmsg_event_loop_fd's set, and a new connection opens the
+// device anew while a held message keeps the broken device object.
+void failed_channel_closes_its_connections_and_a_new_one_opens_the_device_anew(void **state) {
+  H *h = h_of(state);
+  h->hold_accepted = true;
+  Pair p = connected(h);
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, p.a->held.size() == 1);
+  fake::fail_channels();
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  expect_code(p.c->close_reason, IBMSG_ENODEV);
+  expect_code(p.a->close_reason, IBMSG_ENODEV);
+  settle(h);
+  assert_int_equal(fake::open_objects().devices, 1);  // the held message keeps it
+  const int epfd = ibmsg_event_loop_fd(&h->loop);     // made after the failure
+  assert_true(epfd >= 0);
+  pollfd pfd{epfd, POLLIN, 0};
+  assert_int_equal(poll(&pfd, 1, 0), 0);  // the failed channel is not in it
+  Conn &c2 = client(h, port_of(*p.l));
+  RUN_UNTIL(h, c2.established && h->accepted.size() == 2 && h->accepted.back()->established);
+  Conn &a2 = *h->accepted.back();
+  assert_int_equal(fake::open_objects().devices, 2);  // a new device object
+  expect_code(send_msg(c2, 16), IBMSG_OK);
+  RUN_UNTIL(h, a2.held.size() == 1);
+  free_held(a2);
+  free_held(*p.a);
+  RUN_UNTIL(h, fake::open_objects().devices == 1);  // the broken one went
+}
+
 void allocated_send_buffer_keeps_the_device_until_freed(void **state) {
   H *h = h_of(state);
   Pair p = connected(h);
@@ -2050,6 +2080,7 @@ int main(void) {
       T(device_removal_closes_connections_with_enodev_and_lets_the_device_go),
       T(everything_is_released_once_the_sockets_close),
       T(held_message_keeps_the_device_and_blocks_loop_destroy),
+      T(failed_channel_closes_its_connections_and_a_new_one_opens_the_device_anew),
       T(allocated_send_buffer_keeps_the_device_until_freed),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
