@@ -67,7 +67,7 @@ void encode_hello(const Hello &h, uint8_t out[kHelloSize]) {
   put32(out + 12, h.recv_depth);
   put32(out + 16, h.ctrl_depth);
   put32(out + 20, h.max_msg_size);
-  put32(out + 24, h.eager_size);
+  put32(out + 24, h.rndv_max_size);
 }
 
 HelloResult decode_hello(const void *data, size_t len, Hello *out) {
@@ -82,10 +82,11 @@ HelloResult decode_hello(const void *data, size_t len, Hello *out) {
   out->recv_depth = get32(p + 12);
   out->ctrl_depth = get32(p + 16);
   out->max_msg_size = get32(p + 20);
-  out->eager_size = len >= kHelloSize ? get32(p + 24) : 0;
+  out->rndv_max_size = len >= kHelloSize ? get32(p + 24) : 0;
   if (out->recv_depth == 0 || out->recv_depth > kMaxDepth) return HelloResult::Invalid;
   if (out->ctrl_depth == 0 || out->ctrl_depth > kMaxCtrlDepth) return HelloResult::Invalid;
-  if (out->max_msg_size == 0 || out->eager_size > out->max_msg_size) return HelloResult::Invalid;
+  if (out->max_msg_size == 0) return HelloResult::Invalid;
+  if (out->rndv_max_size != 0 && out->rndv_max_size < out->max_msg_size) return HelloResult::Invalid;
   return HelloResult::Ok;
 }
 

@@ -75,14 +75,16 @@ struct Hello {
   uint32_t features = kFeatures;
   uint32_t recv_depth = 0;    // data credits the receiver of this hello starts with
   uint32_t ctrl_depth = 0;    // control credits likewise
-  uint32_t max_msg_size = 0;  // largest message the sender of this hello can receive
-  // Largest message it takes eagerly (in a receive buffer), the rest by rendezvous; 0: no
-  // separate limit (every message up to max_msg_size is eager). Zero in a hello of protocol 1.1
+  // Largest message the sender of this hello receives in a receive buffer (eagerly): all a
+  // peer of protocol 1.1, which knows no rendezvous, may send it.
+  uint32_t max_msg_size = 0;
+  // Largest message it receives at all, the part above max_msg_size by rendezvous (with
+  // kFeatureRndv on both sides); 0: none above max_msg_size. Zero in a hello of protocol 1.1
   // (24 bytes, or padded with zeros by the transport).
-  uint32_t eager_size = 0;
+  uint32_t rndv_max_size = 0;
 };
 constexpr size_t kHelloSize = 28;
-constexpr size_t kHelloMinSize = 24;  // protocol 1.1's hello, without eager_size
+constexpr size_t kHelloMinSize = 24;  // protocol 1.1's hello, without rndv_max_size
 void encode_hello(const Hello &h, uint8_t out[kHelloSize]);
 
 enum class HelloResult {

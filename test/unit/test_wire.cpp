@@ -250,7 +250,7 @@ void hello_layout_is_little_endian_byte_by_byte(void **) {
   memset(buf, 0xee, sizeof buf);
   wire::Hello h = make_hello(0x01020304u, 0x0a0b0c0du, 0x00010000u);
   h.features = 0x11223344u;
-  h.eager_size = 0x00004000u;
+  h.rndv_max_size = 0x40000000u;
   wire::encode_hello(h, buf);
   const uint8_t expected[wire::kHelloSize] = {
       0x53, 0x4d, 0x42, 0x49,  // magic 0x49424d53 ("IBMS" read as a big-endian word)
@@ -262,7 +262,7 @@ void hello_layout_is_little_endian_byte_by_byte(void **) {
       0x04, 0x03, 0x02, 0x01,  // recv_depth
       0x0d, 0x0c, 0x0b, 0x0a,  // ctrl_depth
       0x00, 0x00, 0x01, 0x00,  // max_msg_size
-      0x00, 0x40, 0x00, 0x00,  // eager_size
+      0x00, 0x00, 0x00, 0x40,  // rndv_max_size
   };
   for (size_t i = 0; i < sizeof expected; ++i)
     if (buf[i] != expected[i])
@@ -298,36 +298,39 @@ void hello_decodes_when_padded_by_the_transport(void **) {
   assert_int_equal(out.max_msg_size, 1024);
 }
 
-void hello_round_trips_the_eager_size(void **) {
-  for (uint32_t eager : {0u, 1u, 16384u, 65536u}) {
+void hello_round_trips_the_rendezvous_maximum(void **) {
+  for (uint32_t m : {0u, 65536u, 65537u, 1u << 30, 0xffffffffu}) {
     wire::Hello h = make_hello(8, 4, 65536);
-    h.eager_size = eager;
-    wire::Hello out = assert_hello_decodes_as(h, wire::HelloResult::Ok, "a hello with eager_size");
-    assert_int_equal(out.eager_size, eager);
+    h.rndv_max_size = m;
+    wire::Hello out = assert_hello_decodes_as(h, wire::HelloResult::Ok, "a hello with rndv_max_size");
+    assert_int_equal(out.rndv_max_size, m);
+    assert_int_equal(out.max_msg_size, 65536);
   }
 }
 
-void hello_of_protocol_1_1_without_eager_size_decodes_with_none(void **) {
+void hello_of_protocol_1_1_without_rndv_max_size_decodes_with_none(void **) {
   // 24 bytes, as a 1.1 peer sends it (padding, if any, is zeros: the same).
   uint8_t buf[wire::kHelloSize];
   wire::Hello h = make_hello(8, 4, 1024);
   h.minor = 1;
-  h.eager_size = 512;
+  h.rndv_max_size = 1 << 20;
   wire::encode_hello(h, buf);
   wire::Hello out;
   assert_hello_result(buf, wire::kHelloMinSize, wire::HelloResult::Ok, &out, "a 24-byte hello");
-  assert_int_equal(out.eager_size, 0);
+  assert_int_equal(out.rndv_max_size, 0);
   assert_int_equal(out.max_msg_size, 1024);
   assert_hello_result(buf, wire::kHelloMinSize - 1, wire::HelloResult::NotIbmsg, &out,
                       "a 23-byte hello");
 }
 
-void hello_with_eager_size_above_the_maximum_is_invalid(void **) {
+void hello_with_rndv_max_size_below_the_eager_maximum_is_invalid(void **) {
   wire::Hello h = make_hello(8, 4, 1024);
-  h.eager_size = 1025;
-  assert_hello_decodes_as(h, wire::HelloResult::Invalid, "eager_size above max_msg_size");
-  h.eager_size = 1024;
-  assert_hello_decodes_as(h, wire::HelloResult::Ok, "eager_size equal to max_msg_size");
+  h.rndv_max_size = 1023;
+  assert_hello_decodes_as(h, wire::HelloResult::Invalid, "rndv_max_size below max_msg_size");
+  h.rndv_max_size = 1;
+  assert_hello_decodes_as(h, wire::HelloResult::Invalid, "rndv_max_size of 1");
+  h.rndv_max_size = 1024;
+  assert_hello_decodes_as(h, wire::HelloResult::Ok, "rndv_max_size equal to max_msg_size");
 }
 
 void hello_of_a_higher_minor_with_unknown_features_is_ok(void **) {
@@ -467,11 +470,11 @@ void hello_too_short_is_not_ibmsg(void **) {
       fail_msg("decode_hello of %zu bytes of this major returned %s, expected NotIbmsg", len,
                result_name(r));
   }
-  // From protocol 1.1's size on it decodes; a cut eager_size counts as none.
+  // From protocol 1.1's size on it decodes; a cut rndv_max_size counts as none.
   for (size_t len = wire::kHelloMinSize; len < wire::kHelloSize; ++len) {
     wire::Hello out;
-    assert_hello_result(buf, len, wire::HelloResult::Ok, &out, "a hello cut in its eager_size");
-    assert_int_equal(out.eager_size, 0);
+    assert_hello_result(buf, len, wire::HelloResult::Ok, &out, "a hello cut in its rndv_max_size");
+    assert_int_equal(out.rndv_max_size, 0);
   }
 }
 
@@ -1111,9 +1114,9 @@ int main(void) {
       cmocka_unit_test(descriptor_with_no_or_unknown_rights_is_rejected),
       cmocka_unit_test(descriptor_whose_range_wraps_is_rejected),
       cmocka_unit_test(descriptor_with_a_right_check_but_a_wrong_header_is_rejected),
-      cmocka_unit_test(hello_round_trips_the_eager_size),
-      cmocka_unit_test(hello_of_protocol_1_1_without_eager_size_decodes_with_none),
-      cmocka_unit_test(hello_with_eager_size_above_the_maximum_is_invalid),
+      cmocka_unit_test(hello_round_trips_the_rendezvous_maximum),
+      cmocka_unit_test(hello_of_protocol_1_1_without_rndv_max_size_decodes_with_none),
+      cmocka_unit_test(hello_with_rndv_max_size_below_the_eager_maximum_is_invalid),
       cmocka_unit_test(rts_round_trips),
       cmocka_unit_test(rts_layout_is_little_endian_byte_by_byte),
       cmocka_unit_test(fin_round_trips_every_status_and_layout),
