@@ -33,6 +33,7 @@ int send_now(Socket *s, Slot *slot) {
     return rc;
   }
   slot->state = SlotState::InFlight;
+  slot->work.done = false;
   s->flight.push_back(&slot->work);
   return IBMSG_OK;
 }
@@ -125,21 +126,10 @@ int wc_error(tp::WcStatus st) {
 }
 
 void on_send_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
-  // Only the last message of a post list is signaled. Whatever this completion says, the sends
-  // before it are done, and those still in flight succeeded: a failed or flushed one completes
-  // on its own, signaled or not, before this one.
-  while (Work *w = s->flight.front()) {
-    if (w == &slot->work || w->wr.op != tp::Op::Send) break;
-    s->flight.remove(w);
-    notify_sent(s, static_cast<Slot *>(w->wr.owner), IBMSG_OK);
-  }
-  s->flight.remove(&slot->work);
-  if (wc.status == tp::WcStatus::Ok) {
-    notify_sent(s, slot, IBMSG_OK);
-    return;
-  }
-  socket_close(s, wc_error(wc.status));
-  notify_sent(s, slot, wc.status == tp::WcStatus::Flushed ? IBMSG_ECANCELED : IBMSG_EIO);
+  if (slot->state != SlotState::InFlight || slot->work.done) return;  // cannot happen
+  const bool ok = wc.status == tp::WcStatus::Ok;
+  const int st = ok ? IBMSG_OK : wc.status == tp::WcStatus::Flushed ? IBMSG_ECANCELED : IBMSG_EIO;
+  work_done(s, &slot->work, st, ok ? IBMSG_OK : wc_error(wc.status));
 }
 
 // A protocol violation or a failed receive: the buffer stays unposted, the connection closes.
@@ -250,7 +240,41 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   }
 }
 
+// A work request's callback: message_sent, or the operation's done.
+void notify_work(Socket *s, Work *w, int status) {
+  if (w->wr.op == tp::Op::Send) notify_sent(s, static_cast<Slot *>(w->wr.owner), status);
+  else op_finish(s, static_cast<Op *>(w->wr.owner), status);
+}
+
+// The callbacks of the completed work at the front of the flight list, in posting order. One may
+// post (at the back, not done) or close the connection (the teardown empties the list later).
+void notify_front(Socket *s) {
+  for (Work *x = s->flight.front(); x && x->done; x = s->flight.front()) {
+    s->flight.remove(x);
+    notify_work(s, x, x->status);
+  }
+}
+
 }  // namespace
+
+void work_done(Socket *s, Work *w, int status, int close_reason) {
+  // Only the last message of a post list is signaled: whatever this completion says, the work
+  // before it completed, and what of it is not marked yet succeeded (a failed or flushed work
+  // request completes on its own, signaled or not, before this one).
+  for (Work *x = s->flight.front(); x && x != w; x = s->flight.next(x)) {
+    if (!x->done) {
+      x->done = true;
+      x->status = IBMSG_OK;
+    }
+  }
+  if (close_reason != IBMSG_OK) {
+    notify_front(s);  // what succeeded before it is reported first
+    socket_close(s, close_reason);
+  }
+  w->done = true;
+  w->status = status;
+  notify_front(s);
+}
 
 void on_completion(Socket *s, const tp::Completion &wc) {
   // The unsignaled credit-only messages posted before this work request (tp::post_flush): done
@@ -281,8 +305,11 @@ void on_completion(Socket *s, const tp::Completion &wc) {
 void cancel_sends(Socket *s) {
   for (auto *list : {&s->flight, &s->queue}) {
     while (Work *w = list->pop_front()) {
-      if (w->wr.op == tp::Op::Send) notify_sent(s, static_cast<Slot *>(w->wr.owner), IBMSG_ECANCELED);
-      else op_cancel(s, static_cast<Op *>(w->wr.owner));
+      // In flight and completed (waiting for an earlier one): its own status.
+      const bool done = list == &s->flight && w->done;
+      if (w->wr.op != tp::Op::Send && list == &s->flight && !done && s->ops_in_flight)
+        --s->ops_in_flight;
+      notify_work(s, w, done ? w->status : IBMSG_ECANCELED);
     }
   }
 }

@@ -318,8 +318,7 @@ int format_address(const sockaddr *sa, char *buf, size_t len, unsigned short *po
 void on_cm_event(Loop *loop, const tp::CmEvent &ev);
 void on_connect_timeout(Timer *t);
 void reject_id(tp::CmId *id, const char *text);
-// The connection is up (CM event, or data that overtook it): connection_established.
-void establish(Socket *s);
+void establish(Socket *s);  // it is up (CM event, or data that overtook it): established
 
 // --- cq.cpp ---
 // A CQ of the device with room for need more completions (grown, or a new one).
@@ -338,12 +337,13 @@ int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
 int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm);
 int msg_free(ibmsg_buffer *msg);
 
-// Batching: a work request just queued on s's QP goes to the device at once outside callbacks,
-// or to an idle send queue (send_queue, nothing in flight); else at the end of the round (CQ drain
-// or watcher callback): one list per busy connection. Returns an immediate flush's error.
+// Batching: a work request just queued goes to the device at once outside callbacks or to an
+// idle send queue, else at the end of the round (one list per connection); an immediate error.
 int posted(Socket *s, bool send_queue);
 
 void flush_sends(Socket *s);  // the queue's head to the QP while it can go; a refusal closes
+// w completed with status, and the work before it too: callbacks in order (close_reason: closes
+void work_done(Socket *s, Work *w, int status, int close_reason = IBMSG_OK);  // before w's)
 bool work_can_go(const Socket *s, const Work *w);  // whether the queue's head could go now
 void maybe_send_ctrl(Socket *s);  // a credit-only message, if owed and nothing carries them
 
@@ -372,7 +372,7 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
 int ops_open(Socket *s);      // the operation table (conn_open); freed with the socket
 int op_send_now(Socket *s, Op *op);  // posts a queued operation (flush_sends)
 void op_on_wc(Socket *s, Op *op, const tp::Completion &wc);
-void op_cancel(Socket *s, Op *op);   // ECANCELED (teardown)
+void op_finish(Socket *s, Op *op, int status);  // its done callback (from work_done, teardown)
 
 // --- poll.cpp ---
 void poll_init(Loop *loop);

@@ -38,6 +38,10 @@ constexpr uint32_t kSlotMagic = 0x51a7b0c5;
 struct Work {
   ListNode link;   // the connection's send queue or in-flight list
   tp::WorkCtx wr;
+  // In flight: it completed (its completion came, or a later one's: a send queue completes in
+  // order), with this status; its callback waits for everything posted before it (work_done).
+  bool done = false;
+  int status = IBMSG_OK;
 };
 
 }  // namespace ibmsg

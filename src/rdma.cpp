@@ -74,12 +74,12 @@ ibmsg_op *release(Socket *s, Op *op, int status) {
   return pub;
 }
 
-void finish(Socket *s, Op *op, int status) {
+}  // namespace
+
+void op_finish(Socket *s, Op *op, int status) {
   ibmsg_op *pub = release(s, op, status);
   if (pub->done) pub->done(s->pub, pub, status);
 }
-
-}  // namespace
 
 int ops_open(Socket *s) {
   const uint32_t n = uint32_t(s->opts.rdma_depth) + uint32_t(s->opts.send_queue);
@@ -151,12 +151,13 @@ int op_send_now(Socket *s, Op *op) {
     return err;
   }
   ++s->ops_in_flight;
+  op->work.done = false;
   s->flight.push_back(&op->work);
   return IBMSG_OK;
 }
 
 void op_on_wc(Socket *s, Op *op, const tp::Completion &wc) {
-  s->flight.remove(&op->work);
+  if (op->work.done || !op->pub) return;  // not in flight (cannot happen)
   --s->ops_in_flight;
   int status = IBMSG_OK;
   switch (wc.status) {
@@ -165,15 +166,9 @@ void op_on_wc(Socket *s, Op *op, const tp::Completion &wc) {
     case tp::WcStatus::RemoteAccess: status = IBMSG_EREMOTEACCESS; break;
     default: status = IBMSG_EIO; break;
   }
-  if (status != IBMSG_OK)
-    socket_close(s, status == IBMSG_ECANCELED ? IBMSG_ECONNRESET : status);
-  finish(s, op, status);
+  work_done(s, &op->work, status,
+            status == IBMSG_ECANCELED ? IBMSG_ECONNRESET : status);  // IBMSG_OK: no close
   if (status == IBMSG_OK) flush_sends(s);
-}
-
-void op_cancel(Socket *s, Op *op) {
-  if (s->ops_in_flight) --s->ops_in_flight;
-  finish(s, op, IBMSG_ECANCELED);
 }
 
 }  // namespace ibmsg
