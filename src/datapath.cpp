@@ -263,6 +263,7 @@ void work_done(Socket *s, Work *w, int status, int close_reason) {
   // request completes on its own, signaled or not, before this one).
   for (Work *x = s->flight.front(); x && x != w; x = s->flight.next(x)) {
     if (!x->done) {
+      if (x->wr.op != tp::Op::Send && s->ops_in_flight) --s->ops_in_flight;  // (never today)
       x->done = true;
       x->status = IBMSG_OK;
     }

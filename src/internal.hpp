@@ -332,7 +332,7 @@ void on_cq_ready(void *cq_user, void *arg);      // for tp::device_take_events
 
 // --- datapath.cpp ---
 void on_completion(Socket *s, const tp::Completion &wc);
-void cancel_sends(Socket *s);  // the flight and queue lists complete with ECANCELED (closing)
+void cancel_sends(Socket *s);  // closing: flight and queue complete (ECANCELED unless done)
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
 int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm);
 int msg_free(ibmsg_buffer *msg);

@@ -158,7 +158,7 @@ int op_send_now(Socket *s, Op *op) {
 
 void op_on_wc(Socket *s, Op *op, const tp::Completion &wc) {
   if (op->work.done || !op->pub) return;  // not in flight (cannot happen)
-  --s->ops_in_flight;
+  if (s->ops_in_flight) --s->ops_in_flight;
   int status = IBMSG_OK;
   switch (wc.status) {
     case tp::WcStatus::Ok: break;
