@@ -17,7 +17,7 @@
 //                      cm.cpp        connection-manager events and the hello
 //                      datapath.cpp  send queue, in flight, completions, alloc / post / free
 //                      close.cpp     the one close path and the teardown
-//                      (pure: state, credits, shared_credits, wire, pool, largebuf, list)
+//                      (pure: state, credits, wire, pool, list; largebuf, shared_credits: tests)
 //   ----------------------------------------------------------------------------------------
 //   transport/         the only code that calls rdma-core (transport.hpp); it knows no sockets.
 //                      test/fake/transport.cpp stands in for it in host-side tests.
