@@ -126,7 +126,8 @@ int resolve_error(int status) { return status == -ETIMEDOUT ? IBMSG_ETIMEDOUT : 
 
 }  // namespace
 
-void establish(Socket *s) {
+void establish(Socket *s, bool by_data) {
+  if (by_data) tp::cm_notify_established(s->id);  // the CM must hear it too, or it times out
   timer_stop(&s->connect_timer);
   set_state(s, Event::Established);
   s->was_connected = true;

@@ -177,7 +177,7 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
     return;
   }
   // Data can overtake the ESTABLISHED event on the accepting side: it proves the connection is up.
-  if (s->state == State::Accepting) establish(s);
+  if (s->state == State::Accepting) establish(s, true);
   slot->state = SlotState::Lent;
   ++slot->pool->out;
   ibmsg_buffer *msg = &slot->own;
@@ -201,7 +201,7 @@ void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
     drop_recv(s, slot, IBMSG_EPROTO);
     return;
   }
-  if (s->state == State::Accepting) establish(s);
+  if (s->state == State::Accepting) establish(s, true);
   slot->state = SlotState::Free;
   if (s->state == State::Closing) {
     s->credits.on_data_dropped();

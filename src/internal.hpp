@@ -318,7 +318,7 @@ int format_address(const sockaddr *sa, char *buf, size_t len, unsigned short *po
 void on_cm_event(Loop *loop, const tp::CmEvent &ev);
 void on_connect_timeout(Timer *t);
 void reject_id(tp::CmId *id, const char *text);
-void establish(Socket *s);  // it is up (CM event, or data that overtook it): established
+void establish(Socket *s, bool by_data = false);  // it is up (CM event, or data overtook it)
 
 // --- cq.cpp ---
 // A CQ of the device with room for need more completions (grown, or a new one).

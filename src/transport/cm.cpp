@@ -120,6 +120,10 @@ int cm_connect(CmId *id, const ConnParam &p) {
   return rdma_connect(raw(id), &c) ? from_errno(errno) : IBMSG_OK;
 }
 
+void cm_notify_established(CmId *id) {
+  rdma_notify(raw(id), IBV_EVENT_COMM_EST);  // EISCONN: the CM got there first, as wanted
+}
+
 int cm_accept(CmId *id, const ConnParam &p) {
   rdma_conn_param c = conn_param(p);
   if (rdma_accept(raw(id), &c) == 0) return IBMSG_OK;

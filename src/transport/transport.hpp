@@ -186,6 +186,10 @@ int cm_connect(CmId *id, const ConnParam &p);
 int cm_accept(CmId *id, const ConnParam &p);
 int cm_reject(CmId *id, const void *pdata, uint8_t plen);
 int cm_disconnect(CmId *id);
+// The accepting side's data arrived before the CM's Established event (the connecting side's
+// RTU is late or lost): tells the CM the connection is up (rdma_notify, IB COMM_EST), else it
+// times the connection out underneath although data flows.
+void cm_notify_established(CmId *id);
 
 // The device the id is bound to, or nullptr before address resolution (or for a wildcard
 // listener).

@@ -80,6 +80,7 @@ struct Stats {
   unsigned long delivered;  // messages delivered
   unsigned long connect_requests;
   unsigned long rescans;  // devices_rescan() calls
+  unsigned long cm_notifies;  // cm_notify_established() calls
   unsigned long registrations;         // successful mr_register calls (raw peers' included)
   unsigned long remote_access_errors;  // one-sided operations the responder refused
   unsigned long rdma_ops;              // one-sided operations executed

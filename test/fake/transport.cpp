@@ -993,6 +993,8 @@ int cm_reject(CmId *id, const void *pdata, uint8_t plen) {
   return IBMSG_OK;
 }
 
+void cm_notify_established(CmId *) { ++g.stats.cm_notifies; }
+
 int cm_disconnect(CmId *id) {
   if (id->state == IdState::Disconnected) {  // the peer disconnected first
     if (id->qp) qp_error(id->qp);

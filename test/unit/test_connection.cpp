@@ -522,9 +522,12 @@ void data_overtaking_the_established_event_establishes_once(void **state) {
   RUN_UNTIL(h, r->state() == Raw::State::Established && !h->accepted.empty());
   Conn *a = h->accepted.back();
   assert_int_equal(a->established, 0);
+  const unsigned long notifies = fake::stats().cm_notifies;
   expect_code(r->send(fake::imm(0), "1234", 4), IBMSG_OK);
   RUN_UNTIL(h, a->received == 1);
   assert_int_equal(a->established, 1);  // before the message, and once
+  // The CM is told (rdma_notify): else it times the connection out underneath, data or not.
+  assert_int_equal(fake::stats().cm_notifies, notifies + 1);
   fake::release_established();
   settle(h);
   assert_int_equal(a->established, 1);
