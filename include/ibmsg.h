@@ -63,7 +63,7 @@ extern "C" {
  * ------------------------------------------------------------------------------------------ */
 
 #define IBMSG_VERSION_MAJOR 1 /**< major version: changes break compatibility */
-#define IBMSG_VERSION_MINOR 1 /**< minor version: compatible additions */
+#define IBMSG_VERSION_MINOR 2 /**< minor version: compatible additions */
 #define IBMSG_VERSION_PATCH 0 /**< patch level: fixes only */
 /** The version as one number, for compile-time checks: 10000 * major + 100 * minor + patch. */
 #define IBMSG_VERSION (IBMSG_VERSION_MAJOR * 10000 + IBMSG_VERSION_MINOR * 100 + IBMSG_VERSION_PATCH)
@@ -299,7 +299,10 @@ enum ibmsg_option {
   IBMSG_OPT_SEND_DEPTH = 2,      /**< int: send buffers per connection for ibmsg_alloc_msg (32) */
   IBMSG_OPT_SEND_QUEUE = 3,      /**< int: posted messages and operations queued waiting for credits
                                       or room in flight (32) */
-  IBMSG_OPT_MAX_MSG_SIZE = 4,    /**< int: largest message in bytes, at least 1 (65536) */
+  IBMSG_OPT_MAX_MSG_SIZE = 4,    /**< int, or uint64_t (len 8) for sizes beyond INT_MAX: largest
+                                      message in bytes either way, 1 .. 2^32 - 1 (2^32 - 1);
+                                      those above IBMSG_OPT_EAGER_SIZE go by rendezvous (1.2).
+                                      ibmsg_getopt into an int says at most INT_MAX */
   IBMSG_OPT_CONNECT_TIMEOUT = 5, /**< int: ms for ibmsg_connect() or ibmsg_accept() to reach CONNECTED (5000) */
   IBMSG_OPT_RNR_RETRY = 6,       /**< int 0..7: RNR retries (7); credits make RNR impossible */
   IBMSG_OPT_SOURCE_ADDR = 7,     /**< string: local address ibmsg_connect() binds to ("": any) */
@@ -307,16 +310,22 @@ enum ibmsg_option {
   IBMSG_OPT_RDMA = 9,            /**< int 0/1: one-sided RDMA on the connection (1). With 0 the
                                       hello offers none: operations on it fail with
                                       IBMSG_EOPNOTSUPP on both sides, no descriptor is made for
-                                      it, and it serves no RDMA reads or atomics (the queue pair
-                                      rdma_cm sets up still takes RDMA writes that carry a valid
-                                      key of the device's other connections) */
+                                      it, and it serves no atomics and no RDMA reads but those
+                                      of its rendezvous messages (IBMSG_OPT_EAGER_SIZE); with
+                                      IBMSG_OPT_MAX_MSG_SIZE at most the eager size, none (the
+                                      queue pair rdma_cm sets up still takes RDMA writes that
+                                      carry a valid key of the device's other connections) */
   IBMSG_OPT_RDMA_DEPTH = 10,     /**< int: one-sided operations in flight per connection (16);
                                       more wait in the send queue (IBMSG_OPT_SEND_QUEUE) */
-  IBMSG_OPT_BUSY_POLL = 11       /**< int: busy polling of the connection's completions (0):
+  IBMSG_OPT_BUSY_POLL = 11,      /**< int: busy polling of the connection's completions (0):
                                       0 sleeps until the device signals (events); N > 0 keeps
                                       polling for N microseconds after the connection's last
                                       activity, then sleeps (adaptive); IBMSG_BUSY_POLL_ALWAYS
                                       never sleeps (a dedicated core) */
+  IBMSG_OPT_EAGER_SIZE = 12      /**< int: largest message sent eagerly, through the
+                                      connection's registered buffers (65536); larger ones go by
+                                      rendezvous: the receiver reads them into a buffer of its
+                                      own (since 1.2; a 1.1 peer takes eager messages only) */
 };
 
 /** IBMSG_OPT_BUSY_POLL value: poll without ever sleeping while the connection is open. */
@@ -579,7 +588,7 @@ IBMSG_EXPORT int ibmsg_atomic_fadd(ibmsg_socket *socket, ibmsg_op *op, ibmsg_reg
 /* ---------------------------------------------------------------------------------------------
  * Names of the original ibmsg, kept so that programs written for it compile unchanged.
  * ------------------------------------------------------------------------------------------ */
-/** The default maximum message size (IBMSG_OPT_MAX_MSG_SIZE); the original's fixed limit. */
+/** The original's fixed message size limit; the default IBMSG_OPT_EAGER_SIZE since 1.2. */
 #define IBMSG_MAX_MSGSIZE (65536)
 #define IBMSG_FCNTL_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
 #define IBMSG_GETADDRINFO_FAILED IBMSG_ENOADDR /**< the original ibmsg name of IBMSG_ENOADDR */

@@ -1,5 +1,5 @@
-// The data path: the send queue and the in-flight list, credit-only messages, completions, and
-// the bodies of alloc / post / free. Nothing here allocates or registers memory.
+// The data path: the send queue and the in-flight list, credit-only messages, completions.
+// Nothing here allocates or registers memory.
 #include <initializer_list>
 
 #include "internal.hpp"
@@ -9,7 +9,10 @@ namespace {
 
 int post_data(Socket *s, Slot *slot, wire::Imm imm) {
   uint32_t len = uint32_t(slot->msg->size);
-  if (slot->has_imm) {
+  if (slot->work.rndv) {
+    len = rndv_fill_rts(s, slot);
+    imm.op = wire::Opcode::Rendezvous;
+  } else if (slot->has_imm) {
     // The immediate follows the payload, little-endian (the pools have room for it).
     uint8_t *t = slot->buf + len;
     t[0] = uint8_t(slot->imm);
@@ -24,19 +27,27 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
   return rc ? rc : posted(s, true);
 }
 
-// Posts one message with a data credit; on failure the credits are as before.
+}  // namespace
+
 int send_now(Socket *s, Slot *slot) {
   Credits saved = s->credits;
-  int rc = post_data(s, slot, s->credits.take_data());
+  const uint32_t done = s->done_owed;
+  wire::Imm imm = s->credits.take_data();
+  imm.done = rndv_take_done(s);
+  int rc = post_data(s, slot, imm);
   if (rc) {
     s->credits = saved;
+    s->done_owed = done;
+    if (slot->link.linked()) s->rndv_wait.remove(slot);
     return rc;
   }
   slot->state = SlotState::InFlight;
-  slot->work.done = false;
+  slot->work.done = slot->work.sent = slot->work.read = false;
   s->flight.push_back(&slot->work);
   return IBMSG_OK;
 }
+
+namespace {
 
 int post_work(Socket *s, Work *w) {
   if (w->wr.op == tp::Op::Send) return send_now(s, static_cast<Slot *>(w->wr.owner));
@@ -55,14 +66,22 @@ void maybe_send_ctrl(Socket *s) {
   // those writes took: once this side waits for a data credit, it returns the control credits it
   // owes on their own (from half of them: the peer owes one for this message, so two waiting
   // sides do not ping-pong).
+  // A side whose rendezvous messages wait for the peer's done count likewise: the peer may need
+  // control credits to send it.
   const Work *head = s->queue.front();
-  bool waits = head && (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
-               !s->credits.can_send_data();
-  if (!s->credits.ctrl_needed() && !(waits && s->credits.owed_ctrl() >= kCtrlDepth / 2)) return;
+  bool waits = (head && (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
+                !s->credits.can_send_data()) ||
+               !s->rndv_wait.empty();
+  if (!s->credits.ctrl_needed() && s->done_owed == 0 &&
+      !(waits && s->credits.owed_ctrl() >= kCtrlDepth / 2))
+    return;
   Credits saved = s->credits;
+  const uint32_t done = s->done_owed;
   wire::Imm imm = s->credits.take_ctrl();
+  imm.done = rndv_take_done(s);
   if (tp::post_send_imm(s->id, &s->ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
     s->credits = saved;
+    s->done_owed = done;
     socket_close(s, IBMSG_EIO);
     return;
   }
@@ -114,6 +133,7 @@ namespace {
 
 void notify_sent(Socket *s, Slot *slot, int status) {
   ibmsg_buffer *msg = slot->msg;
+  if (slot->link.linked()) s->rndv_wait.remove(slot);  // failed or canceled before it was read
   slot->state = SlotState::Allocated;
   msg->status = status == IBMSG_OK ? IBMSG_SENT : IBMSG_SEND_FAILED;
   if (auto cb = s->loop->pub->message_sent) cb(s->pub, msg, status);
@@ -169,7 +189,7 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
     }
     len -= wire::kImmTrailer;
   }
-  if (len > uint32_t(s->opts.max_msg_size) || !s->credits.on_data_arrived() ||
+  if (len > eager_recv_size(s) || !s->credits.on_data_arrived() ||
       !s->credits.on_returned(imm)) {
     // larger than we take, more data messages than the credits we granted, or credits returned
     // that it never had
@@ -190,8 +210,7 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   msg->imm = has_imm ? uint32_t(t[0]) | uint32_t(t[1]) << 8 | uint32_t(t[2]) << 16 | uint32_t(t[3]) << 24 : 0;
   flush_sends(s);
   maybe_send_ctrl(s);
-  if (auto cb = s->loop->pub->message_received) cb(s->pub, msg);
-  else msg_free(msg);
+  deliver_msg(s, slot);
 }
 
 // The peer's RDMA write with immediate landed: its immediate is the application's, its data
@@ -232,10 +251,16 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
     drop_recv(s, slot, IBMSG_EPROTO);
     return;
   }
+  // The peer read rendezvous messages of ours: they are done (message_sent, in order).
+  if (imm.done && (!(s->features & wire::kFeatureRndv) || !rndv_on_done(s, imm.done))) {
+    drop_recv(s, slot, IBMSG_EPROTO);
+    return;
+  }
   switch (imm.op) {
     case wire::Opcode::Data:
     case wire::Opcode::DataImm: on_data_msg(s, slot, wc, imm); break;
     case wire::Opcode::Credit: on_credit_msg(s, slot, wc, imm); break;
+    case wire::Opcode::Rendezvous: rndv_on_rts(s, slot, wc, imm); break;
     default: drop_recv(s, slot, IBMSG_EPROTO); break;  // no feature agreed that uses it
   }
 }
@@ -246,6 +271,8 @@ void notify_work(Socket *s, Work *w, int status) {
   else op_finish(s, static_cast<Op *>(w->wr.owner), status);
 }
 
+}  // namespace
+
 // The callbacks of the completed work at the front of the flight list, in posting order. One may
 // post (at the back, not done) or close the connection (the teardown empties the list later).
 void notify_front(Socket *s) {
@@ -255,25 +282,30 @@ void notify_front(Socket *s) {
   }
 }
 
-}  // namespace
-
 void work_done(Socket *s, Work *w, int status, int close_reason) {
   // Only the last message of a post list is signaled: whatever this completion says, the work
   // before it completed, and what of it is not marked yet succeeded (a failed or flushed work
   // request completes on its own, signaled or not, before this one).
+  // A rendezvous message's RTS went; the message is done once the peer read it too.
   for (Work *x = s->flight.front(); x && x != w; x = s->flight.next(x)) {
-    if (!x->done) {
+    if (!x->sent) {
       if (x->wr.op != tp::Op::Send && s->ops_in_flight) --s->ops_in_flight;  // (never today)
-      x->done = true;
-      x->status = IBMSG_OK;
+      x->sent = true;
+      if (!x->rndv || x->read) {
+        x->done = true;
+        x->status = IBMSG_OK;
+      }
     }
   }
   if (close_reason != IBMSG_OK) {
     notify_front(s);  // what succeeded before it is reported first
     socket_close(s, close_reason);
   }
-  w->done = true;
-  w->status = status;
+  w->sent = true;
+  if (status != IBMSG_OK || !w->rndv || w->read) {
+    w->done = true;
+    w->status = status;
+  }
   notify_front(s);
 }
 
@@ -298,6 +330,7 @@ void on_completion(Socket *s, const tp::Completion &wc) {
     case tp::Op::RdmaRead:
     case tp::Op::WriteImm:
     case tp::Op::Atomic: op_on_wc(s, static_cast<Op *>(wc.ctx->owner), wc); break;
+    case tp::Op::RndvRead: rndv_on_read(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
     default: socket_close(s, IBMSG_EIO); break;  // nothing else is posted
   }
   if (carried) maybe_send_ctrl(s);  // one may have waited for a control slot
@@ -313,86 +346,6 @@ void cancel_sends(Socket *s) {
       notify_work(s, w, done ? w->status : IBMSG_ECANCELED);
     }
   }
-}
-
-int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
-  if (s->listener) return IBMSG_ESTATE;
-  if (!state_has_buffers(s->state)) return IBMSG_ENOTCONN;
-  if (size > size_t(s->opts.max_msg_size) || (s->have_peer && size > s->max_msg))
-    return IBMSG_EMSGSIZE;
-  Slot *slot = pool_get(s->send_pool);
-  if (!slot) return IBMSG_EAGAIN;
-  slot->msg = msg;
-  msg->data = slot->buf;
-  msg->size = size;
-  msg->status = IBMSG_WAITING;
-  msg->impl = slot;
-  return IBMSG_OK;
-}
-
-int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
-  if (s->listener) return IBMSG_ESTATE;
-  if (!state_can_post(s->state)) return IBMSG_ENOTCONN;
-  Slot *slot = msg->impl;
-  if (!slot_valid(slot) || slot->msg != msg) return IBMSG_ENOTALLOC;
-  if (slot->pool->recv || slot->pool->user != s) return IBMSG_EINVAL;
-  if (slot->state != SlotState::Allocated) return IBMSG_EBUSY;
-  if (msg->size > s->max_msg) return IBMSG_EMSGSIZE;
-  if (has_imm && !(s->features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
-  slot->has_imm = has_imm;
-  slot->imm = imm;
-  if (s->queue.empty() && s->credits.can_send_data()) {
-    // A queue pair that refuses a work request is broken: the connection closes, as it does when
-    // a queued message fails to go out. The message stays the application's (no callback).
-    int rc = send_now(s, slot);
-    if (rc) {
-      socket_close(s, rc);
-      return rc;
-    }
-  } else {
-    if (s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
-    slot->state = SlotState::Queued;
-    s->queue.push_back(&slot->work);
-    maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
-  }
-  msg->status = IBMSG_WAITING;
-  poll_touch(s);  // its completion (and the answer) will come soon
-  return IBMSG_OK;
-}
-
-int msg_free(ibmsg_buffer *msg) {
-  Slot *slot = msg->impl;
-  if (!slot_valid(slot) || slot->msg != msg) return IBMSG_ENOTALLOC;
-  Pool *p = slot->pool;
-  if (!p->recv) {
-    if (slot->state == SlotState::Queued || slot->state == SlotState::InFlight) return IBMSG_EBUSY;
-    if (slot->state != SlotState::Allocated) return IBMSG_ENOTALLOC;
-    pool_put(p, slot);
-    msg->impl = nullptr;
-    msg->data = nullptr;
-    msg->status = IBMSG_FREED;
-    pool_maybe_release(p);
-    return IBMSG_OK;
-  }
-  if (slot->state != SlotState::Lent) return IBMSG_ENOTALLOC;
-  msg->status = IBMSG_FREED;
-  --p->out;
-  Socket *s = p->user;
-  if (s && s->has_qp && s->state != State::Closing) {
-    if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(p->slot_size), p->mr) ==
-            IBMSG_OK &&
-        posted(s, false) == IBMSG_OK) {
-      slot->state = SlotState::Posted;
-      s->credits.on_data_freed();
-      maybe_send_ctrl(s);
-      return IBMSG_OK;
-    }
-    socket_close(s, IBMSG_EIO);
-  }
-  slot->state = SlotState::Free;
-  if (s) s->credits.on_data_dropped();
-  else pool_maybe_release(p);
-  return IBMSG_OK;
 }
 
 }  // namespace ibmsg

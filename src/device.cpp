@@ -46,6 +46,7 @@ void release(Device *dev) {
   // A removal that only sockets already closing heard of is not marked: ask the system.
   bool removed = dev->removed || tp::device_gone(dev->tp);
   ev_io_stop(loop->ev, &dev->watcher);
+  device_large_clear(dev);
   device_cqs_destroy(dev);
   tp::device_close(dev->tp);
   loop->devices.remove(dev);

@@ -15,9 +15,11 @@
 //                      poll.cpp      busy polling of completion queues from the loop
 //                      setup.cpp     listen / connect / accept / reject, the connection's queues
 //                      cm.cpp        connection-manager events and the hello
-//                      datapath.cpp  send queue, in flight, completions, alloc / post / free
+//                      datapath.cpp  send queue, in flight, completions
+//                      message.cpp   the application's messages: alloc / post / free
+//                      rndv.cpp      rendezvous: messages above the eager size, read by the peer
 //                      close.cpp     the one close path and the teardown
-//                      (pure: state, credits, wire, pool, list; largebuf, shared_credits: tests)
+//                      (pure: state, credits, wire, pool, list, largebuf; shared_credits: tests)
 //   ----------------------------------------------------------------------------------------
 //   transport/         the only code that calls rdma-core (transport.hpp); it knows no sockets.
 //                      test/fake/transport.cpp stands in for it in host-side tests.
@@ -43,9 +45,8 @@ namespace ibmsg {
 constexpr uint32_t kLoopMagic = 0x1b5910b0;
 constexpr uint32_t kSocketMagic = 0x1b550c4e;
 constexpr uint32_t kOptionsMagic = 0x1b5007a5;
-constexpr uint32_t kRegionMagic = 0x1b5e610a;
-constexpr uint32_t kOpMagic = 0x1b50b0b0;
 constexpr size_t kNameMax = 64;
+constexpr uint32_t kMaxMsgSize = 0xffffffff;  // what a hello can say
 
 using Loop = ::ibmsg__loop;
 
@@ -55,7 +56,8 @@ struct Options {
   int recv_depth = 32;
   int send_depth = 32;
   int send_queue = 32;
-  int max_msg_size = 65536;
+  uint32_t max_msg_size = kMaxMsgSize;  // any path
+  int eager_size = 65536;  // through the pools; more by rendezvous
   int connect_timeout_ms = 5000;
   int rnr_retry = 7;
   int rdma = 1;          // offer one-sided RDMA
@@ -83,85 +85,10 @@ void timer_stop(Timer *t);
 // Seconds until the first running timer of the loop fires, or -1 if none runs.
 double timers_next(Loop *loop);
 
-// --- device.cpp ------------------------------------------------------------------------------
-
-struct DevCq {  // a completion queue of a device's connections on one loop (cq.cpp)
-  tp::Cq *cq;
-  uint32_t size, need;  // completions it holds; its connections' work requests together
-  bool dead;            // a poll or an arm failed: not polled, armed or joined again
-  ListNode node;
-};
-// An RDMA device as one loop uses it. Every connection on it and every pool registered on it
-// holds a reference; at zero the device is released (from the loop): an idle program holds none.
-struct Device {
-  Loop *loop;
-  tp::DeviceKey key;
-  tp::Device *tp;
-  ev_io watcher;
-  int refs;
-  bool removed;  // the device went away (a CM event said so) or its channel failed
-  ListNode node;                        // in the loop's devices
-  List<Pool, &Pool::dev_node> pools;    // registered on this device
-  List<DevCq, &DevCq::node> cqs;  // shared by its connections; another when they are full
-  int polling;  // its connections with poll_active: the CQs are polled, not armed
-  bool rearm;   // polling stopped outside the poller: arm and drain from the loop
-  int parked;   // its pools in Pool::parked_cq: released after the loop polled the CQs
-};
-Device *device_get(Loop *loop, tp::DeviceKey key, int *err);  // takes a reference
-void device_put(Device *dev);
-void devices_collect(Loop *loop);  // releases the devices no one references (from the loop)
-void devices_stop_rescans(Loop *loop);  // after a removed device's release (the loop goes)
-// --- memory.cpp ------------------------------------------------------------------------------
-
-// count slots of slot_size bytes, registered on dev for local access, lent to user.
-Pool *pool_acquire(Device *dev, Socket *user, bool recv, uint32_t count, size_t slot_size, int *err);
-// The user closed: slots it still posted are free again; the pool goes once no slot is out.
-void pool_disown(Pool *p);
-// A slot came back from the application (p->out dropped): frees an orphaned pool at zero.
-void pool_maybe_release(Pool *p);
-
 }  // namespace ibmsg
 
-// An application memory region (ibmsg_region). Its registrations belong to the devices they are
-// on (each holds a reference), its grants are the exact-range registrations behind descriptors.
-struct ibmsg__region {
-  struct Reg {
-    ibmsg::Device *dev;
-    ibmsg::tp::Mr *mr;
-    ibmsg::ListNode node;
-  };
-  struct Grant {
-    ibmsg::Device *dev;
-    size_t offset, length;
-    unsigned access;
-    ibmsg::tp::Mr *mr;
-    uint8_t desc[ibmsg::wire::kDescriptorSize];
-    ibmsg::ListNode node;
-  };
-  uint32_t magic = ibmsg::kRegionMagic;
-  ibmsg::Loop *loop = nullptr;
-  ibmsg_region *pub = nullptr;
-  uint8_t *addr = nullptr;
-  size_t length = 0;
-  unsigned access = 0;
-  bool owned = false;   // ibmsg_alloc_region's memory: freed on deregistration
-  uint32_t busy = 0;    // this side's operations queued or in flight on it
-  ibmsg::List<Reg, &Reg::node> regs;
-  ibmsg::List<Grant, &Grant::node> grants;
-  ibmsg::ListNode loop_node;
-};
-
-// A one-sided operation as a connection holds it: an entry of its operation table, lent to the
-// application's ibmsg_op from posting until the done callback.
-struct ibmsg__op {
-  uint32_t magic = ibmsg::kOpMagic;
-  ibmsg_op *pub = nullptr;
-  ibmsg__socket *sock = nullptr;
-  ibmsg__region *local = nullptr;
-  ibmsg::Work work;
-  ibmsg::tp::RdmaWr rw{};
-  ibmsg::ListNode free_link;
-};
+#include "device.hpp"    // Device, DevCq, pools and large buffers
+#include "onesided.hpp"  // ibmsg__region, ibmsg__op
 
 struct ibmsg__socket {
   using Loop = ibmsg::Loop;
@@ -193,6 +120,7 @@ struct ibmsg__socket {
   ibmsg::Pool *send_pool = nullptr;
   ibmsg::Pool *recv_pool = nullptr;
   uint32_t max_msg = 0;      // min of both sides' maximum, once have_peer
+  uint32_t eager = 0;        // largest message sent through the pools (min of both sides')
   bool have_peer = false;    // the peer's hello is known
   uint32_t features = 0;     // feature bits both sides have
   uint32_t max_inline = 0;
@@ -212,6 +140,14 @@ struct ibmsg__socket {
   // kCtrlDepth of them. Control credits alone do not bound them: the peer returns a control
   // credit once it consumed the message, which can be before our completion arrives.
   uint32_t ctrl_in_flight = 0;
+  // Rendezvous (rndv.cpp). Sending: the RTSs posted, in order, until the peer has read them.
+  // Receiving: the messages not yet delivered (behind one still being read), and the ones
+  // whose reads are not all posted; reads in flight; messages read, not yet counted to the peer.
+  ibmsg::List<ibmsg::Slot, &ibmsg::Slot::link> rndv_wait;
+  ibmsg::List<ibmsg::Slot, &ibmsg::Slot::link> deliver;
+  ibmsg::List<ibmsg::RndvIn, &ibmsg::RndvIn::read_link> reading;
+  uint32_t rndv_reads = 0;
+  uint32_t done_owed = 0;
   ibmsg::Timer connect_timer;
   // busy polling (poll.cpp): the CQ is polled from the loop instead of armed while poll_active
   bool poll_active = false;
@@ -333,9 +269,9 @@ void on_cq_ready(void *cq_user, void *arg);      // for tp::device_take_events
 // --- datapath.cpp ---
 void on_completion(Socket *s, const tp::Completion &wc);
 void cancel_sends(Socket *s);  // closing: flight and queue complete (ECANCELED unless done)
-int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
-int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm);
-int msg_free(ibmsg_buffer *msg);
+// Posts one message with a data credit; on failure the credits are as before.
+int send_now(Socket *s, Slot *slot);
+void notify_front(Socket *s);  // callbacks of the done work at the front of the flight list
 
 // Batching: a work request just queued goes to the device at once outside callbacks or to an
 // idle send queue, else at the end of the round (one list per connection); an immediate error.
@@ -346,6 +282,28 @@ void flush_sends(Socket *s);  // the queue's head to the QP while it can go; a r
 void work_done(Socket *s, Work *w, int status, int close_reason = IBMSG_OK);  // before w's)
 bool work_can_go(const Socket *s, const Work *w);  // whether the queue's head could go now
 void maybe_send_ctrl(Socket *s);  // a credit-only message, if owed and nothing carries them
+
+// --- message.cpp ---
+int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
+int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm);
+int msg_free(ibmsg_buffer *msg);
+
+// --- rndv.cpp ---
+constexpr uint32_t kRndvReads = 8;  // a connection's rendezvous reads in flight
+uint32_t eager_recv_size(const Socket *s);  // the largest message its pools take
+bool rndv_offered(const Socket *s);         // whether its hello offers rendezvous
+// The RTS of slot's message (its work.rndv) into slot->buf; returns its length.
+uint32_t rndv_fill_rts(Socket *s, Slot *slot);
+// The peer read n of our RTSs (an immediate's done count); false if it never had them.
+bool rndv_on_done(Socket *s, uint32_t n);
+void rndv_on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm);
+void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc);
+// A received message (slot lent, msg filled in) goes to the application, or waits in order
+// behind a rendezvous still being read.
+void deliver_msg(Socket *s, Slot *slot);
+uint32_t rndv_take_done(Socket *s);  // for an immediate
+// Closing, the QP gone: undelivered messages and their destinations go; nothing waits.
+void rndv_release(Socket *s);
 
 // --- region.cpp ---
 using Region = ::ibmsg__region;

@@ -1,6 +1,12 @@
 // Registered memory: pools belong to a device (its protection domain), which they keep alive;
 // a connection borrows its pools and gives them back when it closes. A pool whose slots the
 // application still holds outlives its connection until the last slot comes back.
+// Large buffers (rendezvous) belong to a device too: mapped and registered when none of their
+// size class is free, then kept in the device's cache between messages.
+#include <sys/mman.h>
+
+#include <new>
+
 #include "internal.hpp"
 
 namespace ibmsg {
@@ -14,7 +20,68 @@ void release(Pool *p) {
   device_put(dev);
 }
 
+void large_release(LargeMem *m) {
+  tp::mr_deregister(m->mr);
+  munmap(m->mem, m->bytes);
+  delete m;
+}
+
+void release_evicted(LargeList *evicted) {
+  while (LargeBuf *b = evicted->pop_front()) large_release(static_cast<LargeMem *>(b));
+}
+
 }  // namespace
+
+LargeMem *large_get(Device *dev, bool send, size_t size, int *err) {
+  LargeCache &cache = send ? dev->large_send : dev->large_recv;
+  LargeMem *m = static_cast<LargeMem *>(cache.take(size));
+  if (!m) {
+    unsigned index;
+    size_t bytes;
+    if (!large_class(size, &index, &bytes)) {
+      *err = IBMSG_EMSGSIZE;
+      return nullptr;
+    }
+    m = new (std::nothrow) LargeMem();
+    void *mem = m ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                  : MAP_FAILED;
+    if (mem == MAP_FAILED) {
+      delete m;
+      *err = IBMSG_ENOMEM;
+      return nullptr;
+    }
+    m->mem = static_cast<uint8_t *>(mem);
+    m->bytes = bytes;
+    m->index = index;
+    m->dev = dev;
+    m->send = send;
+    // Its own registration: the key a peer gets for it reaches this buffer only.
+    *err = tp::mr_register(dev->tp, m->mem, bytes, send ? tp::kRemoteRead : tp::kLocal, &m->mr);
+    if (*err) {
+      munmap(m->mem, bytes);
+      delete m;
+      return nullptr;
+    }
+  }
+  ++dev->refs;
+  return m;
+}
+
+void large_put(LargeMem *m) {
+  Device *dev = m->dev;
+  LargeList evicted;
+  if (dev->removed) evicted.push_back(m);
+  else (m->send ? dev->large_send : dev->large_recv).give(m, &evicted);
+  release_evicted(&evicted);
+  device_put(dev);
+}
+
+void device_large_clear(Device *dev) {
+  LargeList evicted;
+  dev->large_send.clear(&evicted);
+  dev->large_recv.clear(&evicted);
+  release_evicted(&evicted);
+}
 
 Pool *pool_acquire(Device *dev, Socket *user, bool recv, uint32_t count, size_t slot_size, int *err) {
   Pool *p = pool_create(recv, count, slot_size);

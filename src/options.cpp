@@ -1,5 +1,6 @@
 // Options: their values and limits. The loop keeps the defaults (ibmsg_setopt); an ibmsg_options
 // set starts as a copy of them and is handed to ibmsg_listen_opts/connect_opts/accept_opts.
+#include <climits>
 #include <cstring>
 
 #include "internal.hpp"
@@ -12,7 +13,7 @@ int *int_option(Options *o, int option) {
     case IBMSG_OPT_RECV_DEPTH: return &o->recv_depth;
     case IBMSG_OPT_SEND_DEPTH: return &o->send_depth;
     case IBMSG_OPT_SEND_QUEUE: return &o->send_queue;
-    case IBMSG_OPT_MAX_MSG_SIZE: return &o->max_msg_size;
+    case IBMSG_OPT_EAGER_SIZE: return &o->eager_size;
     case IBMSG_OPT_CONNECT_TIMEOUT: return &o->connect_timeout_ms;
     case IBMSG_OPT_RNR_RETRY: return &o->rnr_retry;
     case IBMSG_OPT_RDMA: return &o->rdma;
@@ -35,7 +36,7 @@ bool int_option_valid(int option, int v) {
     case IBMSG_OPT_RECV_DEPTH: return v >= 1 && v <= 16384;
     case IBMSG_OPT_SEND_DEPTH: return v >= 1 && v <= 16384;
     case IBMSG_OPT_SEND_QUEUE: return v >= 0 && v <= 1 << 20;
-    case IBMSG_OPT_MAX_MSG_SIZE: return v >= 1 && v <= 1 << 30;
+    case IBMSG_OPT_EAGER_SIZE: return v >= 1 && v <= 1 << 30;
     case IBMSG_OPT_CONNECT_TIMEOUT: return v >= 1 && v <= 3600 * 1000;
     case IBMSG_OPT_RNR_RETRY: return v >= 0 && v <= 7;
     case IBMSG_OPT_RDMA: return v == 0 || v == 1;
@@ -49,6 +50,21 @@ bool int_option_valid(int option, int v) {
 
 int options_set(Options *o, int option, const void *value, size_t len) {
   if (!value) return IBMSG_EINVAL;
+  if (option == IBMSG_OPT_MAX_MSG_SIZE) {  // an int, or a uint64_t for sizes beyond INT_MAX
+    uint64_t v;
+    if (len == sizeof(int)) {
+      int i;
+      memcpy(&i, value, sizeof i);
+      v = i < 1 ? 0 : uint64_t(i);
+    } else if (len == sizeof v) {
+      memcpy(&v, value, sizeof v);
+    } else {
+      return IBMSG_EINVAL;
+    }
+    if (v < 1 || v > kMaxMsgSize) return IBMSG_EINVAL;
+    o->max_msg_size = uint32_t(v);
+    return IBMSG_OK;
+  }
   if (int *p = int_option(o, option)) {
     int v;
     if (len != sizeof v) return IBMSG_EINVAL;
@@ -71,6 +87,19 @@ int options_set(Options *o, int option, const void *value, size_t len) {
 int options_get(const Options *o, int option, void *value, size_t *len) {
   if (!value || !len) return IBMSG_EINVAL;
   Options *m = const_cast<Options *>(o);  // the lookups only read here
+  if (option == IBMSG_OPT_MAX_MSG_SIZE) {
+    // Into a uint64_t if len says so; an int gets at most INT_MAX (as large as it can say).
+    if (*len == sizeof(uint64_t)) {
+      uint64_t v = o->max_msg_size;
+      memcpy(value, &v, sizeof v);
+      return IBMSG_OK;
+    }
+    if (*len < sizeof(int)) return IBMSG_EINVAL;
+    int v = o->max_msg_size > uint32_t(INT_MAX) ? INT_MAX : int(o->max_msg_size);
+    memcpy(value, &v, sizeof v);
+    *len = sizeof v;
+    return IBMSG_OK;
+  }
   if (int *p = int_option(m, option)) {
     if (*len < sizeof(int)) return IBMSG_EINVAL;
     memcpy(value, p, sizeof(int));

@@ -42,6 +42,25 @@ struct Work {
   // order), with this status; its callback waits for everything posted before it (work_done).
   bool done = false;
   int status = IBMSG_OK;
+  // A rendezvous message (rndv.cpp) is done once its RTS went (sent) and the peer read it (read).
+  bool rndv = false;
+  bool sent = false;
+  bool read = false;
+};
+
+struct LargeMem;  // a registered large buffer (memory.cpp)
+
+// A receive slot holding a rendezvous message (rndv.cpp): where its data is, and how far the
+// reads into the destination got.
+struct RndvIn {
+  uint64_t remote = 0;  // the sender's buffer
+  uint64_t length = 0;
+  uint64_t next = 0;    // bytes read or being read
+  uint32_t rkey = 0;
+  uint32_t reads = 0;   // in flight
+  bool ready = false;   // delivered as soon as everything before it is
+  tp::WorkCtx wr{tp::Op::RndvRead, 0, nullptr};
+  ListNode read_link;   // in the connection's rendezvous with reads still to post
 };
 
 }  // namespace ibmsg
@@ -53,10 +72,13 @@ struct ibmsg__slot {
   uint8_t *buf;
   ibmsg_buffer *msg;  // send: the application's struct; recv: &own
   ibmsg_buffer own;   // recv: the struct lent to the application
-  ibmsg::ListNode link;  // send pools: the free list
+  ibmsg::ListNode link;  // send: the free list, then the rendezvous waiting to be read;
+                         // recv: the messages waiting to be delivered in order
   ibmsg::Work work;      // what the transport hands back when its work request completes
   bool has_imm;          // send: posted with ibmsg_post_send_imm
   uint32_t imm;
+  ibmsg::LargeMem *large;  // the payload's large buffer (send) or destination (recv), if any
+  ibmsg::RndvIn in;        // recv: a rendezvous message
 };
 
 namespace ibmsg {

@@ -152,6 +152,7 @@ int op_send_now(Socket *s, Op *op) {
   }
   ++s->ops_in_flight;
   op->work.done = false;
+  op->work.sent = false;
   s->flight.push_back(&op->work);
   return IBMSG_OK;
 }

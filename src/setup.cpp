@@ -76,7 +76,9 @@ void open_socket(Socket *s, Event ev) {
 
 Pool *make_pool(Socket *s, bool recv, uint32_t count, int *err) {
   // Room for the immediate that may follow a payload (wire::Opcode::DataImm).
-  return pool_acquire(s->dev, s, recv, count, size_t(s->opts.max_msg_size) + wire::kImmTrailer, err);
+  // Room for an eager message and its immediate, or an RTS.
+  size_t size = eager_recv_size(s) > wire::kRtsSize ? eager_recv_size(s) : wire::kRtsSize;
+  return pool_acquire(s->dev, s, recv, count, size + wire::kImmTrailer, err);
 }
 
 }  // namespace
@@ -148,25 +150,33 @@ wire::Hello my_hello(const Socket *s) {
   wire::Hello h;
   h.recv_depth = uint32_t(s->opts.recv_depth);
   h.ctrl_depth = kCtrlDepth;
-  h.max_msg_size = uint32_t(s->opts.max_msg_size);
+  h.max_msg_size = eager_recv_size(s);
   h.features = wire::kFeatures & ~(s->opts.rdma ? 0 : wire::kFeatureRdma);
+  if (rndv_offered(s)) h.rndv_max_size = s->opts.max_msg_size;
+  else h.features &= ~wire::kFeatureRndv;
   return h;
 }
 
 void set_peer(Socket *s, const wire::Hello &h) {
   s->credits.init(h.recv_depth, h.ctrl_depth, uint32_t(s->opts.recv_depth));
-  uint32_t mine = uint32_t(s->opts.max_msg_size);
-  s->max_msg = h.max_msg_size < mine ? h.max_msg_size : mine;
   s->features = h.features & my_hello(s).features;
+  // Without rendezvous on both sides only eager messages go, either way.
+  const bool rndv = (s->features & wire::kFeatureRndv) && h.rndv_max_size;
+  const uint32_t mine = rndv ? s->opts.max_msg_size : eager_recv_size(s);
+  const uint32_t theirs = rndv ? h.rndv_max_size : h.max_msg_size;
+  if (!rndv) s->features &= ~wire::kFeatureRndv;
+  s->max_msg = theirs < mine ? theirs : mine;
+  s->eager = h.max_msg_size < eager_recv_size(s) ? h.max_msg_size : eager_recv_size(s);
   s->have_peer = true;
 }
 
 int conn_open(Socket *s) {
   const uint32_t recv_slots = uint32_t(s->opts.recv_depth) + kCtrlDepth;
-  const uint32_t send_wrs =
-      uint32_t(s->opts.send_depth) + kCtrlDepth + uint32_t(s->opts.rdma ? s->opts.rdma_depth : 0);
+  const uint32_t send_wrs = uint32_t(s->opts.send_depth) + kCtrlDepth +
+                            uint32_t(s->opts.rdma ? s->opts.rdma_depth : 0) +
+                            (rndv_offered(s) ? kRndvReads : 0);
   const tp::DeviceInfo &info = tp::device_info(s->dev->tp);
-  if (s->opts.rdma) {
+  if (s->opts.rdma || rndv_offered(s)) {  // rendezvous: the receiver reads the sender's buffer
     s->responder_resources = uint8_t(info.max_rd_atom > 255 ? 255 : info.max_rd_atom);
     s->initiator_depth = uint8_t(info.max_init_rd_atom > 255 ? 255 : info.max_init_rd_atom);
   }
@@ -225,6 +235,7 @@ void conn_release(Socket *s, bool drain, bool park) {
   }
   s->cq = nullptr;
   s->devcq = nullptr;
+  rndv_release(s);
   pool_disown(s->send_pool);
   pool_disown(s->recv_pool);
   s->send_pool = s->recv_pool = nullptr;

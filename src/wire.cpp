@@ -5,7 +5,6 @@
 namespace ibmsg::wire {
 namespace {
 
-constexpr uint32_t kReservedMask = 0x0f000000u;
 constexpr uint8_t kKindHello = 1;
 constexpr uint8_t kKindReject = 2;
 
@@ -48,11 +47,12 @@ uint32_t fnv1a(const uint8_t *p, size_t n) {
 uint32_t encode_imm(const Imm &imm) {
   uint32_t credits = imm.credits > kMaxCreditsPerMsg ? kMaxCreditsPerMsg : imm.credits;
   uint32_t ctrl = imm.ctrl_credits > kMaxCtrlCreditsPerMsg ? kMaxCtrlCreditsPerMsg : imm.ctrl_credits;
-  return credits | ctrl << 16 | uint32_t(imm.op) << 28;
+  uint32_t done = imm.done > kMaxDonePerMsg ? kMaxDonePerMsg : imm.done;
+  return credits | ctrl << 16 | done << 24 | uint32_t(imm.op) << 28;
 }
 
 bool decode_imm(uint32_t value, Imm *out) {
-  if (value & kReservedMask) return false;
+  out->done = (value >> 24) & 0x0f;
   out->credits = value & 0xffff;
   out->ctrl_credits = (value >> 16) & 0xff;
   out->op = Opcode(value >> 28);

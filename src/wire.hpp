@@ -5,7 +5,8 @@
 // opcode and the credits the sender returns, so the payload needs no header and stays aligned:
 //   bits  0..15  data credits returned (receive buffers the sender re-posted since its last message)
 //   bits 16..23  control credits returned
-//   bits 24..27  zero (reserved)
+//   bits 24..27  rendezvous messages of the peer this side has read, in the order they came
+//                (kFeatureRndv; zero without it): they are done, the peer's buffers free again
 //   bits 28..31  opcode: 0 data, 1 credit-only, 5 data with an application immediate (the
 //                payload ends in 4 more bytes: the immediate, little-endian; needs
 //                kFeatureImm); 2..4 and 6..15 reserved (2 keepalive, 3 rendezvous, 4 RDMA
@@ -40,28 +41,31 @@ struct Imm {
   Opcode op = Opcode::Data;
   uint32_t credits = 0;       // data credits returned
   uint32_t ctrl_credits = 0;  // control credits returned
+  uint32_t done = 0;          // rendezvous messages read (at most kMaxDonePerMsg)
 };
+constexpr uint32_t kMaxDonePerMsg = 15;
 
 // Host-order immediate value; the transport converts to network order.
 uint32_t encode_imm(const Imm &imm);
-// false if reserved bits are set. Any opcode decodes; whether it is allowed on a connection
-// depends on the features both sides agreed on.
+// Every value decodes: whether an opcode or a done count is allowed on a connection depends on
+// the features both sides agreed on.
 bool decode_imm(uint32_t value, Imm *out);
 
 constexpr uint32_t kMagic = 0x49424d53;  // "IBMS"
 // The protocol version: peers with the same major connect, using the features both have; a
 // different major is refused with a reject text naming both versions.
 constexpr uint8_t kMajor = 1;
-constexpr uint8_t kMinor = 1;
+constexpr uint8_t kMinor = 2;
 // Feature bits of the hello: a connection uses a feature when both hellos have its bit.
 constexpr uint32_t kFeatureRdma = 1u << 0;  // one-sided RDMA: this side accepts RDMA reads,
                                             // writes, write-immediates and atomics on the regions
                                             // it describes, and issues them
 constexpr uint32_t kFeatureImm = 1u << 1;   // DataImm messages
-// Rendezvous messages: larger than the eager limit, pulled by the receiver with RDMA reads. Not
-// yet in kFeatures: offered once the core implements it.
+// Rendezvous messages (protocol 1.2): larger than the eager limit, pulled by the receiver with
+// RDMA reads, confirmed by the done count of the immediate.
 constexpr uint32_t kFeatureRndv = 1u << 2;
-constexpr uint32_t kFeatures = kFeatureRdma | kFeatureImm;  // every feature this version offers
+// every feature this version offers
+constexpr uint32_t kFeatures = kFeatureRdma | kFeatureImm | kFeatureRndv;
 
 // Limits a hello must respect to make sense.
 constexpr uint32_t kMaxDepth = 65535;     // data credits fit 16 bits
@@ -125,13 +129,14 @@ bool decode_descriptor(const uint8_t in[kDescriptorSize], Descriptor *out);
 
 // Rendezvous (kFeatureRndv). A message above the eager limit travels as an RTS: a message of
 // opcode Rendezvous (spending a data credit like any) whose payload tells the receiver where to
-// read the data; once it has it, the receiver answers with a FIN (opcode Rendezvous, a data
-// credit the other way), and the sender's buffer is free again. Little-endian:
+// read the data. The receiver reads the RTSs in the order they came; once it has a message's
+// data, it counts it in the done field of its next message's immediate (a credit-only one if
+// nothing else goes), and the sender's buffer is free again. Little-endian:
 //   RTS, 32 bytes: 0 kind 1, 1 flags (bit 0: imm carries the application's immediate), 2..3
-//        zero, 4..7 id (the sender's, echoed by the FIN), 8..11 rkey, 12..15 imm, 16..23
+//        zero, 4..7 id (the sender's, for its own checks), 8..11 rkey, 12..15 imm, 16..23
 //        address, 24..31 length (not 0; the range does not wrap)
 //   FIN, 8 bytes:  0 kind 2, 1 status (0 done, 1 declined by the receiver, 2 failed), 2..3
-//        zero, 4..7 id
+//        zero, 4..7 id. Reserved for the receiver's decline: not sent by protocol 1.2.
 constexpr size_t kRtsSize = 32;
 constexpr size_t kFinSize = 8;
 enum class RndvKind : uint8_t { Rts = 1, Fin = 2 };

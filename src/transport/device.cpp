@@ -53,6 +53,10 @@ int device_open(DeviceKey key, Device **out) {
   d->info.max_rd_atom = uint32_t(attr.max_qp_rd_atom);
   d->info.max_init_rd_atom = uint32_t(attr.max_qp_init_rd_atom);
   d->info.atomics = attr.atomic_cap != IBV_ATOMIC_NONE;
+  // Every port of a device has the same limit on the devices ibmsg knows; port 1 is always there.
+  ibv_port_attr port;
+  d->info.max_msg_size = ibv_query_port(ctx, 1, &port) == 0 && port.max_msg_sz ? port.max_msg_sz
+                                                                                : uint64_t(1) << 31;
   d->pd = ibv_alloc_pd(ctx);
   if (!d->pd) {
     int err = alloc_error();

@@ -164,7 +164,7 @@ int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const M
 int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
   int err = IBMSG_OK;
   if (ctx->op != Op::RdmaWrite && ctx->op != Op::WriteImm && ctx->op != Op::RdmaRead &&
-      ctx->op != Op::Atomic)
+      ctx->op != Op::RndvRead && ctx->op != Op::Atomic)
     return IBMSG_EINVAL;
   ibv_send_wr *wrp = chain_next(id, &err);
   if (!wrp) return err;
@@ -185,6 +185,7 @@ int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
       wr.wr.rdma.rkey = w.rkey;
       break;
     case Op::RdmaRead:
+    case Op::RndvRead:
       wr.opcode = IBV_WR_RDMA_READ;
       wr.wr.rdma.remote_addr = w.remote;
       wr.wr.rdma.rkey = w.rkey;

@@ -18,7 +18,7 @@ namespace ibmsg::tp {
 
 // What a work request was for. The core embeds a WorkCtx in the object a work request belongs to
 // (a buffer slot, a connection's control context, a one-sided operation) and gets it back in the
-// completion; Keepalive and Rendezvous are reserved.
+// completion; Keepalive is reserved.
 enum class Op : uint8_t {
   Recv,        // a receive buffer
   Send,        // a data message
@@ -28,7 +28,8 @@ enum class Op : uint8_t {
   WriteImm,
   Atomic,
   Keepalive,
-  Rendezvous,
+  RndvRead,    // an RDMA read of a rendezvous message's data (post_rdma, signaled)
+  RndvFin,     // a rendezvous FIN (post_send_imm, always signaled)
 };
 
 struct WorkCtx {
@@ -68,6 +69,7 @@ struct DeviceInfo {
   uint32_t max_rd_atom;       // RDMA reads / atomics a QP may serve at once (as responder)
   uint32_t max_init_rd_atom;  // ... and issue at once
   bool atomics;               // compare-and-swap and fetch-and-add work
+  uint64_t max_msg_size;      // largest single message or RDMA read (the port's max_msg_sz)
 };
 
 // A device as used by one loop: its protection domain and a completion channel (one fd) shared
@@ -217,7 +219,8 @@ void qp_destroy(CmId *id);
 // flushed. Completions: they come in posting order. Of the data messages (Op::Send) of one flush
 // between one-sided operations only the last is signaled: a successful completion of a Send
 // stands for every Send posted before it that has not completed yet (no operation is among them).
-// Credit-only messages (Op::Ctrl) and one-sided operations are always signaled. A failed or
+// Credit-only messages (Op::Ctrl) are signaled unless a later data message's completion stands
+// for them (WorkCtx::carried); one-sided operations and rendezvous FINs are always signaled. A failed or
 // flushed work request always completes, signaled or not.
 int post_flush(CmId *id);
 
@@ -228,7 +231,7 @@ int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr);
 int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr,
                   uint32_t imm, uint32_t max_inline);
 
-// A one-sided operation; ctx->op says which (RdmaWrite, RdmaRead, WriteImm, Atomic).
+// A one-sided operation; ctx->op says which (RdmaWrite, RdmaRead or RndvRead, WriteImm, Atomic).
 struct RdmaWr {
   void *local;        // local bytes (source of a write, destination of a read / atomic result)
   uint32_t len;       // bytes (8 for atomics)

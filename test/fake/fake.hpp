@@ -108,6 +108,9 @@ void set_iwarp(bool iwarp);
 void set_atomics(bool atomics);
 // The largest CQ of devices opened from now on (default 4194303; reset() restores it).
 void set_max_cqe(uint32_t max_cqe);
+// The largest message or read of devices opened from now on (default 1 MiB; reset() restores it);
+// a longer one fails with a local length error (WcStatus::Failed).
+void set_max_msg_size(uint64_t bytes);
 
 // One work request the core posted to a send queue (raw peers' posts are not recorded), in
 // posting order: the local port of its CM id (an accepted connection's is its listener's), what

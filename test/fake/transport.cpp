@@ -169,6 +169,7 @@ struct Fabric {
   bool removed = false;
   bool atomics = true;                // devices opened from now on offer atomics
   uint32_t max_cqe = 4194303;         // ... and CQs that large
+  uint64_t max_msg = uint64_t(1) << 20;  // ... and messages / reads that large (1 MiB)
   std::vector<CmId *> ids;  // every id (for device removal)
   std::vector<Device *> devices;  // open devices (for device removal)
   std::map<unsigned short, CmId *> ports;
@@ -394,6 +395,7 @@ const char *op_name(Op op) {
   switch (op) {
     case Op::RdmaWrite: return "RDMA write";
     case Op::RdmaRead: return "RDMA read";
+    case Op::RndvRead: return "rendezvous read";
     case Op::WriteImm: return "RDMA write with immediate";
     case Op::Atomic: return "atomic";
     default: return "work request";
@@ -405,7 +407,7 @@ const char *op_name(Op op) {
 bool execute_rdma(Qp *s, Qp *d, SendWr &w) {
   const RdmaWr &rw = w.rw;
   const Op op = w.ctx->op;
-  const unsigned right = op == Op::RdmaRead ? kRemoteRead
+  const unsigned right = op == Op::RdmaRead || op == Op::RndvRead ? kRemoteRead
                          : op == Op::Atomic ? kRemoteAtomic
                                             : kRemoteWrite;
   // A zero-length write or read checks no key (as IB does); atomics always do.
@@ -430,6 +432,7 @@ bool execute_rdma(Qp *s, Qp *d, SendWr &w) {
       }
       break;
     case Op::RdmaRead:
+    case Op::RndvRead:
       if (rw.len) memcpy(rw.local, target, rw.len);
       break;
     case Op::Atomic: {
@@ -582,6 +585,7 @@ int device_open(DeviceKey key, Device **out) {
   d->info.max_rd_atom = kMaxRdAtom;
   d->info.max_init_rd_atom = kMaxRdAtom;
   d->info.atomics = g.atomics;
+  d->info.max_msg_size = g.max_msg;
   ++g.counts.devices;
   g.devices.push_back(d);
   *out = d;
@@ -1096,7 +1100,8 @@ int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
     return IBMSG_EINVAL;
   }
   const Op op = ctx->op;
-  if (op != Op::RdmaWrite && op != Op::RdmaRead && op != Op::WriteImm && op != Op::Atomic) {
+  if (op != Op::RdmaWrite && op != Op::RdmaRead && op != Op::RndvRead && op != Op::WriteImm &&
+      op != Op::Atomic) {
     misuse("post_rdma of a work request that is no one-sided operation");
     return IBMSG_EINVAL;
   }
@@ -1121,6 +1126,10 @@ int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
   }
   if (w.len && !(write && w.len <= max_inline) && !check_mr(q, w.mr, w.local, w.len))
     return IBMSG_EIO;
+  if (w.len > q->dev->info.max_msg_size) {  // a device fails it (local length error)
+    misuse("an %s of %u bytes beyond the device's largest message", op_name(op), w.len);
+    return IBMSG_EIO;
+  }
   if (!write && w.mr && (w.mr->access & kLocalReadOnly)) {
     misuse("the result of an %s into memory registered without local write", op_name(op));
     return IBMSG_EIO;  // a real device completes it with a local protection error
@@ -1227,6 +1236,7 @@ void reset() {
   tp::g.removed = false;
   tp::g.atomics = true;
   tp::g.max_cqe = 4194303;
+  tp::g.max_msg = uint64_t(1) << 20;
   tp::g.ids.clear();
   tp::g.rkeys.clear();
   tp::g.posts.clear();
@@ -1264,6 +1274,7 @@ void set_iwarp(bool iwarp) { tp::g.iwarp = iwarp; }
 
 void set_atomics(bool atomics) { tp::g.atomics = atomics; }
 void set_max_cqe(uint32_t max_cqe) { tp::g.max_cqe = max_cqe; }
+void set_max_msg_size(uint64_t bytes) { tp::g.max_msg = bytes; }
 
 const std::vector<Post> &posts() { return tp::g.posts; }
 

@@ -581,7 +581,7 @@ void hello_of_another_major_is_rejected_naming_both_versions(void **state) {
   hh.major = 2;
   hh.minor = 0;
   expect_refused(h_of(state), hello_bytes(hh),
-                 "incompatible ibmsg protocol: peer speaks 2.0, this side 1.1");
+                 "incompatible ibmsg protocol: peer speaks 2.0, this side 1.2");
 }
 
 void hello_of_a_higher_minor_with_unknown_features_connects(void **state) {

@@ -1270,7 +1270,8 @@ void operations_to_a_peer_without_rdma_are_eopnotsupp(void **state) {
 
 void rdma_off_on_either_side_turns_operations_off_and_offers_no_read_resources(void **state) {
   H *h = h_of(state);
-  ibmsg_options *off = options(h, {{IBMSG_OPT_RDMA, 0}});
+  // Without rendezvous too (the maximum size is the eager size): the peer reads nothing.
+  ibmsg_options *off = options(h, {{IBMSG_OPT_RDMA, 0}, {IBMSG_OPT_MAX_MSG_SIZE, 65536}});
   Reg &dst = alloc_region(h, 64, kW);
   Reg &src = alloc_region(h, 64, 0);
   OpRec &o = new_op(h);
@@ -1303,6 +1304,14 @@ void rdma_off_on_either_side_turns_operations_off_and_offers_no_read_resources(v
   d = grant(dst, *q.c, 0, 64, kW);
   expect_code(op_write(o, *q.c, src, 0, 8, d, 0), IBMSG_EOPNOTSUPP);
   expect_code(op_write(o, *q.a, src, 0, 8, d, 0), IBMSG_EOPNOTSUPP);
+  assert_int_equal(o.posts, 0);
+
+  // RDMA off with rendezvous (the default maximum size): reads for the large messages only.
+  ibmsg_options *off_rndv = options(h, {{IBMSG_OPT_RDMA, 0}});
+  Pair r = connected(h, off_rndv, nullptr);
+  assert_int_equal(st.connect_responder_resources, 16);
+  assert_int_equal(st.connect_initiator_depth, 16);
+  expect_code(op_write(o, *r.c, src, 0, 8, d, 0), IBMSG_EOPNOTSUPP);
   assert_int_equal(o.posts, 0);
 }
 

@@ -144,19 +144,39 @@ void imm_encode_clamps_oversized_fields_instead_of_spilling(void **) {
   assert_imm_clamps(0xffffffffu, 0xffffffffu, wire::Opcode::Credit);
 }
 
-void imm_decode_rejects_each_reserved_bit(void **) {
+// Bits 24..27 count rendezvous messages read (protocol 1.2); each bit lands in done alone.
+void imm_done_count_round_trips(void **) {
+  for (uint32_t done = 0; done <= wire::kMaxDonePerMsg; ++done) {
+    wire::Imm in;
+    in.op = wire::Opcode::Credit;
+    in.credits = 0xffff;
+    in.ctrl_credits = 0xff;
+    in.done = done;
+    const uint32_t v = wire::encode_imm(in);
+    if ((v >> 24 & 0x0f) != done) fail_msg("done %u encoded as 0x%08x", done, v);
+    wire::Imm out;
+    assert_true(wire::decode_imm(v, &out));
+    if (out.done != done || out.credits != 0xffff || out.ctrl_credits != 0xff ||
+        out.op != wire::Opcode::Credit)
+      fail_msg("0x%08x decoded to done %u, credits %u/%u", v, out.done, out.credits,
+               out.ctrl_credits);
+  }
   for (int bit = 24; bit < 28; ++bit) {
     wire::Imm out;
-    if (wire::decode_imm(1u << bit, &out))
-      fail_msg("decode_imm accepted reserved bit %d (0x%08x)", bit, 1u << bit);
-    if (wire::decode_imm((1u << bit) | 0x10ffffffu, &out))
-      fail_msg("decode_imm accepted reserved bit %d next to valid fields", bit);
+    assert_true(wire::decode_imm(1u << bit, &out));
+    assert_int_equal(out.done, 1u << (bit - 24));
+    assert_int_equal(out.credits, 0);
+    assert_int_equal(out.ctrl_credits, 0);
   }
+  wire::Imm big;
+  big.done = 1000;  // clamped, never spilling into the opcode
+  assert_int_equal(wire::encode_imm(big), 0x0f000000u);
 }
 
 void imm_decode_accepts_every_unreserved_bit(void **) {
   wire::Imm out;
-  assert_true(wire::decode_imm(0xf0ffffffu, &out));
+  assert_true(wire::decode_imm(0xffffffffu, &out));
+  assert_int_equal(out.done, 15);
   assert_int_equal(out.credits, 0xffff);
   assert_int_equal(out.ctrl_credits, 0xff);
   assert_int_equal(op_value(out.op), 15);
@@ -660,12 +680,12 @@ void feature_bits_have_their_documented_values(void **) {
   // These bits travel in every hello: renumbering them breaks every older peer.
   assert_int_equal(wire::kFeatureRdma, 1u << 0);
   assert_int_equal(wire::kFeatureImm, 1u << 1);
-  assert_int_equal(wire::kFeatures, wire::kFeatureRdma | wire::kFeatureImm);
+  assert_int_equal(wire::kFeatureRndv, 1u << 2);
+  assert_int_equal(wire::kFeatures, wire::kFeatureRdma | wire::kFeatureImm | wire::kFeatureRndv);
   assert_int_equal(wire::kFeatureRdma & wire::kFeatureImm, 0);
-  assert_int_equal(wire::kFeatureRndv, 1u << 2);  // reserved now, offered once implemented
-  // The features came with protocol 1.1 (a 1.0 peer sends features 0).
+  // The features came with protocol 1.1 (a 1.0 peer sends features 0), rendezvous with 1.2.
   assert_int_equal(wire::kMajor, 1);
-  assert_int_equal(wire::kMinor, 1);
+  assert_int_equal(wire::kMinor, 2);
   wire::Hello h;
   assert_int_equal(h.features, wire::kFeatures);  // a hello offers everything by default
 }
@@ -1062,7 +1082,7 @@ int main(void) {
       cmocka_unit_test(imm_default_is_a_data_message_returning_nothing),
       cmocka_unit_test(imm_layout_matches_the_documented_bits),
       cmocka_unit_test(imm_encode_clamps_oversized_fields_instead_of_spilling),
-      cmocka_unit_test(imm_decode_rejects_each_reserved_bit),
+      cmocka_unit_test(imm_done_count_round_trips),
       cmocka_unit_test(imm_decode_accepts_every_unreserved_bit),
       cmocka_unit_test(hello_round_trips),
       cmocka_unit_test(hello_round_trips_the_largest_values),

@@ -1,0 +1,72 @@
+// A loop's RDMA devices and the memory they own (device.cpp, cq.cpp, memory.cpp).
+#pragma once
+#include <ev.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "largebuf.hpp"
+#include "list.hpp"
+#include "pool.hpp"
+#include "transport/transport.hpp"
+
+struct ibmsg__loop;
+
+namespace ibmsg {
+
+using Loop = ::ibmsg__loop;
+constexpr size_t kLargeCacheBytes = size_t(64) << 20;  // free large buffers kept per device
+
+// --- device.cpp ------------------------------------------------------------------------------
+
+struct DevCq {  // a completion queue of a device's connections on one loop (cq.cpp)
+  tp::Cq *cq;
+  uint32_t size, need;  // completions it holds; its connections' work requests together
+  bool dead;            // a poll or an arm failed: not polled, armed or joined again
+  ListNode node;
+};
+// An RDMA device as one loop uses it. Every connection on it and every pool registered on it
+// holds a reference; at zero the device is released (from the loop): an idle program holds none.
+struct Device {
+  Loop *loop;
+  tp::DeviceKey key;
+  tp::Device *tp;
+  ev_io watcher;
+  int refs;
+  bool removed;  // the device went away (a CM event said so) or its channel failed
+  ListNode node;                        // in the loop's devices
+  List<Pool, &Pool::dev_node> pools;    // registered on this device
+  List<DevCq, &DevCq::node> cqs;  // shared by its connections; another when they are full
+  int polling;  // its connections with poll_active: the CQs are polled, not armed
+  bool rearm;   // polling stopped outside the poller: arm and drain from the loop
+  int parked;   // its pools in Pool::parked_cq: released after the loop polled the CQs
+  // Free large buffers (memory.cpp), registered: a peer may read the senders' ones; the
+  // destinations of rendezvous reads are local only. Lent ones hold a device reference.
+  LargeCache large_send{kLargeCacheBytes};
+  LargeCache large_recv{kLargeCacheBytes};
+};
+Device *device_get(Loop *loop, tp::DeviceKey key, int *err);  // takes a reference
+void device_put(Device *dev);
+void devices_collect(Loop *loop);  // releases the devices no one references (from the loop)
+void devices_stop_rescans(Loop *loop);  // after a removed device's release (the loop goes)
+// --- memory.cpp ------------------------------------------------------------------------------
+
+// count slots of slot_size bytes, registered on dev for local access, lent to user.
+Pool *pool_acquire(Device *dev, Socket *user, bool recv, uint32_t count, size_t slot_size, int *err);
+// The user closed: slots it still posted are free again; the pool goes once no slot is out.
+void pool_disown(Pool *p);
+// A slot came back from the application (p->out dropped): frees an orphaned pool at zero.
+void pool_maybe_release(Pool *p);
+// A large buffer of at least size bytes (from the device's cache, else mapped and registered
+// now: readable by the peer for a sender's), or nullptr with *err.
+struct LargeMem : LargeBuf {
+  Device *dev;
+  bool send;
+  uint8_t *mem;
+  tp::Mr *mr;
+};
+LargeMem *large_get(Device *dev, bool send, size_t size, int *err);
+void large_put(LargeMem *m);          // back to its device's cache (or released)
+void device_large_clear(Device *dev);  // releases the cached ones (the device goes)
+
+}  // namespace ibmsg

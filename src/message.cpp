@@ -1,0 +1,117 @@
+// The application's messages: ibmsg_alloc_msg, ibmsg_post_send and ibmsg_free_msg. A message is
+// a slot of the connection's send pool; one above the eager size also has a large buffer for its
+// payload (rndv.cpp). A received message is a slot of the receive pool, lent until it is freed.
+#include <cstring>
+
+#include "internal.hpp"
+
+namespace ibmsg {
+namespace {
+
+// The largest message sent through the pool: both sides' eager sizes once the peer's is known.
+size_t send_eager(const Socket *s) { return s->have_peer ? s->eager : eager_recv_size(s); }
+
+}  // namespace
+
+int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
+  if (s->listener) return IBMSG_ESTATE;
+  if (!state_has_buffers(s->state)) return IBMSG_ENOTCONN;
+  if (size > size_t(s->opts.max_msg_size) || (s->have_peer && size > s->max_msg))
+    return IBMSG_EMSGSIZE;
+  Slot *slot = pool_get(s->send_pool);
+  if (!slot) return IBMSG_EAGAIN;
+  slot->large = nullptr;
+  if (size > send_eager(s)) {
+    // Rendezvous: the payload in a large buffer the peer reads; the slot carries the RTS.
+    int err = IBMSG_OK;
+    slot->large = large_get(s->dev, true, size, &err);
+    if (!slot->large) {
+      pool_put(s->send_pool, slot);
+      return err;
+    }
+  }
+  slot->msg = msg;
+  msg->data = slot->large ? slot->large->mem : slot->buf;
+  msg->size = size;
+  msg->status = IBMSG_WAITING;
+  msg->impl = slot;
+  return IBMSG_OK;
+}
+
+int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
+  if (s->listener) return IBMSG_ESTATE;
+  if (!state_can_post(s->state)) return IBMSG_ENOTCONN;
+  Slot *slot = msg->impl;
+  if (!slot_valid(slot) || slot->msg != msg) return IBMSG_ENOTALLOC;
+  if (slot->pool->recv || slot->pool->user != s) return IBMSG_EINVAL;
+  if (slot->state != SlotState::Allocated) return IBMSG_EBUSY;
+  if (msg->size > s->max_msg) return IBMSG_EMSGSIZE;
+  const bool rndv = msg->size > s->eager;
+  if (rndv && (!slot->large || msg->size > slot->large->bytes))
+    return IBMSG_EMSGSIZE;  // more than its buffer holds
+  if (has_imm && !(s->features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
+  slot->has_imm = has_imm;
+  slot->imm = imm;
+  // A large buffer's message that fits the eager size goes eagerly, copied into the slot.
+  if (!rndv && slot->large && msg->size) memcpy(slot->buf, slot->large->mem, msg->size);
+  slot->work.rndv = rndv;
+  if (s->queue.empty() && s->credits.can_send_data()) {
+    // A queue pair that refuses a work request is broken: the connection closes, as it does when
+    // a queued message fails to go out. The message stays the application's (no callback).
+    int rc = send_now(s, slot);
+    if (rc) {
+      socket_close(s, rc);
+      return rc;
+    }
+  } else {
+    if (s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
+    slot->state = SlotState::Queued;
+    s->queue.push_back(&slot->work);
+    maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
+  }
+  msg->status = IBMSG_WAITING;
+  poll_touch(s);  // its completion (and the answer) will come soon
+  return IBMSG_OK;
+}
+
+int msg_free(ibmsg_buffer *msg) {
+  Slot *slot = msg->impl;
+  if (!slot_valid(slot) || slot->msg != msg) return IBMSG_ENOTALLOC;
+  Pool *p = slot->pool;
+  if (!p->recv) {
+    if (slot->state == SlotState::Queued || slot->state == SlotState::InFlight) return IBMSG_EBUSY;
+    if (slot->state != SlotState::Allocated) return IBMSG_ENOTALLOC;
+    if (slot->large) large_put(slot->large);
+    slot->large = nullptr;
+    pool_put(p, slot);
+    msg->impl = nullptr;
+    msg->data = nullptr;
+    msg->status = IBMSG_FREED;
+    pool_maybe_release(p);
+    return IBMSG_OK;
+  }
+  if (slot->state != SlotState::Lent || slot->in.ready || slot->link.linked())
+    return IBMSG_ENOTALLOC;  // not lent to the application (yet)
+  msg->status = IBMSG_FREED;
+  if (slot->large) large_put(slot->large);
+  slot->large = nullptr;
+  --p->out;
+  Socket *s = p->user;
+  if (s && s->has_qp && s->state != State::Closing) {
+    if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(p->slot_size), p->mr) ==
+            IBMSG_OK &&
+        posted(s, false) == IBMSG_OK) {
+      slot->state = SlotState::Posted;
+      s->credits.on_data_freed();
+      maybe_send_ctrl(s);
+      return IBMSG_OK;
+    }
+    socket_close(s, IBMSG_EIO);
+  }
+  slot->state = SlotState::Free;
+  if (s) s->credits.on_data_dropped();
+  else pool_maybe_release(p);
+  return IBMSG_OK;
+}
+
+}  // namespace ibmsg
