@@ -133,6 +133,7 @@ void establish(Socket *s, bool by_data) {
   s->was_connected = true;
   poll_touch(s);
   if (auto cb = s->loop->pub->connection_established) cb(s->pub);
+  rndv_pump(s);  // an RTS that came first waits for it
 }
 
 void reject_id(tp::CmId *id, const char *text) {

@@ -72,9 +72,12 @@ void maybe_send_ctrl(Socket *s) {
   bool waits = (head && (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
                 !s->credits.can_send_data()) ||
                !s->rndv_wait.empty();
-  if (!s->credits.ctrl_needed() && s->done_owed == 0 &&
-      !(waits && s->credits.owed_ctrl() >= kCtrlDepth / 2))
-    return;
+  // Sent for any other reason (credits or done counts owed), a credit-only message leaves one
+  // control credit for returning control credits: otherwise both sides could spend all of theirs
+  // at once and then owe each other the control credits that neither can send.
+  const bool returns = waits && s->credits.owed_ctrl() >= kCtrlDepth / 2;
+  const bool other = s->credits.ctrl_needed() || s->done_owed > 0;
+  if (!returns && !(other && s->credits.ctrl() >= 2)) return;
   Credits saved = s->credits;
   const uint32_t done = s->done_owed;
   wire::Imm imm = s->credits.take_ctrl();
@@ -337,11 +340,15 @@ void on_completion(Socket *s, const tp::Completion &wc) {
 }
 
 void cancel_sends(Socket *s) {
+  // The peer drops the messages that came behind a rendezvous it has not read (they would
+  // overtake it): behind one that is not done, a message is not done either.
+  bool gap = false;
   for (auto *list : {&s->flight, &s->queue}) {
     while (Work *w = list->pop_front()) {
       // In flight and completed (waiting for an earlier one): its own status.
-      const bool done = list == &s->flight && w->done;
-      if (w->wr.op != tp::Op::Send && list == &s->flight && !done && s->ops_in_flight)
+      const bool done = list == &s->flight && w->done && !(gap && w->wr.op == tp::Op::Send);
+      if (w->rndv && !done) gap = true;
+      if (w->wr.op != tp::Op::Send && list == &s->flight && !w->done && s->ops_in_flight)
         --s->ops_in_flight;
       notify_work(s, w, done ? w->status : IBMSG_ECANCELED);
     }

@@ -298,6 +298,7 @@ uint32_t rndv_fill_rts(Socket *s, Slot *slot);
 bool rndv_on_done(Socket *s, uint32_t n);
 void rndv_on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm);
 void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc);
+void rndv_pump(Socket *s);  // posts the reads it can (connected)
 // A received message (slot lent, msg filled in) goes to the application, or waits in order
 // behind a rendezvous still being read.
 void deliver_msg(Socket *s, Slot *slot);

@@ -20,9 +20,11 @@ namespace {
 
 constexpr uint64_t kChunkMax = uint64_t(1) << 30;
 
+}  // namespace
+
 // Posts what reads it can: the first waiting rendezvous gets its destination when its turn comes
 // (so a connection holds at most the destinations of the messages it is reading or delivering).
-void pump(Socket *s) {
+void rndv_pump(Socket *s) {
   if (s->state != State::Connected) return;
   uint64_t chunk = tp::device_info(s->dev->tp).max_msg_size;
   if (chunk > kChunkMax) chunk = kChunkMax;
@@ -58,6 +60,8 @@ void pump(Socket *s) {
   }
   if (any && posted(s, true)) socket_close(s, IBMSG_EIO);
 }
+
+namespace {
 
 // Hands the messages at the front of the delivery queue to the application while they are
 // complete. A callback may close the connection: what is complete is still delivered (as
@@ -138,7 +142,7 @@ void rndv_on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   in.ready = false;
   s->deliver.push_back(slot);
   s->reading.push_back(&in);
-  pump(s);
+  rndv_pump(s);
   flush_sends(s);
   maybe_send_ctrl(s);
 }
@@ -161,7 +165,7 @@ void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
     maybe_send_ctrl(s);  // the count goes at once, in a credit-only message if need be
     deliver_ready(s);
   }
-  pump(s);
+  rndv_pump(s);
 }
 
 void deliver_msg(Socket *s, Slot *slot) {

@@ -392,8 +392,10 @@ static void setopt_rejects_unknown_options_wrong_lengths_and_bad_values(void **s
   int v = 4, bad, got;
   long wide = 4;
   size_t len;
+  /* IBMSG_OPT_MAX_MSG_SIZE also takes a uint64_t (below). */
   const int int_options[] = {IBMSG_OPT_RECV_DEPTH, IBMSG_OPT_SEND_DEPTH, IBMSG_OPT_SEND_QUEUE,
-                             IBMSG_OPT_MAX_MSG_SIZE, IBMSG_OPT_CONNECT_TIMEOUT, IBMSG_OPT_RNR_RETRY};
+                             IBMSG_OPT_EAGER_SIZE, IBMSG_OPT_CONNECT_TIMEOUT, IBMSG_OPT_RNR_RETRY};
+  uint64_t wide64;
   size_t i;
 
   H_ASSERT_CODE(ibmsg_setopt(loop, 0, &v, sizeof v), IBMSG_EINVAL);
@@ -410,6 +412,17 @@ static void setopt_rejects_unknown_options_wrong_lengths_and_bad_values(void **s
     bad = -1;
     H_ASSERT_CODE(ibmsg_setopt(loop, int_options[i], &bad, sizeof bad), IBMSG_EINVAL);
   }
+  H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &v, 2), IBMSG_EINVAL);
+  bad = 0;
+  H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &bad, sizeof bad), IBMSG_EINVAL);
+  bad = -1;
+  H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &bad, sizeof bad), IBMSG_EINVAL);
+  wide64 = 0;
+  H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &wide64, sizeof wide64), IBMSG_EINVAL);
+  wide64 = (uint64_t)1 << 32; /* beyond what a hello can say */
+  H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &wide64, sizeof wide64), IBMSG_EINVAL);
+  bad = (1 << 30) + 1; /* the eager size goes up to 1 GiB */
+  H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_EAGER_SIZE, &bad, sizeof bad), IBMSG_EINVAL);
   bad = 8;
   H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_RNR_RETRY, &bad, sizeof bad), IBMSG_EINVAL);
   bad = 0;
@@ -501,7 +514,9 @@ static void options_have_documented_defaults(void **state) {
   H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_RECV_DEPTH), 32, "default IBMSG_OPT_RECV_DEPTH");
   H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_SEND_DEPTH), 32, "default IBMSG_OPT_SEND_DEPTH");
   H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_SEND_QUEUE), 32, "default IBMSG_OPT_SEND_QUEUE");
-  H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_MAX_MSG_SIZE), 65536, "default IBMSG_OPT_MAX_MSG_SIZE");
+  /* 2^32 - 1, which an int reads as INT_MAX */
+  H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_MAX_MSG_SIZE), 0x7fffffff, "default IBMSG_OPT_MAX_MSG_SIZE");
+  H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_EAGER_SIZE), 65536, "default IBMSG_OPT_EAGER_SIZE");
   H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_CONNECT_TIMEOUT), 5000, "default IBMSG_OPT_CONNECT_TIMEOUT");
   H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_RNR_RETRY), 7, "default IBMSG_OPT_RNR_RETRY");
   get_str(&loop, IBMSG_OPT_SOURCE_ADDR, buf, sizeof buf);

@@ -55,9 +55,11 @@ static void every_size_up_to_the_maximum_arrives_intact(void **state) {
   size_t max, sizes[] = {0, 1, 63, 64, 65, 4095, 4096, 4097, 0};
   const int count = (int)(sizeof sizes / sizeof sizes[0]);
 
+  /* Eager messages only: the maximum is the eager size (test_rendezvous goes beyond). */
+  h_setopt_int(ctx, IBMSG_OPT_MAX_MSG_SIZE, 65536);
   h_pair(ctx, &client, &server);
   max = ibmsg_socket_max_msg_size(&client->sock);
-  H_ASSERT_EQ(max, 65536, "the client's maximum message size (default IBMSG_OPT_MAX_MSG_SIZE)");
+  H_ASSERT_EQ(max, 65536, "the client's maximum message size (IBMSG_OPT_MAX_MSG_SIZE)");
   H_ASSERT_EQ(ibmsg_socket_max_msg_size(&server->sock), max, "the server's maximum message size");
   sizes[count - 1] = max;
   client->verify = server->verify = 1;
@@ -66,14 +68,16 @@ static void every_size_up_to_the_maximum_arrives_intact(void **state) {
   h_finish(ctx);
 }
 
-static void message_larger_than_maximum_fails_and_sends_nothing(void **state) {
-  h_ctx *ctx = *state;
+/* With a maximum of `limit` bytes (the eager size, or above it: rendezvous). */
+static void larger_than_maximum_fails(h_ctx *ctx, int limit) {
   h_conn *client, *server;
   ibmsg_buffer *m = &ctx->msgs[0], *big = &ctx->msgs[1];
   size_t max;
 
+  h_setopt_int(ctx, IBMSG_OPT_MAX_MSG_SIZE, limit);
   h_pair(ctx, &client, &server);
   max = ibmsg_socket_max_msg_size(&client->sock);
+  H_ASSERT_EQ(max, limit, "the client's maximum message size");
   H_ASSERT_CODE(ibmsg_alloc_msg(big, &client->sock, max + 1), IBMSG_EMSGSIZE);
 
   h_alloc_fill(client, m, max);
@@ -88,6 +92,14 @@ static void message_larger_than_maximum_fails_and_sends_nothing(void **state) {
   H_ASSERT_EQ(client->sent, 0, "message_sent callbacks for failed posts");
   H_ASSERT_OK(ibmsg_free_msg(m));
   h_finish(ctx);
+}
+
+static void message_larger_than_maximum_fails_and_sends_nothing(void **state) {
+  larger_than_maximum_fails(*state, 65536);
+}
+
+static void message_larger_than_a_rendezvous_maximum_fails_and_sends_nothing(void **state) {
+  larger_than_maximum_fails(*state, 3 * MiB + 5);
 }
 
 static void every_post_gets_exactly_one_message_sent(void **state) {
@@ -309,10 +321,14 @@ static void options_set_later_do_not_change_existing_sockets(void **state) {
   h_ctx *ctx = *state;
   h_conn *client, *server;
 
+  size_t max;
+
   h_pair(ctx, &client, &server);
+  max = ibmsg_socket_max_msg_size(&client->sock);
   h_setopt_int(ctx, IBMSG_OPT_MAX_MSG_SIZE, 1024);
+  h_setopt_int(ctx, IBMSG_OPT_EAGER_SIZE, 512);
   h_setopt_int(ctx, IBMSG_OPT_SEND_DEPTH, 1);
-  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&client->sock), 65536, "the client's maximum after setopt");
+  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&client->sock), max, "the client's maximum after setopt");
   h_alloc_fill(client, &ctx->msgs[0], 65536);
   h_alloc_fill(client, &ctx->msgs[1], 65536); /* a second buffer: SEND_DEPTH is still 32 here */
   server->verify = 1;
@@ -350,6 +366,7 @@ int main(int argc, char **argv) {
       H_TEST(ten_thousand_messages_each_way_arrive_in_order),
       H_TEST(every_size_up_to_the_maximum_arrives_intact),
       H_TEST(message_larger_than_maximum_fails_and_sends_nothing),
+      H_TEST(message_larger_than_a_rendezvous_maximum_fails_and_sends_nothing),
       H_TEST(every_post_gets_exactly_one_message_sent),
       H_TEST(one_mib_maximum_message_size_works_end_to_end),
       H_TEST(maximum_is_the_smaller_when_server_allows_more),

@@ -1,0 +1,278 @@
+/* test_rendezvous.c - messages of any size: above IBMSG_OPT_EAGER_SIZE the receiver reads them
+ * with RDMA reads (rendezvous). Sizes around the threshold up to 1 GiB arrive byte-exact, eager
+ * and rendezvous messages keep their order both ways at once, and a connection closing in the
+ * middle of a rendezvous, on either side, ends with exactly one callback per message. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "harness.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define KiB ((size_t)1024)
+#define MiB (1024 * KiB)
+#define EAGER ((size_t)65536) /* the default IBMSG_OPT_EAGER_SIZE */
+
+/* Received sizes, in order (on_received hook). */
+#define MAX_SIZES 512
+struct sizes {
+  size_t got[2][MAX_SIZES]; /* [0] the client's, [1] the server's */
+  int n[2];
+};
+
+static void record_size(h_conn *c, ibmsg_buffer *msg) {
+  h_ctx *ctx = c->ctx;
+  struct sizes *z = ctx->data;
+  int side = c == &ctx->clients[0] ? 0 : 1;
+  if (z->n[side] < MAX_SIZES) z->got[side][z->n[side]++] = msg->size;
+  if (msg->size && !msg->data) h_note_error(ctx, "%s: a message of %zu bytes without data", c->name, msg->size);
+  if (ibmsg_free_msg(msg) != IBMSG_OK) h_note_error(ctx, "%s: ibmsg_free_msg failed", c->name);
+}
+
+/* Posts one message of each size from `from` (msgs[first...]), all at once, in order. */
+static void post_sizes(h_ctx *ctx, h_conn *from, int first, const size_t *sizes, int count) {
+  int i;
+  for (i = 0; i < count; i++) {
+    h_alloc_fill(from, &ctx->msgs[first + i], sizes[i]);
+    h_post(from, &ctx->msgs[first + i]);
+  }
+}
+
+static void free_msgs(h_ctx *ctx, int first, int count) {
+  int i;
+  for (i = first; i < first + count; i++) H_ASSERT_OK(ibmsg_free_msg(&ctx->msgs[i]));
+}
+
+static void sizes_around_the_threshold_arrive_byte_exact(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  struct sizes z;
+  static const size_t sizes[] = {0, 1, EAGER - 1, EAGER, EAGER + 1, MiB, 100 * MiB, 3};
+  const int count = (int)(sizeof sizes / sizeof sizes[0]);
+  int i;
+
+  memset(&z, 0, sizeof z);
+  ctx->data = &z;
+  ctx->on_received = record_size;
+  h_pair(ctx, &client, &server);
+  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&client->sock), 0xffffffffu,
+              "the client's maximum message size (default IBMSG_OPT_MAX_MSG_SIZE)");
+  server->verify = 1;
+  server->expect_size = -1;
+  post_sizes(ctx, client, 0, sizes, count);
+  H_RUN_UNTIL(ctx, server->received == count && client->sent == count, 120000);
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(server->received, count, "messages received");
+  H_ASSERT_EQ(client->sent_ok, count, "message_sent(IBMSG_OK) callbacks");
+  for (i = 0; i < count; i++) {
+    if (z.got[1][i] != sizes[i])
+      h_fail_at(__FILE__, __LINE__, "message %d has %zu bytes, expected %zu", i, z.got[1][i],
+                sizes[i]);
+    H_ASSERT_EQ(ctx->msgs[i].status, IBMSG_SENT, "msg.status after message_sent(IBMSG_OK)");
+  }
+  free_msgs(ctx, 0, count);
+  h_finish(ctx);
+}
+
+static void one_gib_arrives_byte_exact(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  const size_t size = 1024 * MiB;
+
+  h_watchdog(600);
+  h_pair(ctx, &client, &server);
+  server->verify = 1;
+  server->expect_size = (long)size;
+  h_alloc_fill(client, &ctx->msgs[0], size);
+  h_post(client, &ctx->msgs[0]);
+  H_RUN_UNTIL(ctx, server->received == 1 && client->sent == 1, 300000);
+  H_ASSERT_REASON(client->last_sent_status, IBMSG_OK, "message_sent status");
+  free_msgs(ctx, 0, 1);
+  h_finish(ctx);
+}
+
+/* Both sides send eager and rendezvous messages mixed, at once; each side checks the order (the
+ * sequence number in every message) and the sizes. */
+static void eager_and_rendezvous_interleaved_both_ways_keep_order(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  struct sizes z;
+  static const size_t pattern[] = {10, 200 * KiB, 20, EAGER + 1, 0, 2 * MiB, EAGER, 9 * MiB + 5};
+  const int plen = (int)(sizeof pattern / sizeof pattern[0]);
+  const int rounds = 3, count = plen * rounds;
+  size_t sizes[64];
+  int i, side;
+
+  memset(&z, 0, sizeof z);
+  ctx->data = &z;
+  ctx->on_received = record_size;
+  for (i = 0; i < count; i++) sizes[i] = pattern[i % plen];
+  h_pair(ctx, &client, &server);
+  client->verify = server->verify = 1;
+  client->expect_size = server->expect_size = -1;
+  post_sizes(ctx, client, 0, sizes, count);
+  post_sizes(ctx, server, count, sizes, count);
+  H_RUN_UNTIL(ctx, server->received == count && client->received == count &&
+                       client->sent == count && server->sent == count,
+              180000);
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(client->sent_ok, count, "the client's message_sent(IBMSG_OK)");
+  H_ASSERT_EQ(server->sent_ok, count, "the server's message_sent(IBMSG_OK)");
+  for (side = 0; side < 2; side++) {
+    H_ASSERT_EQ(z.n[side], count, "messages recorded");
+    for (i = 0; i < count; i++)
+      if (z.got[side][i] != sizes[i])
+        h_fail_at(__FILE__, __LINE__, "%s message %d has %zu bytes, expected %zu",
+                  side ? "server" : "client", i, z.got[side][i], sizes[i]);
+  }
+  free_msgs(ctx, 0, 2 * count);
+  h_finish(ctx);
+}
+
+/* message_sent must come in posting order: the harness's sent counter at each callback. */
+struct order {
+  int next;
+  int bad;
+};
+
+static void check_sent_order(h_conn *c, ibmsg_buffer *msg, int status) {
+  struct order *o = c->ctx->data;
+  int index = (int)(msg - c->ctx->msgs);
+  (void)status;
+  if (index != o->next && !o->bad) {
+    o->bad = 1;
+    h_note_error(c->ctx, "%s: message_sent for message %d, expected %d (posting order)", c->name,
+                 index, o->next);
+  }
+  o->next++;
+}
+
+static void message_sent_comes_in_posting_order(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  struct order o = {0, 0};
+  /* A large message first: the small ones behind it complete on the wire earlier. */
+  static const size_t sizes[] = {32 * MiB, 8, 16, EAGER + 1, 8, 4 * MiB, 1, 2};
+  const int count = (int)(sizeof sizes / sizeof sizes[0]);
+
+  ctx->data = &o;
+  ctx->on_sent = check_sent_order;
+  h_pair(ctx, &client, &server);
+  server->verify = 1;
+  server->expect_size = -1;
+  post_sizes(ctx, client, 0, sizes, count);
+  H_RUN_UNTIL(ctx, server->received == count && client->sent == count, 120000);
+  H_ASSERT_EQ(o.next, count, "message_sent callbacks");
+  H_ASSERT_EQ(client->sent_ok, count, "message_sent(IBMSG_OK)");
+  free_msgs(ctx, 0, count);
+  h_finish(ctx);
+}
+
+/* A receiver that holds rendezvous messages keeps the sender's credits; freeing them lets the
+ * rest through. */
+static void held_rendezvous_messages_hold_credits_until_freed(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  const int depth = 4, total = 12;
+  size_t sizes[12];
+  int i;
+
+  for (i = 0; i < total; i++) sizes[i] = i % 2 ? EAGER + 100 : 300 * KiB;
+  h_setopt_int(ctx, IBMSG_OPT_RECV_DEPTH, depth);
+  h_pair(ctx, &client, &server);
+  server->verify = 1;
+  server->expect_size = -1;
+  server->hold = 1;
+  post_sizes(ctx, client, 0, sizes, total);
+  H_RUN_UNTIL(ctx, server->received == depth, H_TIMEOUT_MS);
+  h_run_for(ctx, 500);
+  H_ASSERT_EQ(server->received, depth, "messages delivered while the receiver holds them all");
+  H_CHECK(!client->closed && !server->closed, "a connection closed: %s / %s",
+          ibmsg_err_name(client->close_reason), ibmsg_err_name(server->close_reason));
+  server->hold = 0;
+  h_release_held(server);
+  H_RUN_UNTIL(ctx, server->received == total && client->sent == total, 60000);
+  H_ASSERT_EQ(client->sent_ok, total, "message_sent(IBMSG_OK)");
+  free_msgs(ctx, 0, total);
+  h_finish(ctx);
+}
+
+/* Closing in the middle of a rendezvous. The message is large enough that its reads take seconds
+ * on Soft-RoCE; `who` disconnects once the first part has had time to go. */
+static void close_mid_transfer(h_ctx *ctx, int receiver_closes) {
+  h_conn *client, *server;
+  const size_t size = 256 * MiB;
+
+  h_pair(ctx, &client, &server);
+  client->expect_send_errors = 1;
+  server->expect_send_errors = 1;
+  h_alloc_fill(client, &ctx->msgs[0], 100);
+  h_post(client, &ctx->msgs[0]);
+  h_alloc_fill(client, &ctx->msgs[1], size);
+  h_post(client, &ctx->msgs[1]);
+  h_alloc_fill(client, &ctx->msgs[2], 200);
+  h_post(client, &ctx->msgs[2]);
+  H_RUN_UNTIL(ctx, server->received >= 1, H_TIMEOUT_MS);
+  h_run_for(ctx, 300);
+  H_ASSERT_EQ(server->received, 1, "messages received before the close (the large one is read)");
+  H_ASSERT_OK(ibmsg_disconnect(receiver_closes ? &server->sock : &client->sock));
+  H_RUN_UNTIL(ctx, client->closed && server->closed, H_TIMEOUT_MS);
+  h_run_for(ctx, 200);
+  /* Exactly one message_sent per message, all before connection_closed; the first is done, the
+   * large one and the one behind it are not. */
+  H_ASSERT_EQ(client->sent, 3, "the client's message_sent callbacks");
+  H_ASSERT_EQ(client->sent_at_close, 3, "message_sent callbacks before connection_closed");
+  H_ASSERT_EQ(client->sent_ok, 1, "message_sent(IBMSG_OK): only the first message");
+  H_ASSERT_EQ(server->received, 1, "messages received: none of the interrupted rendezvous");
+  H_ASSERT_EQ(ctx->msgs[1].status, IBMSG_SEND_FAILED, "the large message's status");
+  free_msgs(ctx, 0, 3);
+  h_finish(ctx);
+}
+
+static void receiver_closing_mid_transfer_cancels_the_message(void **state) {
+  close_mid_transfer(*state, 1);
+}
+
+static void sender_closing_mid_transfer_cancels_the_message(void **state) {
+  close_mid_transfer(*state, 0);
+}
+
+/* A side with IBMSG_OPT_MAX_MSG_SIZE at the eager size offers no rendezvous: the peer's maximum
+ * is the eager size too, and larger allocations fail. */
+static void no_rendezvous_when_the_maximum_is_the_eager_size(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  ibmsg_buffer m;
+  uint64_t max64 = 0;
+  size_t len = sizeof max64;
+  int max_int = 0;
+
+  h_setopt_int(ctx, IBMSG_OPT_MAX_MSG_SIZE, (int)EAGER);
+  h_pair(ctx, &client, &server);
+  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&client->sock), EAGER, "the client's maximum");
+  H_ASSERT_EQ(ibmsg_socket_max_msg_size(&server->sock), EAGER, "the server's maximum");
+  H_ASSERT_CODE(ibmsg_alloc_msg(&m, &client->sock, EAGER + 1), IBMSG_EMSGSIZE);
+  H_ASSERT_OK(ibmsg_getopt(&ctx->loop, IBMSG_OPT_MAX_MSG_SIZE, &max64, &len));
+  H_ASSERT_EQ(max64, EAGER, "IBMSG_OPT_MAX_MSG_SIZE read as uint64_t");
+  max64 = 0xffffffffu;
+  H_ASSERT_OK(ibmsg_setopt(&ctx->loop, IBMSG_OPT_MAX_MSG_SIZE, &max64, sizeof max64));
+  len = sizeof max_int;
+  H_ASSERT_OK(ibmsg_getopt(&ctx->loop, IBMSG_OPT_MAX_MSG_SIZE, &max_int, &len));
+  H_ASSERT_EQ(max_int, 0x7fffffff, "2^32 - 1 read into an int (clamped)");
+  h_finish(ctx);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      H_TEST(sizes_around_the_threshold_arrive_byte_exact),
+      H_TEST(eager_and_rendezvous_interleaved_both_ways_keep_order),
+      H_TEST(message_sent_comes_in_posting_order),
+      H_TEST(held_rendezvous_messages_hold_credits_until_freed),
+      H_TEST(receiver_closing_mid_transfer_cancels_the_message),
+      H_TEST(sender_closing_mid_transfer_cancels_the_message),
+      H_TEST(no_rendezvous_when_the_maximum_is_the_eager_size),
+      H_TEST(one_gib_arrives_byte_exact),
+  };
+  h_init(argc, argv);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
