@@ -9,8 +9,10 @@
 //
 // When to send a control message (a credit update without payload): when the owed data credits
 // reach half the depth, or when the peer has none left (everything is held by the application or
-// owed), so a peer never waits for credits that exist. Between two messages from the peer at most
-// three control messages are needed, hence kCtrlDepth = 4 and a control message never waits long.
+// owed), so a peer never waits for credits that exist. Such a message, or one carrying news (the
+// done counts of rendezvous messages), keeps the last control credit for returning control credits
+// (ctrl_due); a peer that waits for us returns the control credits it owes from half of them. Each
+// message of the peer returns all it owes, so a control message never waits long (kCtrlDepth 4).
 //
 // The receiver also counts the credits it granted: a peer that sends a data message without a
 // data credit (or a credit-only message without a control credit) breaks the protocol, and the
@@ -87,6 +89,18 @@ class Credits {
   bool ctrl_needed() const {
     if (owed_ == 0) return false;
     return owed_ >= threshold_ || held_ + owed_ >= depth_;
+  }
+
+  // Whether to send a credit-only message now (when no data message can carry it): to return
+  // control credits to a peer that waits for something from us (it may need them to send it:
+  // peer_waits; from half the control depth, so that two waiting sides do not ping-pong), or for
+  // owed data credits (ctrl_needed) or news (rendezvous done counts) while that leaves a control
+  // credit for returning control credits. Without that reserve both sides could spend all of
+  // theirs at once and then owe each other the control credits that neither can send.
+  bool ctrl_due(bool peer_waits, bool news) const {
+    if (ctrl_ == 0) return false;
+    if (peer_waits && owed_ctrl_ >= kCtrlDepth / 2) return true;
+    return (ctrl_needed() || news) && ctrl_ >= 2;
   }
 
   uint32_t data() const { return data_; }

@@ -58,38 +58,33 @@ int post_work(Socket *s, Work *w) {
 
 // A credit-only message, when credits are owed and no data message can carry them.
 void maybe_send_ctrl(Socket *s) {
-  if (s->state != State::Connected || !s->credits.can_send_ctrl() ||
-      s->ctrl_in_flight >= kCtrlDepth)
-    return;
   // Control credits ride on messages sent for other reasons. A side that sends only RDMA writes
   // with immediate sends none, while its peer spends control credits returning the data credits
   // those writes took: once this side waits for a data credit, it returns the control credits it
-  // owes on their own (from half of them: the peer owes one for this message, so two waiting
-  // sides do not ping-pong).
-  // A side whose rendezvous messages wait for the peer's done count likewise: the peer may need
-  // control credits to send it.
-  const Work *head = s->queue.front();
-  bool waits = (head && (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
-                !s->credits.can_send_data()) ||
-               !s->rndv_wait.empty();
-  // Sent for any other reason (credits or done counts owed), a credit-only message leaves one
-  // control credit for returning control credits: otherwise both sides could spend all of theirs
-  // at once and then owe each other the control credits that neither can send.
-  const bool returns = waits && s->credits.owed_ctrl() >= kCtrlDepth / 2;
-  const bool other = s->credits.ctrl_needed() || s->done_owed > 0;
-  if (!returns && !(other && s->credits.ctrl() >= 2)) return;
-  Credits saved = s->credits;
-  const uint32_t done = s->done_owed;
-  wire::Imm imm = s->credits.take_ctrl();
-  imm.done = rndv_take_done(s);
-  if (tp::post_send_imm(s->id, &s->ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
-    s->credits = saved;
-    s->done_owed = done;
-    socket_close(s, IBMSG_EIO);
-    return;
+  // owes on their own. A side whose rendezvous messages wait for the peer's done count likewise:
+  // the peer may need control credits to send it.
+  while (s->state == State::Connected && s->ctrl_in_flight < kCtrlDepth) {
+    const Work *head = s->queue.front();
+    bool waits = (head && (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
+                  !s->credits.can_send_data()) ||
+                 !s->rndv_wait.empty();
+    if (!s->credits.ctrl_due(waits, s->done_owed > 0)) return;
+    Credits saved = s->credits;
+    const uint32_t done = s->done_owed;
+    wire::Imm imm = s->credits.take_ctrl();
+    imm.done = rndv_take_done(s);
+    if (tp::post_send_imm(s->id, &s->ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
+      s->credits = saved;
+      s->done_owed = done;
+      socket_close(s, IBMSG_EIO);
+      return;
+    }
+    ++s->ctrl_in_flight;
+    if (posted(s, true)) {
+      socket_close(s, IBMSG_EIO);
+      return;
+    }
   }
-  ++s->ctrl_in_flight;
-  if (posted(s, true)) socket_close(s, IBMSG_EIO);
 }
 
 int posted(Socket *s, bool send_queue) {

@@ -510,6 +510,7 @@ void owed_ctrl_credits_are_capped_per_message_and_the_rest_kept(void **) {
 
 struct Msg {
   wire::Imm imm;
+  bool rndv = false;  // a rendezvous message (RTS): the receiver reads it, then counts it done
 };
 
 struct Peer {
@@ -518,9 +519,14 @@ struct Peer {
   uint32_t posted = 0;  // receive buffers posted to the (simulated) receive queue
   uint32_t held = 0;    // received data messages the application holds
   uint32_t queued = 0;  // messages the application posted that wait for a data credit
+  std::deque<bool> queued_rndv;  // ... which of them are rendezvous messages
+  // Rendezvous (rndv.cpp): ours the peer has not counted done yet; the peer's being read; the
+  // peer's read and not yet counted to it in an immediate.
+  uint32_t rndv_waiting = 0, reading = 0, done_owed = 0;
   uint64_t data_sent = 0, data_received = 0;
   // this round's application behaviour, in percent per step
   unsigned post_pct = 0, free_pct = 0, free_all_pct = 0, deliver_pct = 0;
+  unsigned rndv_pct = 0, read_pct = 0;  // rendezvous share of the posts; reads finishing
 };
 
 // One kind of broken guarantee: how often, and the first occurrence for the failure message.
@@ -535,16 +541,19 @@ struct SimResult {
   unsigned long steps = 0;
   Violations rnr;             // a message arrived at a receive queue with no posted buffer
   Violations sent_unbacked;   // a message was sent while the receiver had no spare buffer
-  Violations ctrl_starved;    // a control message was needed and no control credit left
+  Violations ctrl_starved;    // the last control credit went to something else than returns
   Violations ctrl_overdrawn;  // more than kCtrlDepth control credits in a peer's hands
   Violations accounting;      // the conservation of buffers and credits broke
   Violations unearned;        // on_*_arrived refused a message (no credit) or on_returned its credits
   Violations granted;         // granted + held + owed != recv depth, or != what the peer may send
   Violations deadlocks;       // a drain ended with messages queued or a peer without credits
   Violations undelivered;     // a drain ended with data sent but never received
+  Violations done_stuck;      // a drain ended with rendezvous not counted done
+  Violations done_unearned;   // a done count named more rendezvous than were sent
   unsigned long data_msgs = 0, ctrl_msgs = 0;  // messages sent
   unsigned long starved = 0;  // steps in which a peer had messages queued and no data credit
   unsigned long drains = 0;   // drains completed
+  unsigned long rndv_msgs = 0, done_in_ctrl = 0;  // rendezvous sent; done counts in control msgs
 };
 
 class Sim {
@@ -580,6 +589,10 @@ class Sim {
     p->free_all_pct = rng_() % 4 == 0 ? 2 : 0;  // sometimes the application frees a whole batch
     p->post_pct = kPost[rng_() % 5];
     p->deliver_pct = kDeliver[rng_() % 4];
+    static const unsigned kRndv[] = {0, 0, 20, 100};
+    static const unsigned kRead[] = {2, 30, 100};
+    p->rndv_pct = kRndv[rng_() % 4];
+    p->read_pct = kRead[rng_() % 3];
   }
 
   void step() {
@@ -591,6 +604,7 @@ class Sim {
       if (p->held && pct() < p->free_pct) app_free(p);
       if (p->held && pct() < p->free_all_pct)
         while (p->held) app_free(p);
+      if (p->reading && pct() < p->read_pct) read_done(p);
     }
     // deliver_pct of the receiving peer models the latency of the wire towards it
     if (!ab_.empty() && pct() < b_.deliver_pct) deliver(&b_);
@@ -607,8 +621,11 @@ class Sim {
     for (Peer *p : {&a_, &b_}) {
       while (p->held) app_free(p);
     }
-    for (int i = 0; i < kDrainLimit && (!ab_.empty() || !ba_.empty()); ++i) {
+    for (int i = 0; i < kDrainLimit && (!ab_.empty() || !ba_.empty() || a_.reading || b_.reading);
+         ++i) {
       ++r_->steps;
+      for (Peer *p : {&a_, &b_})
+        while (p->reading) read_done(p);
       if (!ab_.empty()) deliver(&b_);
       while (b_.held) app_free(&b_);
       if (!ba_.empty()) deliver(&a_);
@@ -626,6 +643,17 @@ class Sim {
         return;
       }
     }
+    for (const Peer *p : {&a_, &b_}) {
+      if (p->rndv_waiting || p->done_owed) {
+        violation(&r_->done_stuck,
+                  "after %lu steps peer %s waits for %u done counts and owes %u, with %u + %u "
+                  "control credits and %u + %u owed",
+                  r_->steps, p == &a_ ? "A" : "B", unsigned(p->rndv_waiting),
+                  unsigned(p->done_owed), unsigned(a_.credits.ctrl()), unsigned(b_.credits.ctrl()),
+                  unsigned(a_.credits.owed_ctrl()), unsigned(b_.credits.owed_ctrl()));
+        return;
+      }
+    }
     ++r_->drains;
     if (a_.data_sent != b_.data_received || b_.data_sent != a_.data_received)
       violation(&r_->undelivered,
@@ -639,8 +667,20 @@ class Sim {
   std::deque<Msg> &wire_to(Peer *p) { return p == &a_ ? ba_ : ab_; }
 
   void app_post(Peer *p) {
-    if (p->queued == 0 && p->credits.can_send_data()) send(p, false);
-    else ++p->queued;
+    const bool rndv = pct() < p->rndv_pct;
+    if (p->queued == 0 && p->credits.can_send_data()) {
+      send(p, false, rndv);
+    } else {
+      ++p->queued;
+      p->queued_rndv.push_back(rndv);
+    }
+  }
+
+  // The reads of the oldest rendezvous message being read finished: its done count is owed.
+  void read_done(Peer *p) {
+    --p->reading;
+    ++p->done_owed;
+    maybe_send_ctrl(p);
   }
 
   void app_free(Peer *p) {
@@ -653,24 +693,27 @@ class Sim {
   void flush_queue(Peer *p) {
     while (p->queued && p->credits.can_send_data()) {
       --p->queued;
-      send(p, false);
+      const bool rndv = p->queued_rndv.front();
+      p->queued_rndv.pop_front();
+      send(p, false, rndv);
     }
   }
 
   void maybe_send_ctrl(Peer *p) {
-    if (!p->credits.ctrl_needed()) return;
-    if (!p->credits.can_send_ctrl()) {
-      violation(&r_->ctrl_starved,
-                "step %lu: peer %s needs a control message (owes %u, holds %u, depth %u) but all "
-                "%u control credits are in flight",
-                r_->steps, p == &a_ ? "A" : "B", unsigned(p->credits.owed()),
-                unsigned(p->credits.held()), unsigned(p->recv_depth), unsigned(kCtrlDepth));
-      return;  // as the library does: it waits for a control credit to come back
+    // As the library (datapath.cpp): the peer waits for us when our queue waits for a data
+    // credit or our rendezvous messages wait for its done count.
+    for (;;) {
+      const bool waits = (p->queued && !p->credits.can_send_data()) || p->rndv_waiting;
+      const bool returns = waits && p->credits.owed_ctrl() >= kCtrlDepth / 2;
+      if (!p->credits.ctrl_due(waits, p->done_owed > 0)) break;
+      if (!returns && p->credits.ctrl() < 2)
+        violation(&r_->ctrl_starved, "step %lu: peer %s spends its last control credit on "
+                  "something else than returning control credits", r_->steps, p == &a_ ? "A" : "B");
+      send(p, true, false);
     }
-    send(p, true);
   }
 
-  void send(Peer *from, bool ctrl) {
+  void send(Peer *from, bool ctrl, bool rndv) {
     Peer *to = peer_of(from);
     std::deque<Msg> &w = wire_to(to);
     // The buffers this message may use: posted ones not already claimed by messages on the wire.
@@ -682,6 +725,14 @@ class Sim {
                 to == &a_ ? "A" : "B", unsigned(to->posted), w.size());
     Msg m;
     m.imm = ctrl ? from->credits.take_ctrl() : from->credits.take_data();
+    m.imm.done = from->done_owed < wire::kMaxDonePerMsg ? from->done_owed : wire::kMaxDonePerMsg;
+    from->done_owed -= m.imm.done;
+    m.rndv = rndv;
+    if (rndv) {
+      ++from->rndv_waiting;
+      ++r_->rndv_msgs;
+    }
+    if (ctrl && m.imm.done) ++r_->done_in_ctrl;
     if (ctrl) {
       ++r_->ctrl_msgs;
     } else {
@@ -712,6 +763,7 @@ class Sim {
       ++to->posted;  // control buffers are re-posted at once
       to->credits.on_ctrl_received();
     } else {
+      if (m.rndv) ++to->reading;  // read, then counted done; held until freed like any
       if (!to->credits.on_data_arrived())
         violation(&r_->unearned, "step %lu: peer %s refused a data message: %u credits granted, "
                   "%u held, %u owed", r_->steps, t, unsigned(to->credits.granted()),
@@ -722,6 +774,11 @@ class Sim {
       ++to->held;
       ++to->data_received;
     }
+    if (m.imm.done > to->rndv_waiting)
+      violation(&r_->done_unearned, "step %lu: peer %s got a done count of %u with %u rendezvous "
+                "waiting", r_->steps, t, unsigned(m.imm.done), unsigned(to->rndv_waiting));
+    else
+      to->rndv_waiting -= m.imm.done;
     flush_queue(to);
     maybe_send_ctrl(to);
   }
@@ -830,6 +887,10 @@ SimResult simulate_all_configs() {
     merge(&total.granted, r.granted, cfg);
     merge(&total.deadlocks, r.deadlocks, cfg);
     merge(&total.undelivered, r.undelivered, cfg);
+    merge(&total.done_stuck, r.done_stuck, cfg);
+    merge(&total.done_unearned, r.done_unearned, cfg);
+    total.rndv_msgs += r.rndv_msgs;
+    total.done_in_ctrl += r.done_in_ctrl;
     total.data_msgs += r.data_msgs;
     total.ctrl_msgs += r.ctrl_msgs;
     total.starved += r.starved;
@@ -864,10 +925,9 @@ void simulation_never_creates_or_loses_credits(void **) {
   assert_int_equal(r.accounting.count, 0);
 }
 
-void simulation_control_messages_need_at_most_ctrl_depth_credits(void **) {
+void simulation_keeps_the_last_control_credit_for_returning_control_credits(void **) {
   const SimResult &r = simulate_all();
-  report(r, r.ctrl_starved,
-         "a control message was needed while all control credits were in flight");
+  report(r, r.ctrl_starved, "the last control credit was spent on something else");
   report(r, r.ctrl_overdrawn, "a peer held more control credits than the other side posted");
   assert_int_equal(r.ctrl_starved.count, 0);
   assert_int_equal(r.ctrl_overdrawn.count, 0);
@@ -879,6 +939,20 @@ void simulation_never_deadlocks_once_the_applications_free_everything(void **) {
   report(r, r.undelivered, "data was sent but never received");
   assert_int_equal(r.deadlocks.count, 0);
   assert_int_equal(r.undelivered.count, 0);
+}
+
+// Rendezvous messages: every one is counted done once read, also when both sides read at once and
+// the done counts need control messages (rndv.cpp; the control credit kept in reserve).
+void simulation_counts_every_rendezvous_done(void **) {
+  const SimResult &r = simulate_all();
+  report(r, r.done_stuck, "rendezvous waited for their done counts after everything was read");
+  report(r, r.done_unearned, "a done count named rendezvous that were never sent");
+  print_message("%lu rendezvous, %lu control messages with done counts\n", r.rndv_msgs,
+                r.done_in_ctrl);
+  assert_int_equal(r.done_stuck.count, 0);
+  assert_int_equal(r.done_unearned.count, 0);
+  assert_true(r.rndv_msgs > 10000);
+  assert_true(r.done_in_ctrl > 1000);
 }
 
 void simulation_never_receives_a_message_it_granted_no_credit_for(void **) {
@@ -947,9 +1021,10 @@ int main(void) {
       cmocka_unit_test(owed_ctrl_credits_are_capped_per_message_and_the_rest_kept),
       cmocka_unit_test(simulation_never_sends_without_a_posted_receive_buffer),
       cmocka_unit_test(simulation_never_creates_or_loses_credits),
-      cmocka_unit_test(simulation_control_messages_need_at_most_ctrl_depth_credits),
+      cmocka_unit_test(simulation_keeps_the_last_control_credit_for_returning_control_credits),
       cmocka_unit_test(simulation_never_deadlocks_once_the_applications_free_everything),
       cmocka_unit_test(simulation_never_receives_a_message_it_granted_no_credit_for),
+      cmocka_unit_test(simulation_counts_every_rendezvous_done),
       cmocka_unit_test(simulation_reaches_starvation_and_sends_control_messages),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
