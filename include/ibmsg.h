@@ -112,7 +112,8 @@ IBMSG_EXPORT const char *ibmsg_version_string(void);
   X(ENOADDR, 1003, "cannot resolve the host name or address")                                     \
   X(ESYS, 1004, "system or verbs call failed")                                                   \
   X(EREMOTEACCESS, 1005, "remote access error: the peer refused the key, range or right")        \
-  X(EBADDESC, 1006, "not a valid remote descriptor")
+  X(EBADDESC, 1006, "not a valid remote descriptor")                                             \
+  X(EDECLINED, 1007, "declined by the receiver (message_incoming)")
 
 /** The error codes. IBMSG_OK is 0. */
 enum ibmsg_error {
@@ -173,6 +174,7 @@ typedef struct ibmsg_event_loop ibmsg_event_loop;                 /**< see struc
 typedef struct ibmsg_socket ibmsg_socket;                         /**< see struct ibmsg_socket */
 typedef struct ibmsg_buffer ibmsg_buffer;                         /**< see struct ibmsg_buffer */
 typedef struct ibmsg_connection_request ibmsg_connection_request; /**< see its struct */
+typedef struct ibmsg_incoming ibmsg_incoming;                     /**< see its struct */
 
 /**
  * One message. For sending, the application owns this struct (it may live on the stack) and
@@ -194,7 +196,20 @@ struct ibmsg_buffer {
 
 /** Flags of a received message (ibmsg_buffer.flags). */
 enum ibmsg_msg_flags {
-  IBMSG_MSG_IMM = 1 /**< the sender attached an immediate (ibmsg_post_send_imm): see imm */
+  IBMSG_MSG_IMM = 1,   /**< the sender attached an immediate (ibmsg_post_send_imm): see imm */
+  IBMSG_MSG_REGION = 2 /**< data lies in the application's region (ibmsg_incoming_to_region) */
+};
+
+/**
+ * A message larger than the eager size (IBMSG_OPT_EAGER_SIZE) that starts to arrive, before any
+ * of its data moves: see message_incoming. Valid only during that callback.
+ */
+struct ibmsg_incoming {
+  size_t size;               /**< ro: the message's bytes */
+  uint32_t imm;              /**< ro: its immediate, when flags has IBMSG_MSG_IMM */
+  uint32_t flags;            /**< ro: IBMSG_MSG_IMM or 0 */
+  struct ibmsg__slot *impl;  /**< private */
+  void *reserved[4];         /**< private: room for later versions */
 };
 
 /**
@@ -232,8 +247,14 @@ typedef void (*ibmsg_connection_request_cb)(ibmsg_connection_request *request);
 typedef void (*ibmsg_connection_established_cb)(ibmsg_socket *socket);
 /** Called for each received message; the message is lent until ibmsg_free_msg(). */
 typedef void (*ibmsg_message_received_cb)(ibmsg_socket *socket, ibmsg_buffer *msg);
-/** Called exactly once per posted message: status is IBMSG_OK when the peer has it. */
+/** Called exactly once per posted message: status is IBMSG_OK when the peer has it, else why
+ *  not (IBMSG_EDECLINED: the receiver declined it; the connection stays up). */
 typedef void (*ibmsg_message_sent_cb)(ibmsg_socket *socket, ibmsg_buffer *msg, int status);
+/** Called when a message larger than the eager size starts to arrive, before its data moves
+ *  (since 1.2): the callback may name where the data goes (ibmsg_incoming_to_region) or decline
+ *  the message (ibmsg_incoming_decline); otherwise it goes into a buffer of the library.
+ *  message_received follows once the data is there, in order with the other messages. */
+typedef void (*ibmsg_message_incoming_cb)(ibmsg_socket *socket, ibmsg_incoming *in);
 /** Called when the peer's ibmsg_rdma_write_imm() completed here: its length bytes are written and
  *  visible in the local region it targeted, imm is its immediate. */
 typedef void (*ibmsg_write_received_cb)(ibmsg_socket *socket, uint32_t imm, size_t length);
@@ -254,7 +275,8 @@ struct ibmsg_event_loop {
   void *user_data;                                        /**< rw: the application's */
   struct ibmsg__loop *impl;                               /**< private */
   ibmsg_write_received_cb write_received;                 /**< rw; NULL: write-immediates are not reported */
-  void *reserved[3];                                      /**< private: room for later versions */
+  ibmsg_message_incoming_cb message_incoming;             /**< rw; NULL: library buffers (1.2) */
+  void *reserved[2];                                      /**< private: room for later versions */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -429,7 +451,8 @@ IBMSG_EXPORT int ibmsg_post_send(ibmsg_socket *socket, ibmsg_buffer *msg);
  *  in msg->flags). IBMSG_EOPNOTSUPP if the peer's ibmsg does not take immediates on messages. */
 IBMSG_EXPORT int ibmsg_post_send_imm(ibmsg_socket *socket, ibmsg_buffer *msg, uint32_t imm);
 /** Returns a message to its pool: a send buffer that is not queued or in flight (IBMSG_EBUSY
- *  otherwise), or a received message (its buffer goes back to the peer as a credit). */
+ *  otherwise), or a received message (its buffer goes back to the peer as a credit). A message
+ *  in a region leaves the region's bytes alone (they are the application's). */
 IBMSG_EXPORT int ibmsg_free_msg(ibmsg_buffer *msg);
 
 /* ---------------------------------------------------------------------------------------------
@@ -462,6 +485,28 @@ typedef struct ibmsg_region {
   uintptr_t check;             /**< private */
   void *reserved[4];           /**< private: room for later versions */
 } ibmsg_region;
+
+/** Makes msg a message of size bytes at offset in region (since 1.2): ibmsg_post_send() sends
+ *  them from there without a copy, at any size (above the eager size the peer reads them, with a
+ *  registration of exactly those bytes that ends at message_sent). The bytes must not change
+ *  from posting until message_sent; msg->data points at them and msg->size may shrink. The
+ *  region stays busy (ibmsg_deregister_region fails with IBMSG_EBUSY) until ibmsg_free_msg().
+ *  Codes as ibmsg_alloc_msg(), and IBMSG_EINVAL for a region of another loop, IBMSG_ERANGE if
+ *  the bytes reach outside the region. */
+IBMSG_EXPORT int ibmsg_msg_from_region(ibmsg_buffer *msg, ibmsg_socket *socket,
+                                       ibmsg_region *region, size_t offset, size_t size);
+/** From message_incoming: the message's in->size bytes go to region at offset (since 1.2). The
+ *  message_received that follows has msg->data there and IBMSG_MSG_REGION in msg->flags; the
+ *  region is busy until that message is freed. IBMSG_ERANGE if they do not fit (nothing is
+ *  written; the message goes to a library buffer unless the callback chooses again or declines),
+ *  IBMSG_EACCES without IBMSG_ACCESS_LOCAL_WRITE, IBMSG_EINVAL outside the callback or for a region
+ *  of another loop, IBMSG_ESTATE once decided; IBMSG_ENOMEM or IBMSG_ESYS if the region cannot be
+ *  registered on the connection's device. */
+IBMSG_EXPORT int ibmsg_incoming_to_region(ibmsg_incoming *in, ibmsg_region *region, size_t offset);
+/** From message_incoming: the message is not received; the sender's message_sent gets
+ *  IBMSG_EDECLINED and the connection stays up (since 1.2). IBMSG_EINVAL outside the callback,
+ *  IBMSG_ESTATE once decided. */
+IBMSG_EXPORT int ibmsg_incoming_decline(ibmsg_incoming *in);
 
 /** Bytes of a remote descriptor. */
 #define IBMSG_DESCRIPTOR_SIZE 32

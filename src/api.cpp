@@ -249,6 +249,24 @@ int ibmsg_free_msg(ibmsg_buffer *msg) {
   return msg_free(msg);
 }
 
+int ibmsg_msg_from_region(ibmsg_buffer *msg, ibmsg_socket *socket, ibmsg_region *region,
+                          size_t offset, size_t size) {
+  if (!msg || !socket) return IBMSG_EINVAL;
+  Socket *s = socket_of(socket);
+  if (!s) return IBMSG_ENOTCONN;
+  Region *r = region_of(region);
+  if (!r) return IBMSG_EINVAL;
+  return msg_from_region(s, msg, r, offset, size);
+}
+
+int ibmsg_incoming_to_region(ibmsg_incoming *in, ibmsg_region *region, size_t offset) {
+  Region *r = region_of(region);
+  if (!r) return IBMSG_EINVAL;
+  return incoming_to_region(in, r, offset);
+}
+
+int ibmsg_incoming_decline(ibmsg_incoming *in) { return incoming_decline(in); }
+
 // --- one-sided RDMA ---
 
 int ibmsg_register_region(ibmsg_event_loop *loop, ibmsg_region *region, void *addr, size_t length,

@@ -13,7 +13,8 @@ Socket *socket_of(const tp::WorkCtx *ctx) {
   switch (ctx->op) {
     case tp::Op::Recv:
     case tp::Op::Send:
-    case tp::Op::RndvRead: return static_cast<Slot *>(ctx->owner)->pool->user;
+    case tp::Op::RndvRead:
+    case tp::Op::RndvFin: return static_cast<Slot *>(ctx->owner)->pool->user;
     case tp::Op::Ctrl: return static_cast<Socket *>(ctx->owner);
     case tp::Op::RdmaWrite:
     case tp::Op::RdmaRead:

@@ -9,21 +9,30 @@ namespace {
 
 int post_data(Socket *s, Slot *slot, wire::Imm imm) {
   uint32_t len = uint32_t(slot->msg->size);
+  const uint8_t *buf = slot->buf;
+  const tp::Mr *mr = slot->pool->mr;
+  tp::Segment tail{nullptr, 0, nullptr};
   if (slot->work.rndv) {
     len = rndv_fill_rts(s, slot);
     imm.op = wire::Opcode::Rendezvous;
   } else if (slot->has_imm) {
-    // The immediate follows the payload, little-endian (the pools have room for it).
-    uint8_t *t = slot->buf + len;
+    // The immediate follows the payload, little-endian: in the pool's room behind it, or, for a
+    // payload in a region, in the slot as a second element.
+    uint8_t *t = slot->region ? slot->buf : slot->buf + len;
     t[0] = uint8_t(slot->imm);
     t[1] = uint8_t(slot->imm >> 8);
     t[2] = uint8_t(slot->imm >> 16);
     t[3] = uint8_t(slot->imm >> 24);
-    len += wire::kImmTrailer;
+    if (slot->region) tail = {t, wire::kImmTrailer, slot->pool->mr};
+    else len += wire::kImmTrailer;
     imm.op = wire::Opcode::DataImm;
   }
-  int rc = tp::post_send_imm(s->id, &slot->work.wr, slot->buf, len, slot->pool->mr,
-                             wire::encode_imm(imm), s->max_inline);
+  if (slot->region && !slot->work.rndv) {  // zero copy: straight from the region
+    buf = static_cast<const uint8_t *>(slot->msg->data);
+    mr = slot->rmr;
+  }
+  int rc = tp::post_send_imm(s->id, &slot->work.wr, buf, len, mr, wire::encode_imm(imm),
+                             s->max_inline, tail.len ? &tail : nullptr);
   return rc ? rc : posted(s, true);
 }
 
@@ -43,6 +52,7 @@ int send_now(Socket *s, Slot *slot) {
   }
   slot->state = SlotState::InFlight;
   slot->work.done = slot->work.sent = slot->work.read = false;
+  slot->work.read_status = IBMSG_OK;
   s->flight.push_back(&slot->work);
   return IBMSG_OK;
 }
@@ -68,7 +78,12 @@ void maybe_send_ctrl(Socket *s) {
     bool waits = (head && (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
                   !s->credits.can_send_data()) ||
                  !s->rndv_wait.empty();
-    if (!s->credits.ctrl_due(waits, s->done_owed > 0)) return;
+    const bool fin = rndv_fin_due(s);
+    if (!s->credits.ctrl_due(waits, s->done_owed > 0 || fin)) return;
+    if (fin) {  // a FIN (with the done counts before it) in the place of a credit-only message
+      if (!rndv_send_fin(s)) return;
+      continue;
+    }
     Credits saved = s->credits;
     const uint32_t done = s->done_owed;
     wire::Imm imm = s->credits.take_ctrl();
@@ -132,6 +147,8 @@ namespace {
 void notify_sent(Socket *s, Slot *slot, int status) {
   ibmsg_buffer *msg = slot->msg;
   if (slot->link.linked()) s->rndv_wait.remove(slot);  // failed or canceled before it was read
+  if (slot->xmr) tp::mr_deregister(slot->xmr);  // the peer reads no more (or never will)
+  slot->xmr = nullptr;
   slot->state = SlotState::Allocated;
   msg->status = status == IBMSG_OK ? IBMSG_SENT : IBMSG_SEND_FAILED;
   if (auto cb = s->loop->pub->message_sent) cb(s->pub, msg, status);
@@ -258,7 +275,7 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
     case wire::Opcode::Data:
     case wire::Opcode::DataImm: on_data_msg(s, slot, wc, imm); break;
     case wire::Opcode::Credit: on_credit_msg(s, slot, wc, imm); break;
-    case wire::Opcode::Rendezvous: rndv_on_rts(s, slot, wc, imm); break;
+    case wire::Opcode::Rendezvous: rndv_on_msg(s, slot, wc, imm); break;
     default: drop_recv(s, slot, IBMSG_EPROTO); break;  // no feature agreed that uses it
   }
 }
@@ -291,7 +308,7 @@ void work_done(Socket *s, Work *w, int status, int close_reason) {
       x->sent = true;
       if (!x->rndv || x->read) {
         x->done = true;
-        x->status = IBMSG_OK;
+        x->status = x->rndv ? x->read_status : IBMSG_OK;
       }
     }
   }
@@ -302,7 +319,7 @@ void work_done(Socket *s, Work *w, int status, int close_reason) {
   w->sent = true;
   if (status != IBMSG_OK || !w->rndv || w->read) {
     w->done = true;
-    w->status = status;
+    w->status = status != IBMSG_OK || !w->rndv ? status : w->read_status;
   }
   notify_front(s);
 }
@@ -329,6 +346,7 @@ void on_completion(Socket *s, const tp::Completion &wc) {
     case tp::Op::WriteImm:
     case tp::Op::Atomic: op_on_wc(s, static_cast<Op *>(wc.ctx->owner), wc); break;
     case tp::Op::RndvRead: rndv_on_read(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
+    case tp::Op::RndvFin: rndv_on_fin_sent(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
     default: socket_close(s, IBMSG_EIO); break;  // nothing else is posted
   }
   if (carried) maybe_send_ctrl(s);  // one may have waited for a control slot

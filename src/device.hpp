@@ -58,14 +58,17 @@ void pool_disown(Pool *p);
 // A slot came back from the application (p->out dropped): frees an orphaned pool at zero.
 void pool_maybe_release(Pool *p);
 // A large buffer of at least size bytes (from the device's cache, else mapped and registered
-// now: readable by the peer for a sender's), or nullptr with *err.
+// now), or nullptr with *err. A sender's is readable by the peer of the connection numbered peer
+// (Socket::serial): given to another connection, it is registered anew, so that the key an
+// earlier peer learned no longer reaches it.
 struct LargeMem : LargeBuf {
   Device *dev;
   bool send;
+  uint64_t peer;  // the connection whose peer may know its key (send)
   uint8_t *mem;
   tp::Mr *mr;
 };
-LargeMem *large_get(Device *dev, bool send, size_t size, int *err);
+LargeMem *large_get(Device *dev, bool send, uint64_t peer, size_t size, int *err);
 void large_put(LargeMem *m);          // back to its device's cache (or released)
 void device_large_clear(Device *dev);  // releases the cached ones (the device goes)
 

@@ -113,6 +113,7 @@ struct ibmsg__socket {
 
   // connection
   ibmsg::Device *dev = nullptr;
+  uint64_t serial = 0;  // unique among the process's connections (conn_open)
   ibmsg::DevCq *devcq = nullptr;  // its device's CQ, from conn_open to conn_release,
   ibmsg::tp::Cq *cq = nullptr;    // and its share of it
   uint32_t cq_need = 0;
@@ -148,6 +149,7 @@ struct ibmsg__socket {
   ibmsg::List<ibmsg::RndvIn, &ibmsg::RndvIn::read_link> reading;
   uint32_t rndv_reads = 0;
   uint32_t done_owed = 0;
+  ibmsg_incoming *incoming = nullptr;  // while message_incoming runs
   ibmsg::Timer connect_timer;
   // busy polling (poll.cpp): the CQ is polled from the loop instead of armed while poll_active
   bool poll_active = false;
@@ -287,6 +289,7 @@ void maybe_send_ctrl(Socket *s);  // a credit-only message, if owed and nothing 
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
 int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm);
 int msg_free(ibmsg_buffer *msg);
+int msg_from_region(Socket *s, ibmsg_buffer *msg, ::ibmsg__region *r, size_t off, size_t size);
 
 // --- rndv.cpp ---
 constexpr uint32_t kRndvReads = 8;  // a connection's rendezvous reads in flight
@@ -296,8 +299,12 @@ bool rndv_offered(const Socket *s);         // whether its hello offers rendezvo
 uint32_t rndv_fill_rts(Socket *s, Slot *slot);
 // The peer read n of our RTSs (an immediate's done count); false if it never had them.
 bool rndv_on_done(Socket *s, uint32_t n);
-void rndv_on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm);
+// A Rendezvous message arrived: an RTS (a data credit) or a FIN (a control credit).
+void rndv_on_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm);
 void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc);
+bool rndv_fin_due(const Socket *s);  // a declined message's FIN is next in order
+bool rndv_send_fin(Socket *s);       // sends it (a control credit); false: closing
+void rndv_on_fin_sent(Socket *s, Slot *slot, const tp::Completion &wc);
 void rndv_pump(Socket *s);  // posts the reads it can (connected)
 // A received message (slot lent, msg filled in) goes to the application, or waits in order
 // behind a rendezvous still being read.
@@ -305,6 +312,8 @@ void deliver_msg(Socket *s, Slot *slot);
 uint32_t rndv_take_done(Socket *s);  // for an immediate
 // Closing, the QP gone: undelivered messages and their destinations go; nothing waits.
 void rndv_release(Socket *s);
+int incoming_to_region(ibmsg_incoming *in, ::ibmsg__region *r, size_t off);
+int incoming_decline(ibmsg_incoming *in);
 
 // --- region.cpp ---
 using Region = ::ibmsg__region;

@@ -32,9 +32,20 @@ void release_evicted(LargeList *evicted) {
 
 }  // namespace
 
-LargeMem *large_get(Device *dev, bool send, size_t size, int *err) {
+LargeMem *large_get(Device *dev, bool send, uint64_t peer, size_t size, int *err) {
   LargeCache &cache = send ? dev->large_send : dev->large_recv;
   LargeMem *m = static_cast<LargeMem *>(cache.take(size));
+  if (m && send && m->peer != peer) {
+    // Another peer may know its key: a new registration (a new key) before this one gets it.
+    tp::mr_deregister(m->mr);
+    m->mr = nullptr;
+    *err = tp::mr_register(dev->tp, m->mem, m->bytes, tp::kRemoteRead, &m->mr);
+    if (*err) {
+      munmap(m->mem, m->bytes);
+      delete m;
+      return nullptr;
+    }
+  }
   if (!m) {
     unsigned index;
     size_t bytes;
@@ -55,6 +66,7 @@ LargeMem *large_get(Device *dev, bool send, size_t size, int *err) {
     m->index = index;
     m->dev = dev;
     m->send = send;
+    m->peer = 0;
     // Its own registration: the key a peer gets for it reaches this buffer only.
     *err = tp::mr_register(dev->tp, m->mem, bytes, send ? tp::kRemoteRead : tp::kLocal, &m->mr);
     if (*err) {
@@ -63,6 +75,7 @@ LargeMem *large_get(Device *dev, bool send, size_t size, int *err) {
       return nullptr;
     }
   }
+  m->peer = peer;
   ++dev->refs;
   return m;
 }

@@ -21,10 +21,11 @@ int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
   Slot *slot = pool_get(s->send_pool);
   if (!slot) return IBMSG_EAGAIN;
   slot->large = nullptr;
+  slot->region = nullptr;
   if (size > send_eager(s)) {
     // Rendezvous: the payload in a large buffer the peer reads; the slot carries the RTS.
     int err = IBMSG_OK;
-    slot->large = large_get(s->dev, true, size, &err);
+    slot->large = large_get(s->dev, true, s->serial, size, &err);
     if (!slot->large) {
       pool_put(s->send_pool, slot);
       return err;
@@ -32,6 +33,30 @@ int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
   }
   slot->msg = msg;
   msg->data = slot->large ? slot->large->mem : slot->buf;
+  msg->size = size;
+  msg->status = IBMSG_WAITING;
+  msg->impl = slot;
+  return IBMSG_OK;
+}
+
+int msg_from_region(Socket *s, ibmsg_buffer *msg, Region *r, size_t off, size_t size) {
+  if (s->listener || r->loop != s->loop) return IBMSG_EINVAL;
+  if (!state_has_buffers(s->state)) return IBMSG_ENOTCONN;
+  if (off > r->length || size > r->length - off) return IBMSG_ERANGE;
+  if (size > size_t(s->opts.max_msg_size) || (s->have_peer && size > s->max_msg))
+    return IBMSG_EMSGSIZE;
+  int err = IBMSG_OK;
+  const tp::Mr *mr = region_mr(r, s->dev, &err);  // registered on the device once
+  if (!mr) return err;
+  Slot *slot = pool_get(s->send_pool);
+  if (!slot) return IBMSG_EAGAIN;
+  slot->large = nullptr;
+  slot->region = r;
+  slot->region_off = off;
+  slot->rmr = mr;
+  ++r->busy;  // it stays registered while the message may point into it
+  slot->msg = msg;
+  msg->data = r->addr + off;
   msg->size = size;
   msg->status = IBMSG_WAITING;
   msg->impl = slot;
@@ -47,24 +72,37 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
   if (slot->state != SlotState::Allocated) return IBMSG_EBUSY;
   if (msg->size > s->max_msg) return IBMSG_EMSGSIZE;
   const bool rndv = msg->size > s->eager;
-  if (rndv && (!slot->large || msg->size > slot->large->bytes))
+  if (slot->region) {
+    if (msg->data != slot->region->addr + slot->region_off ||
+        msg->size > slot->region->length - slot->region_off)
+      return IBMSG_ERANGE;  // moved or grown beyond its region
+  } else if (rndv && (!slot->large || msg->size > slot->large->bytes)) {
     return IBMSG_EMSGSIZE;  // more than its buffer holds
+  }
   if (has_imm && !(s->features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
+  const bool now = s->queue.empty() && s->credits.can_send_data();
+  if (!now && s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
+  if (rndv && slot->region) {
+    // The peer reads exactly the message's bytes: a registration of their own, until it did.
+    int err = tp::mr_register(s->dev->tp, msg->data, msg->size, tp::kRemoteRead, &slot->xmr);
+    if (err) return err;
+  }
   slot->has_imm = has_imm;
   slot->imm = imm;
   // A large buffer's message that fits the eager size goes eagerly, copied into the slot.
   if (!rndv && slot->large && msg->size) memcpy(slot->buf, slot->large->mem, msg->size);
   slot->work.rndv = rndv;
-  if (s->queue.empty() && s->credits.can_send_data()) {
+  if (now) {
     // A queue pair that refuses a work request is broken: the connection closes, as it does when
     // a queued message fails to go out. The message stays the application's (no callback).
     int rc = send_now(s, slot);
     if (rc) {
+      if (slot->xmr) tp::mr_deregister(slot->xmr);
+      slot->xmr = nullptr;
       socket_close(s, rc);
       return rc;
     }
   } else {
-    if (s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
     slot->state = SlotState::Queued;
     s->queue.push_back(&slot->work);
     maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
@@ -82,7 +120,9 @@ int msg_free(ibmsg_buffer *msg) {
     if (slot->state == SlotState::Queued || slot->state == SlotState::InFlight) return IBMSG_EBUSY;
     if (slot->state != SlotState::Allocated) return IBMSG_ENOTALLOC;
     if (slot->large) large_put(slot->large);
+    if (slot->region) --slot->region->busy;
     slot->large = nullptr;
+    slot->region = nullptr;
     pool_put(p, slot);
     msg->impl = nullptr;
     msg->data = nullptr;
@@ -90,11 +130,14 @@ int msg_free(ibmsg_buffer *msg) {
     pool_maybe_release(p);
     return IBMSG_OK;
   }
-  if (slot->state != SlotState::Lent || slot->in.ready || slot->link.linked())
+  if (slot->state != SlotState::Lent || slot->in.ready || slot->in.declined ||
+      slot->link.linked() || slot->in.read_link.linked())
     return IBMSG_ENOTALLOC;  // not lent to the application (yet)
   msg->status = IBMSG_FREED;
   if (slot->large) large_put(slot->large);
   slot->large = nullptr;
+  if (slot->in.region) --slot->in.region->busy;  // the application's region, free again
+  slot->in.region = nullptr;
   --p->out;
   Socket *s = p->user;
   if (s && s->has_qp && s->state != State::Closing) {

@@ -38,6 +38,7 @@ Pool *pool_create(bool recv, uint32_t count, size_t slot_size) {
     s.work.wr.op = recv ? tp::Op::Recv : tp::Op::Send;
     s.work.wr.owner = &s;
     s.in.wr.owner = &s;
+    s.in.fin_wr.owner = &s;
     if (!recv) p->free_list.push_back(&s);
   }
   return p;

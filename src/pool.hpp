@@ -12,6 +12,7 @@
 // The public header names the private types ibmsg__*; inside the core they have short names.
 struct ibmsg__socket;
 struct ibmsg__slot;
+struct ibmsg__region;
 
 namespace ibmsg {
 
@@ -46,6 +47,7 @@ struct Work {
   bool rndv = false;
   bool sent = false;
   bool read = false;
+  int read_status = IBMSG_OK;  // IBMSG_EDECLINED if the peer declined it
 };
 
 struct LargeMem;  // a registered large buffer (memory.cpp)
@@ -57,10 +59,16 @@ struct RndvIn {
   uint64_t length = 0;
   uint64_t next = 0;    // bytes read or being read
   uint32_t rkey = 0;
+  uint32_t id = 0;      // the sender's (its FIN echoes it)
   uint32_t reads = 0;   // in flight
   bool ready = false;   // delivered as soon as everything before it is
+  bool declined = false;  // the application declined it: a FIN goes back instead of reads
+  uint8_t *dest = nullptr;  // where the data goes: a large buffer, or the application's region
+  const tp::Mr *dest_mr = nullptr;
+  ibmsg__region *region = nullptr;  // the application's (busy until the message is freed)
   tp::WorkCtx wr{tp::Op::RndvRead, 0, nullptr};
-  ListNode read_link;   // in the connection's rendezvous with reads still to post
+  tp::WorkCtx fin_wr{tp::Op::RndvFin, 0, nullptr};
+  ListNode read_link;   // in the connection's rendezvous with reads (or a FIN) still to post
 };
 
 }  // namespace ibmsg
@@ -79,6 +87,12 @@ struct ibmsg__slot {
   uint32_t imm;
   ibmsg::LargeMem *large;  // the payload's large buffer (send) or destination (recv), if any
   ibmsg::RndvIn in;        // recv: a rendezvous message
+  // send: a payload in the application's region (ibmsg_msg_from_region), its registration on the
+  // connection's device, and the exact-range registration a rendezvous from it lends the peer
+  ibmsg__region *region;
+  size_t region_off;
+  const ibmsg::tp::Mr *rmr;
+  ibmsg::tp::Mr *xmr;
 };
 
 namespace ibmsg {

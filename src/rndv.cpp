@@ -9,16 +9,33 @@
 // message_sent comes in posting order with the eager ones. The receiver delivers every message
 // in the order it came: an eager message behind a rendezvous still being read waits for it.
 //
-// Who owns what: the sender's buffer is the application's from ibmsg_alloc_msg to ibmsg_free_msg
-// as any message's (the peer reads it between posting and message_sent); the receiver's buffer
-// is the library's until message_received lends it, and goes back to the device's cache with
-// ibmsg_free_msg. Closing drops what was not delivered (rndv_release).
+// The receiving application may choose (message_incoming, before any data moves) where the data
+// goes, a region of its own, or decline the message: then a FIN (wire.hpp) goes back in the
+// place of the done count, in the same order, in a message of its own that spends a control
+// credit, and the sender's message_sent reports IBMSG_EDECLINED.
+//
+// Who owns what: the sender's buffer is the application's from ibmsg_alloc_msg (or
+// ibmsg_msg_from_region) to ibmsg_free_msg as any message's (the peer reads it between posting
+// and message_sent); the receiver's buffer is the library's until message_received lends it, and
+// goes back to the device's cache with ibmsg_free_msg, or it is the application's region (busy
+// until then). Closing drops what was not delivered (rndv_release).
 #include "internal.hpp"
 
 namespace ibmsg {
 namespace {
 
 constexpr uint64_t kChunkMax = uint64_t(1) << 30;
+
+// The peer read our rendezvous message w (status IBMSG_OK) or declined it: w is done once its
+// RTS's send completed too.
+void read_done(Socket *, Work *w, int status) {
+  w->read = true;
+  w->read_status = status;
+  if (w->sent && !w->done) {
+    w->done = true;
+    w->status = status;
+  }
+}
 
 }  // namespace
 
@@ -32,20 +49,23 @@ void rndv_pump(Socket *s) {
   while (s->rndv_reads < kRndvReads) {
     RndvIn *in = s->reading.front();
     if (!in) break;
+    if (in->declined) break;  // its FIN goes first (maybe_send_ctrl), then the reads behind it
     Slot *slot = static_cast<Slot *>(in->wr.owner);
-    if (!slot->large) {
+    if (!in->dest) {
       int err = IBMSG_OK;
-      slot->large = large_get(s->dev, false, size_t(in->length), &err);
+      slot->large = large_get(s->dev, false, 0, size_t(in->length), &err);
       if (!slot->large) {
         socket_close(s, err);
         return;
       }
+      in->dest = slot->large->mem;
+      in->dest_mr = slot->large->mr;
     }
     const uint64_t n = in->length - in->next < chunk ? in->length - in->next : chunk;
     tp::RdmaWr w{};
-    w.local = slot->large->mem + in->next;
+    w.local = in->dest + in->next;
     w.len = uint32_t(n);
-    w.mr = slot->large->mr;
+    w.mr = in->dest_mr;
     w.remote = in->remote + in->next;
     w.rkey = in->rkey;
     if (tp::post_rdma(s->id, &in->wr, w, 0)) {
@@ -88,10 +108,10 @@ bool rndv_offered(const Socket *s) { return s->opts.max_msg_size > eager_recv_si
 uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
   wire::Rts r;
   r.id = uint32_t(slot - slot->pool->slots);
-  r.rkey = tp::mr_rkey(slot->large->mr);
+  r.rkey = tp::mr_rkey(slot->large ? slot->large->mr : slot->xmr);
   r.has_imm = slot->has_imm;
   r.imm = slot->imm;
-  r.addr = reinterpret_cast<uintptr_t>(slot->large->mem);
+  r.addr = reinterpret_cast<uintptr_t>(slot->msg->data);
   r.length = slot->msg->size;
   wire::encode_rts(r, slot->buf);
   s->rndv_wait.push_back(slot);  // popped when read, or when its posting fails (send_now)
@@ -100,24 +120,20 @@ uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
 
 bool rndv_on_done(Socket *s, uint32_t n) {
   if (n > s->rndv_wait.size()) return false;
-  while (n--) {
-    Work *w = &s->rndv_wait.pop_front()->work;
-    w->read = true;
-    if (w->sent && !w->done) {
-      w->done = true;
-      w->status = IBMSG_OK;
-    }
-  }
+  while (n--) read_done(s, &s->rndv_wait.pop_front()->work, IBMSG_OK);
   notify_front(s);
   return true;
 }
 
-void rndv_on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
+namespace {
+
+// The message in slot arrived as an RTS: the application may choose its destination or decline
+// it, then it waits for its reads (or its FIN) in order.
+void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   wire::Rts r;
-  if (!(s->features & wire::kFeatureRndv) || !s->credits.on_data_arrived() ||
-      !s->credits.on_returned(imm) || !wire::decode_rts(slot->buf, wc.len, &r) ||
-      r.length > s->opts.max_msg_size) {
-    // not agreed on, no credit for it, credits it never had, no RTS, or larger than we take
+  if (!s->credits.on_data_arrived() || !s->credits.on_returned(imm) ||
+      !wire::decode_rts(slot->buf, wc.len, &r) || r.length > s->opts.max_msg_size) {
+    // no credit for it, credits it never had, no RTS, or larger than we take
     slot->state = SlotState::Free;
     socket_close(s, IBMSG_EPROTO);
     return;
@@ -126,7 +142,7 @@ void rndv_on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   slot->state = SlotState::Lent;
   ++slot->pool->out;
   ibmsg_buffer *msg = &slot->own;
-  msg->data = nullptr;  // the destination, once the reads start
+  msg->data = nullptr;  // the destination, once the reads are done
   msg->size = size_t(r.length);
   msg->status = IBMSG_RECEIVED;
   msg->user_data = nullptr;
@@ -138,12 +154,133 @@ void rndv_on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   in.length = r.length;
   in.next = 0;
   in.rkey = r.rkey;
+  in.id = r.id;
   in.reads = 0;
-  in.ready = false;
-  s->deliver.push_back(slot);
+  in.ready = in.declined = false;
+  in.dest = nullptr;
+  in.dest_mr = nullptr;
+  in.region = nullptr;
+  if (auto cb = s->loop->pub->message_incoming) {
+    ibmsg_incoming inc{};
+    inc.size = msg->size;
+    inc.imm = msg->imm;
+    inc.flags = msg->flags;
+    inc.impl = slot;
+    s->incoming = &inc;
+    cb(s->pub, &inc);
+    s->incoming = nullptr;
+  }
+  if (in.region) msg->flags |= IBMSG_MSG_REGION;
+  if (!in.declined) s->deliver.push_back(slot);
   s->reading.push_back(&in);
   rndv_pump(s);
   flush_sends(s);
+  maybe_send_ctrl(s);
+}
+
+// A FIN: the peer declined the oldest of our RTSs it has not counted done.
+void on_fin(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
+  wire::Fin f;
+  Slot *front = s->rndv_wait.front();
+  if (!s->credits.on_ctrl_arrived() || !s->credits.on_returned(imm) ||
+      !wire::decode_fin(slot->buf, wc.len, &f) || f.status != wire::FinStatus::Declined ||
+      !front || f.id != uint32_t(front - front->pool->slots)) {
+    slot->state = SlotState::Free;
+    socket_close(s, IBMSG_EPROTO);
+    return;
+  }
+  slot->state = SlotState::Free;  // a control buffer: posted again at once
+  if (s->state != State::Closing) {
+    if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
+                      slot->pool->mr) ||
+        posted(s, false)) {
+      socket_close(s, IBMSG_EIO);
+    } else {
+      slot->state = SlotState::Posted;
+      s->credits.on_ctrl_received();
+    }
+  }
+  read_done(s, &s->rndv_wait.pop_front()->work, IBMSG_EDECLINED);
+  notify_front(s);
+  flush_sends(s);
+  maybe_send_ctrl(s);
+}
+
+// A slot the rendezvous held (declined, or undelivered at a close) goes back to the pool.
+void drop_slot(Socket *s, Slot *slot, bool repost) {
+  if (slot->large) large_put(slot->large);
+  slot->large = nullptr;
+  if (slot->in.region) --slot->in.region->busy;
+  slot->in.region = nullptr;
+  slot->in.ready = false;
+  --slot->pool->out;
+  if (repost && tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
+                              slot->pool->mr) == IBMSG_OK &&
+      posted(s, false) == IBMSG_OK) {
+    slot->state = SlotState::Posted;
+    s->credits.on_data_freed();
+    return;
+  }
+  slot->state = SlotState::Free;
+  s->credits.on_data_dropped();
+  if (repost) socket_close(s, IBMSG_EIO);
+}
+
+}  // namespace
+
+void rndv_on_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
+  wire::RndvKind kind;
+  if (!(s->features & wire::kFeatureRndv) || !wire::rndv_kind(slot->buf, wc.len, &kind)) {
+    slot->state = SlotState::Free;
+    socket_close(s, IBMSG_EPROTO);  // not agreed on, or neither RTS nor FIN
+    return;
+  }
+  if (kind == wire::RndvKind::Rts) on_rts(s, slot, wc, imm);
+  else on_fin(s, slot, wc, imm);
+}
+
+bool rndv_fin_due(const Socket *s) {
+  const RndvIn *in = s->reading.front();
+  // In order: after every read before it completed, with the done counts before it in its
+  // immediate (at most kMaxDonePerMsg: more go first, in credit-only messages).
+  return in && in->declined && s->rndv_reads == 0 && s->done_owed <= wire::kMaxDonePerMsg;
+}
+
+bool rndv_send_fin(Socket *s) {
+  RndvIn *in = s->reading.front();
+  Slot *slot = static_cast<Slot *>(in->wr.owner);
+  wire::Fin f;
+  f.id = in->id;
+  f.status = wire::FinStatus::Declined;
+  wire::encode_fin(f, slot->buf);  // the RTS's buffer, held until the FIN completes
+  Credits saved = s->credits;
+  const uint32_t done = s->done_owed;
+  wire::Imm imm = s->credits.take_ctrl();
+  imm.op = wire::Opcode::Rendezvous;
+  imm.done = rndv_take_done(s);
+  if (tp::post_send_imm(s->id, &in->fin_wr, slot->buf, uint32_t(wire::kFinSize), slot->pool->mr,
+                        wire::encode_imm(imm), s->max_inline)) {
+    s->credits = saved;
+    s->done_owed = done;
+    socket_close(s, IBMSG_EIO);
+    return false;
+  }
+  ++s->ctrl_in_flight;
+  s->reading.pop_front();
+  if (posted(s, true)) {
+    socket_close(s, IBMSG_EIO);
+    return false;
+  }
+  rndv_pump(s);  // the reads behind it
+  return true;
+}
+
+void rndv_on_fin_sent(Socket *s, Slot *slot, const tp::Completion &wc) {
+  if (s->ctrl_in_flight) --s->ctrl_in_flight;
+  const bool ok = wc.status == tp::WcStatus::Ok;
+  if (!ok) socket_close(s, wc.status == tp::WcStatus::Flushed ? IBMSG_ECONNRESET : IBMSG_EIO);
+  // The declined message's buffer and data credit come back now.
+  drop_slot(s, slot, ok && s->state != State::Closing && s->has_qp);
   maybe_send_ctrl(s);
 }
 
@@ -159,13 +296,13 @@ void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
     return;
   }
   if (in.reads == 0 && in.next == in.length && !in.read_link.linked()) {
-    slot->own.data = slot->large->mem;
+    slot->own.data = in.dest;
     in.ready = true;
     ++s->done_owed;
-    maybe_send_ctrl(s);  // the count goes at once, in a credit-only message if need be
     deliver_ready(s);
   }
   rndv_pump(s);
+  maybe_send_ctrl(s);  // the count goes at once, in a credit-only message if need be (or a FIN)
 }
 
 void deliver_msg(Socket *s, Slot *slot) {
@@ -181,20 +318,41 @@ uint32_t rndv_take_done(Socket *s) {
 }
 
 void rndv_release(Socket *s) {
-  while (s->reading.pop_front()) {
-  }
+  while (RndvIn *in = s->reading.pop_front())
+    if (in->declined) drop_slot(s, static_cast<Slot *>(in->wr.owner), false);
   while (s->rndv_wait.pop_front()) {
   }
-  while (Slot *slot = s->deliver.pop_front()) {
-    slot->in.ready = false;
-    if (slot->large) large_put(slot->large);
-    slot->large = nullptr;
-    slot->state = SlotState::Free;
-    --slot->pool->out;
-    s->credits.on_data_dropped();
-  }
+  while (Slot *slot = s->deliver.pop_front()) drop_slot(s, slot, false);
   s->rndv_reads = 0;
   s->done_owed = 0;
+}
+
+int incoming_to_region(ibmsg_incoming *inc, Region *r, size_t off) {
+  Slot *slot = inc ? inc->impl : nullptr;
+  Socket *s = slot_valid(slot) ? slot->pool->user : nullptr;
+  if (!s || s->incoming != inc || !r) return IBMSG_EINVAL;  // outside its callback
+  RndvIn &in = slot->in;
+  if (in.declined || in.region) return IBMSG_ESTATE;
+  if (r->loop != s->loop) return IBMSG_EINVAL;
+  if (off > r->length || in.length > r->length - off) return IBMSG_ERANGE;
+  if (!(r->access & IBMSG_ACCESS_LOCAL_WRITE)) return IBMSG_EACCES;
+  int err = IBMSG_OK;
+  const tp::Mr *mr = region_mr(r, s->dev, &err);
+  if (!mr) return err;
+  in.dest = r->addr + off;
+  in.dest_mr = mr;
+  in.region = r;
+  ++r->busy;  // the reads write into it, and the message points into it until it is freed
+  return IBMSG_OK;
+}
+
+int incoming_decline(ibmsg_incoming *inc) {
+  Slot *slot = inc ? inc->impl : nullptr;
+  Socket *s = slot_valid(slot) ? slot->pool->user : nullptr;
+  if (!s || s->incoming != inc) return IBMSG_EINVAL;
+  if (slot->in.declined || slot->in.region) return IBMSG_ESTATE;
+  slot->in.declined = true;
+  return IBMSG_OK;
 }
 
 }  // namespace ibmsg

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -171,6 +172,8 @@ void set_peer(Socket *s, const wire::Hello &h) {
 }
 
 int conn_open(Socket *s) {
+  static std::atomic<uint64_t> serials{0};
+  s->serial = ++serials;
   const uint32_t recv_slots = uint32_t(s->opts.recv_depth) + kCtrlDepth;
   const uint32_t send_wrs = uint32_t(s->opts.send_depth) + kCtrlDepth +
                             uint32_t(s->opts.rdma ? s->opts.rdma_depth : 0) +

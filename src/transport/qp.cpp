@@ -2,6 +2,7 @@
 // it. Every work request carries the core's WorkCtx in its wr_id.
 #include <arpa/inet.h>
 
+#include <initializer_list>
 #include <new>
 
 #include "transport/verbs.hpp"
@@ -13,7 +14,7 @@ namespace {
 constexpr int kChain = 32;
 struct Chain {
   ibv_send_wr wr[kChain];
-  ibv_sge sge[kChain];
+  ibv_sge sge[kChain][2];  // a message's payload and its tail (post_send_imm)
   int n = 0;
   ibv_recv_wr rwr[kChain];
   ibv_sge rsge[kChain];
@@ -28,7 +29,7 @@ ibv_send_wr *chain_next(CmId *id, int *err) {
   if (c->n == kChain && (*err = post_flush(id))) return nullptr;
   ibv_send_wr *wr = &c->wr[c->n];
   *wr = ibv_send_wr{};
-  wr->sg_list = &c->sge[c->n];
+  wr->sg_list = c->sge[c->n];
   ++c->n;
   return wr;
 }
@@ -78,7 +79,8 @@ int post_flush(CmId *id) {
         if (carrier) ++carrier->carried;
         else c->wr[i].send_flags |= IBV_SEND_SIGNALED;
         break;
-      default:
+      default:  // one-sided operations and rendezvous FINs: always signaled
+        c->wr[i].send_flags |= IBV_SEND_SIGNALED;
         ctx->carried = 0;
         carrier = nullptr;
         signal = true;
@@ -98,7 +100,7 @@ int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps) {
   attr.sq_sig_all = 0;  // post_flush says which sends are signaled
   attr.cap.max_send_wr = caps->send_wrs;
   attr.cap.max_recv_wr = caps->recv_wrs;
-  attr.cap.max_send_sge = 1;
+  attr.cap.max_send_sge = 2;
   attr.cap.max_recv_sge = 1;
   attr.cap.max_inline_data = caps->max_inline;
   Chain *chain = new (std::nothrow) Chain;
@@ -143,20 +145,23 @@ int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr) {
 }
 
 int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr,
-                  uint32_t imm, uint32_t max_inline) {
+                  uint32_t imm, uint32_t max_inline, const Segment *tail) {
   int err = IBMSG_OK;
   ibv_send_wr *wr = chain_next(id, &err);
   if (!wr) return err;
-  if (len) {
-    wr->sg_list->addr = reinterpret_cast<uintptr_t>(buf);
-    wr->sg_list->length = len;
-    wr->sg_list->lkey = mr_lkey(mr);
-    wr->num_sge = 1;
+  uint32_t total = 0;
+  for (const Segment &g : {Segment{buf, len, mr}, tail ? *tail : Segment{nullptr, 0, nullptr}}) {
+    if (!g.len) continue;
+    ibv_sge &sge = wr->sg_list[wr->num_sge++];
+    sge.addr = reinterpret_cast<uintptr_t>(g.buf);
+    sge.length = g.len;
+    sge.lkey = mr_lkey(g.mr);
+    total += g.len;
   }
   wr->wr_id = reinterpret_cast<uintptr_t>(ctx);
   wr->opcode = IBV_WR_SEND_WITH_IMM;
   // Signaled or not: post_flush decides for the whole list.
-  wr->send_flags = len && len <= max_inline ? IBV_SEND_INLINE : 0;
+  wr->send_flags = total && total <= max_inline ? IBV_SEND_INLINE : 0;
   wr->imm_data = htonl(imm);
   return IBMSG_OK;
 }

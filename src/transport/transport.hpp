@@ -226,10 +226,16 @@ int post_flush(CmId *id);
 
 int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr);
 
-// A SEND with immediate data (host byte order); len may be 0 (buf and mr are then unused).
-// Payloads up to the granted max_inline are sent inline.
+// A SEND with immediate data (host byte order); len may be 0 (buf and mr are then unused). A
+// tail (its len > 0) follows the payload from memory of its own (a second scatter/gather
+// element). Payloads up to the granted max_inline, tail included, are sent inline.
+struct Segment {
+  const void *buf;
+  uint32_t len;
+  const Mr *mr;
+};
 int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr,
-                  uint32_t imm, uint32_t max_inline);
+                  uint32_t imm, uint32_t max_inline, const Segment *tail = nullptr);
 
 // A one-sided operation; ctx->op says which (RdmaWrite, RdmaRead or RndvRead, WriteImm, Atomic).
 struct RdmaWr {

@@ -515,7 +515,7 @@ void record_post(const Qp *q, Op op, uint32_t len, bool inlined) {
 }
 
 int post_send(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr, bool has_imm,
-              uint32_t imm, uint32_t max_inline) {
+              uint32_t imm, uint32_t max_inline, const Segment *tail = nullptr) {
   if (int err = injected(fake::Call::PostSend)) return err;
   Qp *q = id->qp;
   if (!q) {
@@ -530,9 +530,13 @@ int post_send(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *m
     misuse("post_send with max_inline %u beyond the %u granted", max_inline, q->caps.max_inline);
     return IBMSG_EIO;
   }
-  if (len && len > max_inline && !check_mr(q, mr, buf, len)) return IBMSG_EIO;
-  if (len && !buf) {
-    misuse("post_send of %u bytes without a buffer", len);
+  const uint32_t tail_len = tail ? tail->len : 0;
+  const uint32_t total = len + tail_len;
+  if (len && total > max_inline && !check_mr(q, mr, buf, len)) return IBMSG_EIO;
+  if (tail_len && total > max_inline && !check_mr(q, tail->mr, tail->buf, tail_len))
+    return IBMSG_EIO;
+  if ((len && !buf) || (tail_len && !tail->buf)) {
+    misuse("post_send of %u + %u bytes without a buffer", len, tail_len);
     return IBMSG_EIO;
   }
   if (q->send_unpolled >= q->caps.send_wrs) {
@@ -543,12 +547,16 @@ int post_send(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *m
     misuse("post_send before the connection is established");
     return IBMSG_EIO;
   }
-  record_post(q, ctx->op, len, len && len <= max_inline);
+  record_post(q, ctx->op, total, total && total <= max_inline);
   ++q->send_unpolled;
   SendWr w;
   w.ctx = ctx;
   if (len)
     w.data.assign(static_cast<const uint8_t *>(buf), static_cast<const uint8_t *>(buf) + len);
+  if (tail_len) {
+    auto t = static_cast<const uint8_t *>(tail->buf);
+    w.data.insert(w.data.end(), t, t + tail_len);
+  }
   w.has_imm = has_imm;
   w.imm = imm;
   q->pending.push_back(std::move(w));
@@ -1084,8 +1092,8 @@ int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr) {
 }
 
 int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr, uint32_t imm,
-                  uint32_t max_inline) {
-  return post_send(id, ctx, buf, len, mr, true, imm, max_inline);
+                  uint32_t max_inline, const Segment *tail) {
+  return post_send(id, ctx, buf, len, mr, true, imm, max_inline, tail);
 }
 
 int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {

@@ -262,6 +262,142 @@ static void no_rendezvous_when_the_maximum_is_the_eager_size(void **state) {
   h_finish(ctx);
 }
 
+/* --- zero copy from a region, the receiver's choice of destination, declines ---------------- */
+
+/* What message_incoming does, per message in arrival order: 0 library buffer, 1 into the test's
+ * region, 2 decline, 3 a region too small (then the library buffer). */
+struct incoming {
+  int plan[16];
+  int n;                 /* message_incoming calls */
+  int to_region_rc[16];  /* what ibmsg_incoming_to_region returned */
+  ibmsg_region *region;  /* the receiver's, 64 MiB */
+  ibmsg_region *small;   /* 1 KiB */
+  size_t offset;         /* where the next message goes in region */
+  size_t sizes[16];      /* in->size seen */
+  uint32_t imms[16];
+  uint32_t flags[16];
+};
+
+static void on_incoming(ibmsg_socket *socket, ibmsg_incoming *in) {
+  h_ctx *ctx = socket->loop->user_data;
+  struct incoming *g = ctx->data;
+  int i = g->n++;
+  if (i >= 16) return;
+  g->sizes[i] = in->size;
+  g->imms[i] = in->imm;
+  g->flags[i] = in->flags;
+  switch (g->plan[i]) {
+    case 1:
+      g->to_region_rc[i] = ibmsg_incoming_to_region(in, g->region, g->offset);
+      g->offset += in->size;
+      break;
+    case 2: g->to_region_rc[i] = ibmsg_incoming_decline(in); break;
+    case 3: g->to_region_rc[i] = ibmsg_incoming_to_region(in, g->small, 0); break;
+    default: g->to_region_rc[i] = 0; break;
+  }
+}
+
+/* The sender sends from a region without a copy (eager and rendezvous, with and without an
+ * immediate); the receiver puts some into its region, declines one, leaves some to the library
+ * and names a region too small for another. Everything not declined arrives byte-exact, in
+ * order; the declined one gets IBMSG_EDECLINED and the connection stays up. */
+static void region_messages_destinations_and_declines(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  struct incoming g;
+  ibmsg_region src, dst, small;
+  /* sizes and plans, in posting order; plan applies to rendezvous messages only */
+  static const size_t sizes[] = {100, 5 * MiB, 200 * KiB, EAGER + 1, 3 * MiB, 10, 70000, 2 * MiB};
+  /* for the 6 messages above EAGER, in order: 5 MiB declined, 200 KiB into the region, ... */
+  static const int plan[] = {2, 1, 0, 3, 1, 0};
+  static const int with_imm[] = {1, 0, 1, 0, 1, 1, 0, 1};
+  const int count = (int)(sizeof sizes / sizeof sizes[0]);
+  size_t off = 0, region_off = 0;
+  int i, big = 0, received_big = 0;
+  ibmsg_buffer *held[8];
+
+  memset(&g, 0, sizeof g);
+  memcpy(g.plan, plan, sizeof plan);
+  ctx->data = &g;
+  H_ASSERT_OK(ibmsg_alloc_region(&ctx->loop, &src, 32 * MiB, 0));
+  H_ASSERT_OK(ibmsg_alloc_region(&ctx->loop, &dst, 64 * MiB, IBMSG_ACCESS_LOCAL_WRITE));
+  H_ASSERT_OK(ibmsg_alloc_region(&ctx->loop, &small, KiB, IBMSG_ACCESS_LOCAL_WRITE));
+  g.region = &dst;
+  g.small = &small;
+  ctx->loop.message_incoming = on_incoming;
+  h_pair(ctx, &client, &server);
+  server->hold = 1; /* checked below, then freed */
+  for (i = 0; i < count; i++) {
+    ibmsg_buffer *m = &ctx->msgs[i];
+    H_ASSERT_OK(ibmsg_msg_from_region(m, &client->sock, &src, off, sizes[i]));
+    H_CHECK(m->data == (char *)src.addr + off, "msg->data is not the region's bytes");
+    h_fill(m->data, sizes[i], (uint32_t)i);
+    off += sizes[i];
+    if (with_imm[i]) {
+      H_ASSERT_OK(ibmsg_post_send_imm(&client->sock, m, 0x1000u + (uint32_t)i));
+      client->posted++;
+      ctx->outstanding[i]++;
+    } else {
+      h_post(client, m);
+    }
+  }
+  H_ASSERT_CODE(ibmsg_deregister_region(&src), IBMSG_EBUSY); /* messages point into it */
+  H_RUN_UNTIL(ctx, client->sent == count && server->received == count - 1, 60000);
+  h_run_for(ctx, 300);
+  H_ASSERT_EQ(server->received, count - 1, "messages received (one declined)");
+  H_ASSERT_EQ(client->sent_ok, count - 1, "message_sent(IBMSG_OK)");
+  H_ASSERT_EQ(client->sent_other, 1, "message_sent with another status");
+  H_ASSERT_EQ(g.n, 6, "message_incoming calls (the messages above the eager size)");
+  H_ASSERT_CODE(g.to_region_rc[0], IBMSG_OK); /* the decline */
+  H_ASSERT_CODE(g.to_region_rc[1], IBMSG_OK);
+  H_ASSERT_CODE(g.to_region_rc[3], IBMSG_ERANGE); /* 64 KiB + 1 into 1 KiB */
+  H_ASSERT_CODE(g.to_region_rc[4], IBMSG_OK);
+  H_ASSERT_EQ(ctx->msgs[1].status, IBMSG_SEND_FAILED, "the declined message's status");
+  H_CHECK(!client->closed && !server->closed, "a connection closed: %s / %s",
+          ibmsg_err_name(client->close_reason), ibmsg_err_name(server->close_reason));
+  /* the declined message (index 1) is missing; the rest in order, byte-exact */
+  H_ASSERT_EQ(server->n_held, count - 1, "messages held");
+  for (i = 0; i < count; i++) {
+    char why[160];
+    ibmsg_buffer *r;
+    int k = i < 1 ? i : i - 1;
+    if (i == 1) {
+      big++;
+      continue;
+    }
+    r = server->held[k];
+    H_ASSERT_EQ(r->size, sizes[i], "a received message's size");
+    if (h_check(r->data, r->size, (uint32_t)i, why, sizeof why) != 0)
+      h_fail_at(__FILE__, __LINE__, "message %d: %s", i, why);
+    H_ASSERT_EQ(r->flags & IBMSG_MSG_IMM, with_imm[i] ? IBMSG_MSG_IMM : 0, "IBMSG_MSG_IMM");
+    if (with_imm[i]) H_ASSERT_EQ(r->imm, 0x1000u + (uint32_t)i, "the immediate");
+    if (sizes[i] > EAGER) {
+      const int p = plan[big++];
+      received_big++;
+      H_ASSERT_EQ(r->flags & IBMSG_MSG_REGION, p == 1 ? IBMSG_MSG_REGION : 0, "IBMSG_MSG_REGION");
+      if (p == 1) {
+        H_CHECK(r->data == (char *)dst.addr + region_off, "message %d is not where it was put", i);
+        region_off += sizes[i];
+      }
+    }
+    held[k] = r;
+  }
+  for (i = 0; i < 6; i++) {
+    H_ASSERT_EQ(g.sizes[i], sizes[i < 3 ? i + 1 : i < 4 ? 4 : i + 2], "in->size");
+  }
+  (void)held;
+  H_ASSERT_EQ(received_big, 5, "rendezvous messages received");
+  H_ASSERT_CODE(ibmsg_deregister_region(&dst), IBMSG_EBUSY); /* received messages point into it */
+  server->hold = 0;
+  h_release_held(server);
+  for (i = 0; i < count; i++) H_ASSERT_OK(ibmsg_free_msg(&ctx->msgs[i]));
+  H_ASSERT_OK(ibmsg_deregister_region(&src));
+  H_ASSERT_OK(ibmsg_deregister_region(&dst));
+  H_ASSERT_OK(ibmsg_deregister_region(&small));
+  ctx->loop.message_incoming = NULL;
+  h_finish(ctx);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       H_TEST(sizes_around_the_threshold_arrive_byte_exact),
@@ -271,6 +407,7 @@ int main(int argc, char **argv) {
       H_TEST(receiver_closing_mid_transfer_cancels_the_message),
       H_TEST(sender_closing_mid_transfer_cancels_the_message),
       H_TEST(no_rendezvous_when_the_maximum_is_the_eager_size),
+      H_TEST(region_messages_destinations_and_declines),
       H_TEST(one_gib_arrives_byte_exact),
   };
   h_init(argc, argv);
