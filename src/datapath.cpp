@@ -358,9 +358,14 @@ void cancel_sends(Socket *s) {
   bool gap = false;
   for (auto *list : {&s->flight, &s->queue}) {
     while (Work *w = list->pop_front()) {
-      // In flight and completed (waiting for an earlier one): its own status.
-      const bool done = list == &s->flight && w->done && !(gap && w->wr.op == tp::Op::Send);
+      // In flight and completed (waiting for an earlier one): its own status. A rendezvous
+      // message the peer read was delivered there (everything before it was), whether or not
+      // its own send completion came.
+      const bool read = w->rndv && w->read;
+      const bool done = list == &s->flight && (w->done || read) &&
+                        !(gap && w->wr.op == tp::Op::Send && !read);
       if (w->rndv && !done) gap = true;
+      if (read && !w->done) w->status = w->read_status;
       if (w->wr.op != tp::Op::Send && list == &s->flight && !w->done && s->ops_in_flight)
         --s->ops_in_flight;
       notify_work(s, w, done ? w->status : IBMSG_ECANCELED);

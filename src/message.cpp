@@ -76,7 +76,8 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
     if (msg->data != slot->region->addr + slot->region_off ||
         msg->size > slot->region->length - slot->region_off)
       return IBMSG_ERANGE;  // moved or grown beyond its region
-  } else if (rndv && (!slot->large || msg->size > slot->large->bytes)) {
+  } else if (slot->large ? msg->size > slot->large->bytes
+                          : msg->size > s->send_pool->slot_size - wire::kImmTrailer) {
     return IBMSG_EMSGSIZE;  // more than its buffer holds
   }
   if (has_imm && !(s->features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
@@ -86,6 +87,13 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
     // The peer reads exactly the message's bytes: a registration of their own, until it did.
     int err = tp::mr_register(s->dev->tp, msg->data, msg->size, tp::kRemoteRead, &slot->xmr);
     if (err) return err;
+  } else if (rndv && !slot->large) {
+    // Allocated before the peer's hello said its eager size is smaller: a large buffer now.
+    int err = IBMSG_OK;
+    slot->large = large_get(s->dev, true, s->serial, msg->size, &err);
+    if (!slot->large) return err;
+    memcpy(slot->large->mem, slot->buf, msg->size);
+    msg->data = slot->large->mem;
   }
   slot->has_imm = has_imm;
   slot->imm = imm;

@@ -24,7 +24,8 @@
 namespace ibmsg {
 namespace {
 
-constexpr uint64_t kChunkMax = uint64_t(1) << 30;
+// The largest read: the peer's device may take less than ours (rxe takes 8 MiB).
+constexpr uint64_t kChunkMax = uint64_t(8) << 20;
 
 // The peer read our rendezvous message w (status IBMSG_OK) or declined it: w is done once its
 // RTS's send completed too.
@@ -132,8 +133,10 @@ namespace {
 void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   wire::Rts r;
   if (!s->credits.on_data_arrived() || !s->credits.on_returned(imm) ||
-      !wire::decode_rts(slot->buf, wc.len, &r) || r.length > s->opts.max_msg_size) {
-    // no credit for it, credits it never had, no RTS, or larger than we take
+      !wire::decode_rts(slot->buf, wc.len, &r) || r.length > s->opts.max_msg_size ||
+      (r.has_imm && !(s->features & wire::kFeatureImm))) {
+    // no credit for it, credits it never had, no RTS, larger than we take, or an immediate
+    // not agreed on
     slot->state = SlotState::Free;
     socket_close(s, IBMSG_EPROTO);
     return;

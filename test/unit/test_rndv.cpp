@@ -1908,6 +1908,36 @@ void receiver_chooses_regions_and_declines_in_order(void **state) {
   g_incoming = nullptr;
 }
 
+// A message allocated before the peer's hello, at a size its (smaller) eager size turns out not
+// to take: posting it gets it a large buffer then, and it goes by rendezvous.
+void message_allocated_before_the_hello_above_the_peers_eager_size(void **state) {
+  H *h = h_of(state);
+  Raw *r = new_raw(h);
+  expect_code(r->listen(), IBMSG_OK);
+  Conn &c = client(h, r->port());
+  RUN_UNTIL(h, r->state() == Raw::State::Requested);
+  // Connecting, the peer's hello not known yet: the buffer is one of the pool (eager here).
+  int rc = IBMSG_OK;
+  Out *o = alloc_out(c, 30000, &rc);
+  if (!o) fail_msg("no buffer while connecting: %s", ibmsg_err_name(rc));
+  wire::Hello hh = fake::hello(8, 4, 1024);  // an eager size of 1 KiB
+  hh.rndv_max_size = kMax32;
+  uint8_t bytes[wire::kHelloSize];
+  wire::encode_hello(hh, bytes);
+  expect_code(r->accept(bytes, wire::kHelloSize), IBMSG_OK);
+  RUN_UNTIL(h, c.established);
+  expect_code(post_out(c, *o), IBMSG_OK);
+  RUN_UNTIL(h, !r->received.empty());
+  // It went as an RTS (opcode 3) of 30000 bytes, its data in a large buffer.
+  const fake::RawMsg &m = r->received.front();
+  assert_int_equal(m.imm >> 28, 3);
+  wire::Rts rts;
+  assert_true(wire::decode_rts(m.data.data(), m.data.size(), &rts));
+  assert_int_equal(rts.length, 30000);
+  const void *data = reinterpret_cast<const void *>(uintptr_t(rts.addr));
+  assert_int_equal(pattern_mismatch(data, 30000, 0), 30000);
+}
+
 // A message sent from a region goes without a copy: eager ones from the region's bytes (an
 // immediate as a second element), rendezvous ones read by the peer through a registration of
 // exactly their bytes, gone once message_sent came.
@@ -2004,6 +2034,7 @@ int main(void) {
       T(rendezvous_works_with_rdma_off_on_both_sides),
       T(receiver_chooses_regions_and_declines_in_order),
       T(messages_from_a_region_arrive_byte_exact),
+      T(message_allocated_before_the_hello_above_the_peers_eager_size),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
