@@ -429,6 +429,21 @@ IBMSG_EXPORT const char *ibmsg_socket_device(const ibmsg_socket *socket);
  *  or a closed socket. */
 IBMSG_EXPORT size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket);
 
+/** Memory a connection or a loop uses, in bytes of registered memory (ibmsg_socket_memory,
+ *  ibmsg_loop_memory; since 1.2). See ibmsg(7), OPTIONS AND MEMORY. */
+typedef struct ibmsg_memory {
+  size_t buffers;     /**< eager send and receive buffers (a connection's own; a loop's: all) */
+  size_t shared;      /**< buffers its connections share (a loop: also the free large buffers
+                           its devices keep for reuse) */
+  size_t large;       /**< large buffers of rendezvous messages, in use now */
+  size_t reserved[5]; /**< zero: room for later versions */
+} ibmsg_memory;
+/** What the connection costs now. IBMSG_EINVAL for a listener or a closed socket. */
+IBMSG_EXPORT int ibmsg_socket_memory(const ibmsg_socket *socket, ibmsg_memory *out);
+/** What the loop's connections and devices cost now, including buffers of closed connections
+ *  the application still holds. */
+IBMSG_EXPORT int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out);
+
 /* ---------------------------------------------------------------------------------------------
  * Messages
  * ------------------------------------------------------------------------------------------ */

@@ -221,6 +221,20 @@ size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket) {
   return s->have_peer ? s->max_msg : size_t(s->opts.max_msg_size);
 }
 
+int ibmsg_socket_memory(const ibmsg_socket *socket, ibmsg_memory *out) {
+  Socket *s = socket_of(socket);
+  if (!s || !out || s->listener) return IBMSG_EINVAL;
+  memory_of_socket(s, out);
+  return IBMSG_OK;
+}
+
+int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out) {
+  Loop *l = loop_of(loop);
+  if (!l || !out) return IBMSG_EINVAL;
+  memory_of_loop(l, out);
+  return IBMSG_OK;
+}
+
 // --- messages ---
 
 int ibmsg_alloc_msg(ibmsg_buffer *msg, ibmsg_socket *socket, size_t size) {

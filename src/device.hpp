@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ibmsg.h"
 #include "largebuf.hpp"
 #include "list.hpp"
 #include "pool.hpp"
@@ -44,6 +45,7 @@ struct Device {
   // destinations of rendezvous reads are local only. Lent ones hold a device reference.
   LargeCache large_send{kLargeCacheBytes};
   LargeCache large_recv{kLargeCacheBytes};
+  size_t large_lent = 0;  // bytes of the large buffers in use
 };
 Device *device_get(Loop *loop, tp::DeviceKey key, int *err);  // takes a reference
 void device_put(Device *dev);
@@ -69,6 +71,9 @@ struct LargeMem : LargeBuf {
   tp::Mr *mr;
 };
 LargeMem *large_get(Device *dev, bool send, uint64_t peer, size_t size, int *err);
+// ibmsg_socket_memory / ibmsg_loop_memory.
+void memory_of_socket(const Socket *s, ibmsg_memory *out);
+void memory_of_loop(const Loop *loop, ibmsg_memory *out);
 void large_put(LargeMem *m);          // back to its device's cache (or released)
 void device_large_clear(Device *dev);  // releases the cached ones (the device goes)
 

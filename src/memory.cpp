@@ -5,6 +5,7 @@
 // size class is free, then kept in the device's cache between messages.
 #include <sys/mman.h>
 
+#include <initializer_list>
 #include <new>
 
 #include "internal.hpp"
@@ -77,11 +78,13 @@ LargeMem *large_get(Device *dev, bool send, uint64_t peer, size_t size, int *err
   }
   m->peer = peer;
   ++dev->refs;
+  dev->large_lent += m->bytes;
   return m;
 }
 
 void large_put(LargeMem *m) {
   Device *dev = m->dev;
+  dev->large_lent -= m->bytes;
   LargeList evicted;
   if (dev->removed) evicted.push_back(m);
   else (m->send ? dev->large_send : dev->large_recv).give(m, &evicted);
@@ -94,6 +97,25 @@ void device_large_clear(Device *dev) {
   dev->large_send.clear(&evicted);
   dev->large_recv.clear(&evicted);
   release_evicted(&evicted);
+}
+
+void memory_of_socket(const Socket *s, ibmsg_memory *out) {
+  *out = ibmsg_memory{};
+  for (const Pool *p : {s->send_pool, s->recv_pool}) {
+    if (!p) continue;
+    out->buffers += p->bytes;
+    for (uint32_t i = 0; i < p->count; ++i)
+      if (const LargeMem *m = p->slots[i].large) out->large += m->bytes;
+  }
+}
+
+void memory_of_loop(const Loop *loop, ibmsg_memory *out) {
+  *out = ibmsg_memory{};
+  for (const Device *d = loop->devices.front(); d; d = loop->devices.next(d)) {
+    for (const Pool *p = d->pools.front(); p; p = d->pools.next(p)) out->buffers += p->bytes;
+    out->shared += d->large_send.bytes() + d->large_recv.bytes();
+    out->large += d->large_lent;
+  }
 }
 
 Pool *pool_acquire(Device *dev, Socket *user, bool recv, uint32_t count, size_t slot_size, int *err) {

@@ -1938,6 +1938,42 @@ void message_allocated_before_the_hello_above_the_peers_eager_size(void **state)
   assert_int_equal(pattern_mismatch(data, 30000, 0), 30000);
 }
 
+// What a connection and a loop cost: the eager buffers (slot size: eager size + 4 bytes for an
+// immediate, rounded up to 64), large buffers while in use, then the free ones the cache keeps.
+void memory_query_counts_buffers_and_large_ones(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  const size_t slot = (kEager + 4 + 63) / 64 * 64;
+  ibmsg_memory mc, ma, ml;
+  expect_code(ibmsg_socket_memory(&p.c->s, &mc), IBMSG_OK);
+  assert_int_equal(mc.buffers, (32 + 4 + 32) * slot);
+  assert_int_equal(mc.large, 0);
+  assert_int_equal(mc.shared, 0);
+  expect_code(ibmsg_loop_memory(&h->loop, &ml), IBMSG_OK);
+  assert_int_equal(ml.buffers, 2 * (32 + 4 + 32) * slot);  // both sides are on this loop
+  assert_int_equal(ml.large, 0);
+  // A rendezvous message held by the receiver: the receiver's destination is in use; the
+  // sender's buffer went back when message_sent freed it (into the cache: shared).
+  p.a->hold = true;
+  send_all(*p.c, {3 * kMiB});
+  RUN_UNTIL(h, p.a->received == 1 && p.c->msgs_done == 1);
+  expect_code(ibmsg_socket_memory(&p.a->s, &ma), IBMSG_OK);
+  assert_true(ma.large >= 3 * kMiB);
+  expect_code(ibmsg_socket_memory(&p.c->s, &mc), IBMSG_OK);
+  assert_int_equal(mc.large, 0);
+  expect_code(ibmsg_loop_memory(&h->loop, &ml), IBMSG_OK);
+  assert_int_equal(ml.large, ma.large);
+  assert_int_equal(ml.shared, ma.large);  // the sender's buffer, cached (same size class)
+  free_held(*p.a);
+  expect_code(ibmsg_loop_memory(&h->loop, &ml), IBMSG_OK);
+  assert_int_equal(ml.large, 0);
+  assert_int_equal(ml.shared, 2 * ma.large);
+  // Bad calls.
+  expect_code(ibmsg_socket_memory(&p.l->s, &mc), IBMSG_EINVAL);  // a listener
+  expect_code(ibmsg_socket_memory(&p.c->s, nullptr), IBMSG_EINVAL);
+  expect_code(ibmsg_loop_memory(nullptr, &ml), IBMSG_EINVAL);
+}
+
 // A message sent from a region goes without a copy: eager ones from the region's bytes (an
 // immediate as a second element), rendezvous ones read by the peer through a registration of
 // exactly their bytes, gone once message_sent came.
@@ -2035,6 +2071,7 @@ int main(void) {
       T(receiver_chooses_regions_and_declines_in_order),
       T(messages_from_a_region_arrive_byte_exact),
       T(message_allocated_before_the_hello_above_the_peers_eager_size),
+      T(memory_query_counts_buffers_and_large_ones),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
