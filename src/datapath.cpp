@@ -102,6 +102,19 @@ void maybe_send_ctrl(Socket *s) {
   }
 }
 
+void repost_ctrl(Socket *s, Slot *slot) {
+  slot->state = SlotState::Free;
+  if (s->state == State::Closing) return;
+  if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
+                    slot->pool->mr) ||
+      posted(s, false)) {
+    socket_close(s, IBMSG_EIO);
+  } else {
+    slot->state = SlotState::Posted;
+    s->credits.on_ctrl_received();
+  }
+}
+
 int posted(Socket *s, bool send_queue) {
   // Outside callbacks nothing would flush it soon; and a send to a connection with nothing in
   // flight goes at once, since batching only adds latency while the wire is idle (as TCP
@@ -179,17 +192,7 @@ void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::
     drop_recv(s, slot, IBMSG_EPROTO);
     return;
   }
-  slot->state = SlotState::Free;
-  if (s->state != State::Closing) {
-    if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
-                      slot->pool->mr) ||
-        posted(s, false)) {
-      socket_close(s, IBMSG_EIO);
-    } else {
-      slot->state = SlotState::Posted;
-      s->credits.on_ctrl_received();
-    }
-  }
+  repost_ctrl(s, slot);
   flush_sends(s);
   maybe_send_ctrl(s);
 }

@@ -192,17 +192,7 @@ void on_fin(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
     socket_close(s, IBMSG_EPROTO);
     return;
   }
-  slot->state = SlotState::Free;  // a control buffer: posted again at once
-  if (s->state != State::Closing) {
-    if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
-                      slot->pool->mr) ||
-        posted(s, false)) {
-      socket_close(s, IBMSG_EIO);
-    } else {
-      slot->state = SlotState::Posted;
-      s->credits.on_ctrl_received();
-    }
-  }
+  repost_ctrl(s, slot);
   read_done(s, &s->rndv_wait.pop_front()->work, IBMSG_EDECLINED);
   notify_front(s);
   flush_sends(s);
