@@ -183,7 +183,7 @@ typedef struct ibmsg_incoming ibmsg_incoming;                     /**< see its s
  * it to the application from the message_received callback until ibmsg_free_msg().
  */
 struct ibmsg_buffer {
-  void *data;                      /**< ro: the payload (capacity: the socket's max message size) */
+  void *data;                      /**< ro: the payload (capacity: see ibmsg_alloc_msg) */
   size_t size;                     /**< rw: bytes to send / bytes received */
   enum ibmsg_buffer_status status; /**< ro */
   void *user_data;                 /**< rw: the application's; ibmsg never reads it */
@@ -332,11 +332,11 @@ enum ibmsg_option {
   IBMSG_OPT_RDMA = 9,            /**< int 0/1: one-sided RDMA on the connection (1). With 0 the
                                       hello offers none: operations on it fail with
                                       IBMSG_EOPNOTSUPP on both sides, no descriptor is made for
-                                      it, and it serves no atomics and no RDMA reads but those
-                                      of its rendezvous messages (IBMSG_OPT_EAGER_SIZE); with
-                                      IBMSG_OPT_MAX_MSG_SIZE at most the eager size, none (the
-                                      queue pair rdma_cm sets up still takes RDMA writes that
-                                      carry a valid key of the device's other connections) */
+                                      it. With IBMSG_OPT_MAX_MSG_SIZE at most the eager size it
+                                      serves no RDMA reads or atomics; otherwise its peer reads
+                                      its rendezvous messages, so its queue pair takes reads and
+                                      atomics that carry a valid key of the device's other
+                                      connections (and takes such RDMA writes either way) */
   IBMSG_OPT_RDMA_DEPTH = 10,     /**< int: one-sided operations in flight per connection (16);
                                       more wait in the send queue (IBMSG_OPT_SEND_QUEUE) */
   IBMSG_OPT_BUSY_POLL = 11,      /**< int: busy polling of the connection's completions (0):
@@ -448,8 +448,9 @@ IBMSG_EXPORT int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out);
  * Messages
  * ------------------------------------------------------------------------------------------ */
 
-/** Takes a send buffer from the socket's pool: msg->data points at room for the socket's maximum
- *  message size, msg->size = size, msg->status = IBMSG_WAITING. IBMSG_EMSGSIZE if size is larger
+/** Takes a send buffer from the socket's pool: msg->data points at room for the larger of size
+ *  and the eager size (IBMSG_OPT_EAGER_SIZE; above it, a large buffer of its own), msg->size =
+ *  size, msg->status = IBMSG_WAITING; msg->size may change up to that room before posting. IBMSG_EMSGSIZE if size is larger
  *  than the maximum, IBMSG_EAGAIN when all IBMSG_OPT_SEND_DEPTH buffers are in use, IBMSG_ENOTCONN
  *  before the socket has its buffers (they exist from ROUTE_RESOLVED on: connecting once the
  *  route is known, or accepted) or after it closed, IBMSG_ESTATE on a listening socket. */
@@ -504,10 +505,11 @@ typedef struct ibmsg_region {
 /** Makes msg a message of size bytes at offset in region (since 1.2): ibmsg_post_send() sends
  *  them from there without a copy, at any size (above the eager size the peer reads them, with a
  *  registration of exactly those bytes that ends at message_sent). The bytes must not change
- *  from posting until message_sent; msg->data points at them and msg->size may shrink. The
- *  region stays busy (ibmsg_deregister_region fails with IBMSG_EBUSY) until ibmsg_free_msg().
- *  Codes as ibmsg_alloc_msg(), and IBMSG_EINVAL for a region of another loop, IBMSG_ERANGE if
- *  the bytes reach outside the region. */
+ *  from posting until message_sent; msg->data points at them and msg->size may change as long
+ *  as the message stays inside the region (else posting fails with IBMSG_ERANGE). The region
+ *  stays busy (ibmsg_deregister_region fails with IBMSG_EBUSY) until ibmsg_free_msg().
+ *  Codes as ibmsg_alloc_msg(), except IBMSG_EINVAL for a listener or a region of another loop,
+ *  and IBMSG_ERANGE if the bytes reach outside the region. */
 IBMSG_EXPORT int ibmsg_msg_from_region(ibmsg_buffer *msg, ibmsg_socket *socket,
                                        ibmsg_region *region, size_t offset, size_t size);
 /** From message_incoming: the message's in->size bytes go to region at offset (since 1.2). The

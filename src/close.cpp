@@ -47,6 +47,7 @@ void teardown(Socket *s) {
 
 void socket_close(Socket *s, int reason) {
   if (s->state == State::Closing || s->state == State::Closed) return;
+  if (reason == IBMSG_OK) send_last_done(s);  // the application's disconnect
   s->close_reason = reason;
   set_state(s, close_event(s));
   s->loop->closing.push_back(s);

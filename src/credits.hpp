@@ -92,14 +92,14 @@ class Credits {
   }
 
   // Whether to send a credit-only message now (when no data message can carry it): to return
-  // control credits to a peer that waits for something from us (it may need them to send it:
-  // peer_waits; from half the control depth, so that two waiting sides do not ping-pong), or for
-  // owed data credits (ctrl_needed) or news (rendezvous done counts) while that leaves a control
-  // credit for returning control credits. Without that reserve both sides could spend all of
-  // theirs at once and then owe each other the control credits that neither can send.
-  bool ctrl_due(bool peer_waits, bool news) const {
+  // the control credits we owe while this side waits for something from the peer (waiting: the
+  // peer may need them to send it; from half the control depth, so that two waiting sides do not
+  // ping-pong), or for owed data credits (ctrl_needed) or news (rendezvous done counts) while that
+  // leaves a control credit for returning control credits. Without that reserve both sides could
+  // spend all of theirs at once and then owe each other the control credits that neither can send.
+  bool ctrl_due(bool waiting, bool news) const {
     if (ctrl_ == 0) return false;
-    if (peer_waits && owed_ctrl_ >= kCtrlDepth / 2) return true;
+    if (waiting && owed_ctrl_ >= kCtrlDepth / 2) return true;
     return (ctrl_needed() || news) && ctrl_ >= 2;
   }
 

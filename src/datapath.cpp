@@ -67,6 +67,30 @@ int post_work(Socket *s, Work *w) {
 }  // namespace
 
 // A credit-only message, when credits are owed and no data message can carry them.
+namespace {
+
+// Posts a credit-only message carrying what is owed; false if it failed (the socket closes).
+bool post_ctrl(Socket *s) {
+  Credits saved = s->credits;
+  const uint32_t done = s->done_owed;
+  wire::Imm imm = s->credits.take_ctrl();
+  imm.done = rndv_take_done(s);
+  if (tp::post_send_imm(s->id, &s->ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
+    s->credits = saved;
+    s->done_owed = done;
+    socket_close(s, IBMSG_EIO);
+    return false;
+  }
+  ++s->ctrl_in_flight;
+  if (posted(s, true)) {
+    socket_close(s, IBMSG_EIO);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void maybe_send_ctrl(Socket *s) {
   // Control credits ride on messages sent for other reasons. A side that sends only RDMA writes
   // with immediate sends none, while its peer spends control credits returning the data credits
@@ -84,21 +108,14 @@ void maybe_send_ctrl(Socket *s) {
       if (!rndv_send_fin(s)) return;
       continue;
     }
-    Credits saved = s->credits;
-    const uint32_t done = s->done_owed;
-    wire::Imm imm = s->credits.take_ctrl();
-    imm.done = rndv_take_done(s);
-    if (tp::post_send_imm(s->id, &s->ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
-      s->credits = saved;
-      s->done_owed = done;
-      socket_close(s, IBMSG_EIO);
-      return;
-    }
-    ++s->ctrl_in_flight;
-    if (posted(s, true)) {
-      socket_close(s, IBMSG_EIO);
-      return;
-    }
+    if (!post_ctrl(s)) return;
+  }
+}
+
+void send_last_done(Socket *s) {
+  // Closing: no control credit needs keeping for later, the last one may carry them.
+  while (s->state == State::Connected && s->done_owed && s->credits.can_send_ctrl() &&
+         s->ctrl_in_flight < kCtrlDepth && post_ctrl(s)) {
   }
 }
 

@@ -284,6 +284,9 @@ void flush_sends(Socket *s);  // the queue's head to the QP while it can go; a r
 void work_done(Socket *s, Work *w, int status, int close_reason = IBMSG_OK);  // before w's)
 bool work_can_go(const Socket *s, const Work *w);  // whether the queue's head could go now
 void maybe_send_ctrl(Socket *s);  // a credit-only message, if owed and nothing carries them
+// The application closes: the done counts it owes go now, so that the peer's messages it has
+// read (and delivered) are confirmed.
+void send_last_done(Socket *s);
 // A buffer that took a message spending a control credit is posted again at once (a closing
 // connection leaves it free).
 void repost_ctrl(Socket *s, Slot *slot);

@@ -85,7 +85,9 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
   if (!now && s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
   if (rndv && slot->region) {
     // The peer reads exactly the message's bytes: a registration of their own, until it did.
-    int err = tp::mr_register(s->dev->tp, msg->data, msg->size, tp::kRemoteRead, &slot->xmr);
+    // (No local write: the region may be read-only memory.)
+    int err = tp::mr_register(s->dev->tp, msg->data, msg->size,
+                              tp::kRemoteRead | tp::kLocalReadOnly, &slot->xmr);
     if (err) return err;
   } else if (rndv && !slot->large) {
     // Allocated before the peer's hello said its eager size is smaller: a large buffer now.

@@ -292,10 +292,13 @@ void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
     slot->own.data = in.dest;
     in.ready = true;
     ++s->done_owed;
+    // The count goes at once, in a credit-only message if need be (or a FIN), before the
+    // application sees the message (and perhaps closes).
+    maybe_send_ctrl(s);
     deliver_ready(s);
   }
   rndv_pump(s);
-  maybe_send_ctrl(s);  // the count goes at once, in a credit-only message if need be (or a FIN)
+  maybe_send_ctrl(s);
 }
 
 void deliver_msg(Socket *s, Slot *slot) {

@@ -7,10 +7,11 @@
 //   bits 16..23  control credits returned
 //   bits 24..27  rendezvous messages of the peer this side has read, in the order they came
 //                (kFeatureRndv; zero without it): they are done, the peer's buffers free again
-//   bits 28..31  opcode: 0 data, 1 credit-only, 5 data with an application immediate (the
-//                payload ends in 4 more bytes: the immediate, little-endian; needs
-//                kFeatureImm); 2..4 and 6..15 reserved (2 keepalive, 3 rendezvous, 4 RDMA
-//                notice are set aside for the features that will use them)
+//   bits 28..31  opcode: 0 data, 1 credit-only, 3 rendezvous (an RTS or a FIN, below; needs
+//                kFeatureRndv), 5 data with an application immediate (the payload ends in 4
+//                more bytes: the immediate, little-endian; needs kFeatureImm); 2, 4 and 6..15
+//                reserved (2 keepalive, 4 RDMA notice are set aside for the features that will
+//                use them)
 // An RDMA write with immediate (kFeatureRdma) carries the application's immediate in all 32 bits:
 // the receiver tells it from a message by its completion (not a receive), and it spends one data
 // credit without returning any.
@@ -30,7 +31,7 @@ enum class Opcode : uint8_t {
   Data = 0,        // a message with payload, spends a data credit
   Credit = 1,      // credit-only, no payload, spends a control credit
   Keepalive = 2,   // reserved
-  Rendezvous = 3,  // reserved
+  Rendezvous = 3,  // an RTS (a data credit) or a FIN (a control credit): kFeatureRndv
   RdmaNotice = 4,  // reserved
   DataImm = 5,     // a message whose payload ends in a 4-byte application immediate
 };
@@ -136,7 +137,9 @@ bool decode_descriptor(const uint8_t in[kDescriptorSize], Descriptor *out);
 //        zero, 4..7 id (the sender's, for its own checks), 8..11 rkey, 12..15 imm, 16..23
 //        address, 24..31 length (not 0; the range does not wrap)
 //   FIN, 8 bytes:  0 kind 2, 1 status (0 done, 1 declined by the receiver, 2 failed), 2..3
-//        zero, 4..7 id. Reserved for the receiver's decline: not sent by protocol 1.2.
+//        zero, 4..7 id. Protocol 1.2 sends it only for a declined message (status 1), in the
+//        place of that message's done count and in order with them, spending a control credit;
+//        statuses 0 and 2 are reserved (a receiver refuses them: IBMSG_EPROTO).
 constexpr size_t kRtsSize = 32;
 constexpr size_t kFinSize = 8;
 enum class RndvKind : uint8_t { Rts = 1, Fin = 2 };

@@ -2,12 +2,14 @@
  * with RDMA reads (rendezvous). Sizes around the threshold up to 1 GiB arrive byte-exact, eager
  * and rendezvous messages keep their order both ways at once, and a connection closing in the
  * middle of a rendezvous, on either side, ends with exactly one callback per message. */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #define _POSIX_C_SOURCE 200809L
 
 #include "harness.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #define KiB ((size_t)1024)
 #define MiB (1024 * KiB)
@@ -398,6 +400,35 @@ static void region_messages_destinations_and_declines(void **state) {
   h_finish(ctx);
 }
 
+/* A large message from read-only memory (a region registered without local write): the peer
+ * reads it through a registration that asks for no local write either. */
+static void rendezvous_from_read_only_memory(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  ibmsg_region ro;
+  const size_t len = 2 * MiB;
+  void *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+  H_CHECK(mem != MAP_FAILED, "mmap failed");
+  h_fill(mem, MiB, 0);
+  h_fill((char *)mem + MiB, 100, 1);
+  H_CHECK(mprotect(mem, len, PROT_READ) == 0, "mprotect failed");
+  H_ASSERT_OK(ibmsg_register_region(&ctx->loop, &ro, mem, len, 0));
+  h_pair(ctx, &client, &server);
+  server->verify = 1;
+  server->expect_size = -1;
+  H_ASSERT_OK(ibmsg_msg_from_region(&ctx->msgs[0], &client->sock, &ro, 0, MiB));
+  h_post(client, &ctx->msgs[0]);
+  H_ASSERT_OK(ibmsg_msg_from_region(&ctx->msgs[1], &client->sock, &ro, MiB, 100));
+  h_post(client, &ctx->msgs[1]);
+  H_RUN_UNTIL(ctx, server->received == 2 && client->sent == 2, H_TIMEOUT_MS);
+  H_ASSERT_EQ(client->sent_ok, 2, "message_sent(IBMSG_OK)");
+  free_msgs(ctx, 0, 2);
+  H_ASSERT_OK(ibmsg_deregister_region(&ro));
+  munmap(mem, len);
+  h_finish(ctx);
+}
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       H_TEST(sizes_around_the_threshold_arrive_byte_exact),
@@ -408,6 +439,7 @@ int main(int argc, char **argv) {
       H_TEST(sender_closing_mid_transfer_cancels_the_message),
       H_TEST(no_rendezvous_when_the_maximum_is_the_eager_size),
       H_TEST(region_messages_destinations_and_declines),
+      H_TEST(rendezvous_from_read_only_memory),
       H_TEST(one_gib_arrives_byte_exact),
   };
   h_init(argc, argv);
