@@ -7,9 +7,15 @@
 // buffers busy, or the send queue full) waits in the connection's backlog, still unfreed, so the
 // client runs out of credits instead of the server running out of memory: flow control comes
 // from holding received messages.
+//
+// Any size works without options: ibmsg sends a message above the eager size (65536 bytes by
+// default) by rendezvous, the receiver reading it, and both sides' maximum is 2^32 - 1 bytes.
+// For such messages the client keeps fewer in flight (window_bytes), and the server's echo is
+// a new buffer of the received size.
 #include <getopt.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cerrno>
 #include <cinttypes>
@@ -22,7 +28,6 @@
 #include <map>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "ibmsg.hpp"
 
@@ -31,8 +36,17 @@ namespace {
 const char *const prog = "ibmsg-echo";
 constexpr unsigned short default_port = 12345;
 constexpr int tick_ms = 200;         // how long one dispatch waits: signals are seen this fast
-constexpr double idle_limit_s = 10;  // a client with no echo for this long gives up
+constexpr double idle_limit_s = 10;  // a client with no progress for this long gives up ...
+constexpr double idle_bytes_per_s = 16 << 20;  // ... plus the time for a message at this rate
 constexpr double close_limit_s = 5;  // how long closing may take on the way out
+constexpr std::uint64_t max_size = 4294967295u;  // ibmsg's largest message, 2^32 - 1
+constexpr std::uint64_t max_eager_size = 1u << 30;  // the largest IBMSG_OPT_EAGER_SIZE
+// Default COUNT: 1000 messages, or of large ones as many as make 1 GiB (at least 1).
+constexpr std::uint64_t default_count = 1000;
+constexpr std::uint64_t default_bytes = std::uint64_t(1) << 30;
+// The bytes of messages the client keeps in flight, at least one message: each rendezvous
+// message pins a registered buffer of its own size until the server has read it.
+constexpr std::uint64_t window_bytes = std::uint64_t(512) << 20;
 
 enum { exit_ok = 0, exit_failure = 1, exit_usage = 2 };
 
@@ -59,16 +73,20 @@ std::string doing;
 
 void usage(FILE *out) {
   std::fprintf(out,
-               "Usage: %s --server IP [PORT]\n"
-               "       %s IP [PORT] [-n COUNT] [-s SIZE]\n"
+               "Usage: %s --server IP [PORT] [--eager-size BYTES]\n"
+               "       %s IP [PORT] [-n COUNT] [-s SIZE] [--eager-size BYTES]\n"
                "Echo messages over RDMA with ibmsg (an example of the C++ wrapper ibmsg.hpp).\n"
                "\n"
-               "  --server          listen on IP and PORT and echo every message back\n"
-               "  -n, --count N     client: messages to send (default 1000)\n"
-               "  -s, --size N      client: bytes per message (default 1024); at most the\n"
-               "                    connection's maximum message size (65536 by default)\n"
-               "  -h, --help        show this help and exit\n"
+               "  --server              listen on IP and PORT and echo every message back\n"
+               "  -n, --count COUNT     client: messages to send (default 1000, fewer\n"
+               "                        above 1 MiB: as many as make 1 GiB, at least 1)\n"
+               "  -s, --size SIZE       client: bytes per message, 0 to 4294967295\n"
+               "                        (default 1024)\n"
+               "  --eager-size BYTES    messages above BYTES go by rendezvous: the\n"
+               "                        receiver reads them (default: ibmsg's, 65536)\n"
+               "  -h, --help            show this help and exit\n"
                "\n"
+               "SIZE and BYTES may end in K, M or G (times 1024, 1024^2, 1024^3).\n"
                "PORT defaults to %u; a server given port 0 picks a free one and prints it.\n"
                "The client exits with status 0 when every echo came back identical.\n",
                prog, prog, default_port);
@@ -79,44 +97,93 @@ void usage(FILE *out) {
   std::exit(exit_usage);
 }
 
-// A decimal number in [min, max], or a usage error naming the option.
+// A decimal number in [min, max], or a usage error naming the option. With suffixes, a size:
+// it may end in K, M or G (times 1024, 1024^2, 1024^3).
 unsigned long long parse_number(const char *what, const char *arg, unsigned long long min,
-                                unsigned long long max) {
+                                unsigned long long max, bool suffixes = false) {
   char *end = nullptr;
   errno = 0;
   unsigned long long v = std::strtoull(arg, &end, 10);
-  if (errno || end == arg || *end || arg[0] == '-' || v < min || v > max)
+  int shift = 0;
+  if (suffixes && end != arg && end[0] && !end[1]) {
+    switch (*end) {
+      case 'k': case 'K': shift = 10; ++end; break;
+      case 'm': case 'M': shift = 20; ++end; break;
+      case 'g': case 'G': shift = 30; ++end; break;
+      default: break;
+    }
+  }
+  bool overflow = shift && v > (~0ull >> shift);
+  v <<= shift;
+  if (errno || overflow || end == arg || *end || arg[0] < '0' || arg[0] > '9' || v < min ||
+      v > max)
     usage_error(std::string("bad ") + what + " '" + arg + "': expected " + std::to_string(min) +
-                ".." + std::to_string(max));
+                ".." + std::to_string(max) + (suffixes ? " (a suffix may be K, M or G)" : ""));
   return v;
 }
 
 // --- client ---------------------------------------------------------------------------------
 
-// The payload of message seq: every byte depends on seq and on its position, so a lost,
-// repeated, reordered or damaged echo shows.
+// The payload of message seq, 8 bytes at a time (a large message fills fast): every word depends
+// on seq and on its position, so a lost, repeated, reordered or damaged echo shows. A pattern
+// for this program only: it never leaves the client's own memory but as the echo.
+class pattern {
+ public:
+  explicit pattern(std::uint64_t seq) : x_(seq * 0x9e3779b97f4a7c15ull + 1) {}
+  std::uint64_t next() {
+    x_ ^= x_ << 13;
+    x_ ^= x_ >> 7;
+    x_ ^= x_ << 17;
+    return x_;
+  }
+
+ private:
+  std::uint64_t x_;
+};
+
 void fill(unsigned char *p, std::size_t size, std::uint64_t seq) {
-  std::uint64_t x = seq * 0x9e3779b97f4a7c15ull + 1;
-  for (std::size_t i = 0; i < size; ++i) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    p[i] = static_cast<unsigned char>(x);
+  pattern gen(seq);
+  for (std::size_t i = 0; i < size; i += 8) {
+    std::uint64_t w = gen.next();
+    std::memcpy(p + i, &w, size - i < 8 ? size - i : 8);
   }
 }
 
-int run_client(const char *ip, unsigned short port, std::uint64_t count, std::size_t size) {
+// The first byte of p that is not message seq's, or size if all are.
+std::size_t first_difference(const unsigned char *p, std::size_t size, std::uint64_t seq) {
+  pattern gen(seq);
+  for (std::size_t i = 0; i < size; i += 8) {
+    unsigned char want[8];
+    std::uint64_t w = gen.next();
+    std::size_t n = size - i < 8 ? size - i : 8;
+    std::memcpy(want, &w, 8);
+    if (std::memcmp(p + i, want, n) != 0) {
+      std::size_t at = 0;
+      while (p[i + at] == want[at]) ++at;
+      return i + at;
+    }
+  }
+  return size;
+}
+
+int run_client(const char *ip, unsigned short port, std::uint64_t count, std::size_t size,
+               int eager_size) {
   ibmsg::loop loop;  // first: it must outlive the socket and the messages
   ibmsg::socket conn;
   std::list<ibmsg::message> in_flight;  // posted, waiting for their message_sent
-  std::vector<unsigned char> expected(size);
   std::uint64_t sent = 0, echoed = 0;
   double started = 0, finished = 0, last_progress = now();
+  const std::size_t window = std::max<std::size_t>(1, window_bytes / (size ? size : 1));
+  // The longest a step may take: the server reading a message, or this side reading its echo.
+  const double idle_limit = idle_limit_s + double(size) / idle_bytes_per_s;
 
-  // Sends until count messages are out, the send buffers are all busy or the queue is full;
-  // message_sent calls it again. (While the connection closes, posting would fail.)
+  if (eager_size) loop.set_option(IBMSG_OPT_EAGER_SIZE, eager_size);
+
+  // Sends until count messages are out, window of them are in flight, the send buffers are all
+  // busy or the queue is full; message_sent calls it again. (While the connection closes,
+  // posting would fail.)
   auto send_more = [&](ibmsg::socket &s) {
-    while (sent < count && s.status() == IBMSG_CONNECTED) {
+    while (sent < count && in_flight.size() < window && s.status() == IBMSG_CONNECTED) {
       ibmsg::message m;
       if (!m.alloc(s, size)) return;
       fill(static_cast<unsigned char *>(m.data()), size, sent);
@@ -140,20 +207,18 @@ int run_client(const char *ip, unsigned short port, std::uint64_t count, std::si
     // IBMSG_ECANCELED: the connection is closing, and the closed callback says why.
     if (status != IBMSG_OK && status != IBMSG_ECANCELED) throw ibmsg::error(status);
     in_flight.remove_if([&](const ibmsg::message &x) { return &x == &m; });
+    last_progress = now();  // the server has it (a large one took it a while to read)
     send_more(s);
   });
   loop.on_message_received([&](ibmsg::socket &s, ibmsg::message m) {
-    fill(expected.data(), size, echoed);
     if (m.size() != size)
       throw std::runtime_error("echo of message " + std::to_string(echoed) + " has " +
                                std::to_string(m.size()) + " bytes, not " + std::to_string(size));
-    if (size && std::memcmp(m.data(), expected.data(), size) != 0) {
-      const unsigned char *got = static_cast<const unsigned char *>(m.data());
-      std::size_t at = 0;
-      while (got[at] == expected[at]) ++at;
+    std::size_t at =
+        first_difference(static_cast<const unsigned char *>(m.data()), size, echoed);
+    if (at != size)
       throw std::runtime_error("echo of message " + std::to_string(echoed) + " differs at byte " +
                                std::to_string(at));
-    }
     last_progress = now();
     if (++echoed == count) {
       finished = last_progress;
@@ -169,8 +234,8 @@ int run_client(const char *ip, unsigned short port, std::uint64_t count, std::si
   while (conn.is_open()) {
     loop.dispatch(tick_ms);
     if (stop_requested) throw std::runtime_error("interrupted");
-    if (now() - last_progress > idle_limit_s)
-      throw std::runtime_error("no echo for " + std::to_string(int(idle_limit_s)) + " s (" +
+    if (now() - last_progress > idle_limit)
+      throw std::runtime_error("no progress for " + std::to_string(int(idle_limit)) + " s (" +
                                std::to_string(echoed) + " of " + std::to_string(count) +
                                " came back)");
   }
@@ -206,10 +271,12 @@ void echo(connection &c) {
   }
 }
 
-int run_server(const char *ip, unsigned short port) {
+int run_server(const char *ip, unsigned short port, int eager_size) {
   ibmsg::loop loop;  // first: it must outlive the sockets and the messages
   ibmsg::socket listener;
   std::map<ibmsg_socket *, connection> conns;  // handle() stays the same when a socket moves
+
+  if (eager_size) loop.set_option(IBMSG_OPT_EAGER_SIZE, eager_size);
 
   // Per-connection trouble closes that connection, not the server.
   auto guarded = [&](connection &c, auto &&body) {
@@ -284,13 +351,14 @@ int main(int argc, char **argv) {
       {"server", no_argument, nullptr, 'S'},
       {"count", required_argument, nullptr, 'n'},
       {"size", required_argument, nullptr, 's'},
+      {"eager-size", required_argument, nullptr, 'E'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
-  bool server = false, client_options = false;
-  std::uint64_t count = 1000;
+  bool server = false, client_options = false, count_given = false;
+  std::uint64_t count = default_count;
   std::size_t size = 1024;
-  int c;
+  int eager_size = 0, c;  // 0: ibmsg's default
   opterr = 0;
   while ((c = getopt_long(argc, argv, ":n:s:h", options, nullptr)) != -1) {
     switch (c) {
@@ -299,11 +367,14 @@ int main(int argc, char **argv) {
         break;
       case 'n':
         count = parse_number("count", optarg, 0, 1000000000);
-        client_options = true;
+        client_options = count_given = true;
         break;
       case 's':
-        size = parse_number("size", optarg, 0, 1u << 30);
+        size = parse_number("size", optarg, 0, max_size, true);
         client_options = true;
+        break;
+      case 'E':
+        eager_size = int(parse_number("eager size", optarg, 1, max_eager_size, true));
         break;
       case 'h':
         usage(stdout);
@@ -318,6 +389,8 @@ int main(int argc, char **argv) {
   if (rest < 1) usage_error("the IP address is missing");
   if (rest > 2) usage_error(std::string("unexpected argument '") + argv[optind + 2] + "'");
   if (server && client_options) usage_error("-n and -s are for the client, not --server");
+  if (!count_given && size > default_bytes / default_count)
+    count = size >= default_bytes ? 1 : default_bytes / size;
   const char *ip = argv[optind];
   unsigned short port = default_port;
   if (rest == 2)
@@ -327,7 +400,8 @@ int main(int argc, char **argv) {
   catch_signals();
   doing = "set up the event loop";
   try {
-    return server ? run_server(ip, port) : run_client(ip, port, count, size);
+    return server ? run_server(ip, port, eager_size)
+                  : run_client(ip, port, count, size, eager_size);
   } catch (const ibmsg::error &e) {
     std::fprintf(stderr, "%s: error: %s: %s (%s)\n", prog, doing.c_str(), e.what(), e.name());
   } catch (const std::exception &e) {

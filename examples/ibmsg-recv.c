@@ -7,7 +7,9 @@
  * accepted into a socket the tool allocates (freed again in connection_closed, after which ibmsg
  * never touches it). Every received message is checked if asked to and returned at once with
  * ibmsg_free_msg(), which gives its buffer back to the sender as a credit. The loop is
- * dispatched with a timeout so that a SIGINT ends the run promptly with a summary.
+ * dispatched with a timeout so that a SIGINT ends the run promptly with a summary. Messages
+ * above the eager size come by rendezvous (ibmsg reads them into a buffer of its own, which
+ * ibmsg_free_msg() gives back): any size up to the library's maximum takes no option.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -30,23 +32,31 @@ static const char usage_text[] =
     "  -n, --count COUNT     exit after COUNT messages in total (default 0: run\n"
     "                        until interrupted)\n"
     "  -s, --size SIZE       expect messages of SIZE bytes: any other size is an\n"
-    "                        error (default: any size)\n"
+    "                        error (default: any size up to --max-size)\n"
     "  -c, --connections N   accept N connections in all, then exit when they\n"
     "                        have closed (default 0: no limit)\n"
     "      --verify          check the pattern ibmsg-send --verify puts in each\n"
     "                        message\n"
-    "      --max-size BYTES  largest message size to accept (default 65536, and\n"
-    "                        at least SIZE)\n"
+    "      --max-size BYTES  largest message size to accept, at least SIZE\n"
+    "                        (default: ibmsg's, 4294967295)\n"
+    "      --eager-size BYTES\n"
+    "                        messages above BYTES come by rendezvous: this side\n"
+    "                        reads them (default: ibmsg's, 65536)\n"
     "  -q, --quiet           print only the summary and errors\n"
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
     "\n"
     "SIZE and BYTES may end in K, M or G (times 1024, 1024^2, 1024^3).\n"
+    "A message may be as large as both sides' --max-size allow.\n"
     "Exit status: 0 on success (also when interrupted without -n), 1 on an error\n"
     "or a failed check, 2 on bad usage.\n";
 
 /* Connections without -c: accepted at once, at most. */
 #define MAX_OPEN_CONNECTIONS 1024
+/* After COUNT messages, how long the senders get to disconnect before we do. A sender learns
+ * that a message arrived from its message_sent, which for a rendezvous message needs a word from
+ * this side after the message was read: closing at once could leave the sender without it. */
+#define LINGER_S 1.0
 
 /* One accepted connection. The socket comes first so that the callbacks' socket pointer is
  * also the connection's. */
@@ -67,7 +77,8 @@ static struct {
   uint64_t count;     /* 0: no limit */
   uint64_t size;      /* expected size */
   int check_size;
-  uint64_t max_size;
+  uint64_t max_size;   /* 0: the library's default */
+  uint64_t eager_size; /* 0: the library's default */
   unsigned limit;     /* -c: connections in all, 0: no limit */
   int verify;
   int quiet;
@@ -77,6 +88,7 @@ static struct {
   int listening;      /* its connection_closed has not come */
   struct conn *conns; /* open connections */
   unsigned accepted;
+  double lingering;   /* COUNT messages came at this time: the senders may close first */
   int stopping;
   int failed;
   uint64_t received;
@@ -87,17 +99,22 @@ static struct {
   struct tool_progress progress;
 } g;
 
+static void stop_listening(void) {
+  int rc;
+  if (g.listening) {
+    rc = ibmsg_disconnect(&g.listener);
+    if (rc != IBMSG_OK && rc != IBMSG_ESTATE) /* ESTATE: it is closing already */
+      tool_error("cannot close the listening socket: %s", ibmsg_strerror(rc));
+  }
+}
+
 /* Closes the listener and every connection; the loop then runs until their callbacks came. */
 static void stop_all(void) {
   int rc;
   if (g.stopping)
     return;
   g.stopping = 1;
-  if (g.listening) {
-    rc = ibmsg_disconnect(&g.listener);
-    if (rc != IBMSG_OK && rc != IBMSG_ESTATE) /* ESTATE: it is closing already */
-      tool_error("cannot close the listening socket: %s", ibmsg_strerror(rc));
-  }
+  stop_listening();
   for (struct conn *c = g.conns; c != NULL; c = c->next) {
     rc = ibmsg_disconnect(&c->socket);
     if (rc != IBMSG_OK && rc != IBMSG_ESTATE)
@@ -109,7 +126,7 @@ static void on_request(ibmsg_connection_request *request) {
   struct conn *c;
   int rc;
 
-  if (g.stopping || (g.limit > 0 && g.accepted >= g.limit)) {
+  if (g.stopping || g.lingering != 0 || (g.limit > 0 && g.accepted >= g.limit)) {
     ibmsg_reject(request, "ibmsg-recv takes no more connections");
     return;
   }
@@ -182,8 +199,11 @@ static void on_received(ibmsg_socket *socket, ibmsg_buffer *msg) {
     stop_all();
     return;
   }
-  if (g.count > 0 && g.received == g.count)
-    stop_all();
+  if (g.count > 0 && g.received == g.count && g.lingering == 0) {
+    /* Done: no new connections; the main loop closes the rest after LINGER_S. */
+    g.lingering = tool_now();
+    stop_listening();
+  }
 }
 
 static void on_closed(ibmsg_socket *socket, int reason) {
@@ -191,7 +211,7 @@ static void on_closed(ibmsg_socket *socket, int reason) {
 
   if (socket == &g.listener) {
     g.listening = 0;
-    if (!g.stopping) {
+    if (!g.stopping && g.lingering == 0) {
       tool_error("the listening socket closed: %s", ibmsg_strerror(reason));
       g.failed = 1;
       stop_all();
@@ -227,13 +247,14 @@ static void on_closed(ibmsg_socket *socket, int reason) {
 }
 
 static int parse_args(int argc, char **argv) {
-  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_VERSION };
+  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_EAGER_SIZE, OPT_VERSION };
   static const struct option options[] = {
       {"count", required_argument, NULL, 'n'},
       {"size", required_argument, NULL, 's'},
       {"connections", required_argument, NULL, 'c'},
       {"verify", no_argument, NULL, OPT_VERIFY},
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
+      {"eager-size", required_argument, NULL, OPT_EAGER_SIZE},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, OPT_VERSION},
@@ -242,7 +263,6 @@ static int parse_args(int argc, char **argv) {
   int opt;
 
   g.port = TOOL_DEFAULT_PORT;
-  g.max_size = TOOL_DEFAULT_MAX_SIZE;
   opterr = 0; /* we print our own one-line errors */
   while ((opt = getopt_long(argc, argv, ":n:s:c:qh", options, NULL)) != -1) {
     switch (opt) {
@@ -251,7 +271,7 @@ static int parse_args(int argc, char **argv) {
         return -1;
       break;
     case 's':
-      if (tool_parse_size("-s", optarg, 0, INT32_MAX, &g.size) != 0)
+      if (tool_parse_size("-s", optarg, 0, TOOL_MAX_MSG_SIZE, &g.size) != 0)
         return -1;
       g.check_size = 1;
       break;
@@ -262,7 +282,11 @@ static int parse_args(int argc, char **argv) {
       break;
     case OPT_VERIFY: g.verify = 1; break;
     case OPT_MAX_SIZE:
-      if (tool_parse_size("--max-size", optarg, 1, INT32_MAX, &g.max_size) != 0)
+      if (tool_parse_size("--max-size", optarg, 1, TOOL_MAX_MSG_SIZE, &g.max_size) != 0)
+        return -1;
+      break;
+    case OPT_EAGER_SIZE:
+      if (tool_parse_size("--eager-size", optarg, 1, TOOL_MAX_EAGER_SIZE, &g.eager_size) != 0)
         return -1;
       break;
     case 'q': g.quiet = 1; break;
@@ -283,8 +307,10 @@ static int parse_args(int argc, char **argv) {
     tool_usage_error("unexpected argument '%s'", argv[optind]);
     return -1;
   }
-  if (g.check_size && g.max_size < g.size)
-    g.max_size = g.size;
+  if (g.check_size && g.max_size != 0 && g.max_size < g.size) {
+    tool_usage_error("-s %" PRIu64 " is larger than --max-size %" PRIu64, g.size, g.max_size);
+    return -1;
+  }
   return 0;
 }
 
@@ -309,8 +335,9 @@ int main(int argc, char **argv) {
   g.loop.connection_established = on_established;
   g.loop.message_received = on_received;
   g.loop.connection_closed = on_closed;
-  if (tool_setopt_int(&g.loop, IBMSG_OPT_MAX_MSG_SIZE, "the maximum message size",
-                      (int)g.max_size) != 0) {
+  if ((g.max_size != 0 && tool_setopt_max_size(&g.loop, g.max_size) != 0) ||
+      (g.eager_size != 0 && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
+                                            (int)g.eager_size) != 0)) {
     ibmsg_destroy_event_loop(&g.loop);
     return TOOL_EXIT_FAILURE;
   }
@@ -338,12 +365,15 @@ int main(int argc, char **argv) {
     }
     if (tool_stop && !g.stopping) {
       /* The usual way to end a run without -n; with -n it ended too early. */
-      if (g.count > 0) {
+      if (g.count > 0 && g.received < g.count) {
         tool_error("interrupted after %" PRIu64 " of %" PRIu64 " messages", g.received, g.count);
         g.failed = 1;
       }
       stop_all();
     }
+    if (g.lingering != 0 && !g.stopping &&
+        (g.conns == NULL || tool_now() - g.lingering >= LINGER_S))
+      stop_all();
     tool_progress_update(&g.progress, g.received, g.bytes);
   }
 

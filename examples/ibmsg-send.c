@@ -6,8 +6,12 @@
  * How it uses ibmsg: one event loop; -c connections opened with ibmsg_connect(); on each, the
  * send buffers are taken from the socket's pool once (ibmsg_alloc_msg) and posted again from
  * their message_sent callback, so that up to IBMSG_OPT_SEND_DEPTH messages are in flight per
- * connection. When every message of a connection is confirmed, the connection is closed with
- * ibmsg_disconnect(); the tool ends when every socket's connection_closed has come.
+ * connection (fewer of a large message: see SEND_WINDOW_BYTES). When every message of a
+ * connection is confirmed, the connection is closed with ibmsg_disconnect(); the tool ends when
+ * every socket's connection_closed has come.
+ *
+ * Any size up to the library's maximum goes without options: messages above the eager size
+ * (IBMSG_OPT_EAGER_SIZE) go by rendezvous, the receiver reading them from the send buffer.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -26,20 +30,35 @@ static const char usage_text[] =
     "RDMA and report the throughput.\n"
     "\n"
     "Options:\n"
-    "  -n, --count COUNT     send COUNT messages in total (default 1000)\n"
-    "  -s, --size SIZE       bytes per message, 0 allowed (default 4096)\n"
+    "  -n, --count COUNT     send COUNT messages in total (default 1000, fewer\n"
+    "                        above 1 MiB: as many as make 1 GiB, at least 1)\n"
+    "  -s, --size SIZE       bytes per message, 0 to 4294967295 (default 4096)\n"
     "  -c, --connections N   open N connections and spread the messages over\n"
     "                        them (default 1)\n"
     "      --verify          fill each message with a pattern ibmsg-recv --verify\n"
     "                        checks\n"
-    "      --max-size BYTES  largest message size to offer (default 65536, and\n"
-    "                        at least SIZE)\n"
+    "      --max-size BYTES  largest message size to offer, at least SIZE\n"
+    "                        (default: ibmsg's, 4294967295)\n"
+    "      --eager-size BYTES\n"
+    "                        messages above BYTES go by rendezvous: the\n"
+    "                        receiver reads them (default: ibmsg's, 65536)\n"
     "  -q, --quiet           print only the summary and errors\n"
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
     "\n"
-    "SIZE and BYTES may end in K, M or G (times 1024, 1024^2, 1024^3).\n"
+    "SIZE and BYTES may end in K, M or G (times 1024, 1024^2, 1024^3). A message\n"
+    "may be as large as both sides' --max-size allow.\n"
     "Exit status: 0 if every message was delivered, 1 on an error, 2 on bad usage.\n";
+
+/* Default COUNT: DEFAULT_COUNT messages, or for large ones as many as make DEFAULT_BYTES (at
+ * least 1), so that a run with only -s ends in seconds on fast hardware, not hours. */
+#define DEFAULT_COUNT 1000
+#define DEFAULT_BYTES (UINT64_C(1) << 30)
+
+/* The bytes of messages one connection keeps in flight, at least one message: a rendezvous
+ * message lies in a registered buffer of its own until the receiver has read it, so 32 of
+ * 256 MiB would pin 8 GiB. Two in flight keep the receiver reading while the next is filled. */
+#define SEND_WINDOW_BYTES (UINT64_C(512) << 20)
 
 /* One connection: its socket, the messages it is to send and its send buffers. The socket is
  * embedded so that the callbacks find the connection from the socket pointer they get. */
@@ -60,7 +79,9 @@ static struct {
   unsigned short port;
   uint64_t count;
   uint64_t size;
-  uint64_t max_size;
+  uint64_t max_size;   /* 0: the library's default */
+  uint64_t eager_size; /* 0: the library's default */
+  uint64_t window;     /* messages in flight per connection, at most */
   uint32_t nconns;
   int verify;
   int quiet;
@@ -81,7 +102,7 @@ static void stop_all(void);
 /* Posts as many of the connection's messages as it has buffers for. Runs when the connection is
  * established and after each message_sent, so the pipeline stays full without any polling. */
 static void pump(struct conn *c) {
-  while (!g.stopping && c->posted < c->to_send) {
+  while (!g.stopping && c->posted < c->to_send && tool_sendpool_busy(&c->pool) < g.window) {
     ibmsg_buffer *msg;
     int rc = tool_sendpool_get(&c->pool, (size_t)g.size, &msg);
     if (rc == IBMSG_EAGAIN)
@@ -141,8 +162,9 @@ static void on_established(ibmsg_socket *socket) {
   tool_info(g.quiet, "connection %" PRIu32 " to %s port %u (%s)", c->index, g.ip, g.port,
             ibmsg_socket_device(socket) ? ibmsg_socket_device(socket) : "?");
   if (g.size > max) {
+    /* Ours is at least SIZE (parse_args): the receiver's is smaller. */
     tool_error("%" PRIu64 "-byte messages do not fit: the connection's maximum message size is "
-               "%zu (start ibmsg-recv with --max-size %" PRIu64 ")", g.size, max, g.size);
+               "%zu, the receiver's (its --max-size)", g.size, max);
     g.failed = 1;
     stop_all();
     return;
@@ -203,24 +225,23 @@ static void on_closed(ibmsg_socket *socket, int reason) {
 }
 
 static int parse_args(int argc, char **argv) {
-  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_VERSION };
+  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_EAGER_SIZE, OPT_VERSION };
   static const struct option options[] = {
       {"count", required_argument, NULL, 'n'},
       {"size", required_argument, NULL, 's'},
       {"connections", required_argument, NULL, 'c'},
       {"verify", no_argument, NULL, OPT_VERIFY},
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
+      {"eager-size", required_argument, NULL, OPT_EAGER_SIZE},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, OPT_VERSION},
       {NULL, 0, NULL, 0}};
   uint64_t v;
-  int opt;
+  int opt, count_given = 0;
 
   g.port = TOOL_DEFAULT_PORT;
-  g.count = 1000;
   g.size = 4096;
-  g.max_size = TOOL_DEFAULT_MAX_SIZE;
   g.nconns = 1;
   opterr = 0; /* we print our own one-line errors */
   while ((opt = getopt_long(argc, argv, ":n:s:c:qh", options, NULL)) != -1) {
@@ -228,9 +249,10 @@ static int parse_args(int argc, char **argv) {
     case 'n':
       if (tool_parse_uint("-n", optarg, 0, UINT64_MAX / 2, &g.count) != 0)
         return -1;
+      count_given = 1;
       break;
     case 's':
-      if (tool_parse_size("-s", optarg, 0, INT32_MAX, &g.size) != 0)
+      if (tool_parse_size("-s", optarg, 0, TOOL_MAX_MSG_SIZE, &g.size) != 0)
         return -1;
       break;
     case 'c':
@@ -240,7 +262,11 @@ static int parse_args(int argc, char **argv) {
       break;
     case OPT_VERIFY: g.verify = 1; break;
     case OPT_MAX_SIZE:
-      if (tool_parse_size("--max-size", optarg, 1, INT32_MAX, &g.max_size) != 0)
+      if (tool_parse_size("--max-size", optarg, 1, TOOL_MAX_MSG_SIZE, &g.max_size) != 0)
+        return -1;
+      break;
+    case OPT_EAGER_SIZE:
+      if (tool_parse_size("--eager-size", optarg, 1, TOOL_MAX_EAGER_SIZE, &g.eager_size) != 0)
         return -1;
       break;
     case 'q': g.quiet = 1; break;
@@ -261,8 +287,20 @@ static int parse_args(int argc, char **argv) {
     tool_usage_error("unexpected argument '%s'", argv[optind]);
     return -1;
   }
-  if (g.max_size < g.size)
-    g.max_size = g.size; /* the sender's side of the maximum; ibmsg-recv needs it too */
+  if (g.max_size != 0 && g.max_size < g.size) {
+    tool_usage_error("-s %" PRIu64 " is larger than --max-size %" PRIu64, g.size, g.max_size);
+    return -1;
+  }
+  if (!count_given) {
+    g.count = g.size > 0 ? DEFAULT_BYTES / g.size : DEFAULT_COUNT;
+    if (g.count > DEFAULT_COUNT)
+      g.count = DEFAULT_COUNT;
+    if (g.count < 1)
+      g.count = 1;
+  }
+  g.window = g.size > 0 ? SEND_WINDOW_BYTES / g.size : UINT64_MAX;
+  if (g.window < 1)
+    g.window = 1;
   return 0;
 }
 
@@ -285,8 +323,9 @@ int main(int argc, char **argv) {
   g.loop.connection_established = on_established;
   g.loop.message_sent = on_sent;
   g.loop.connection_closed = on_closed;
-  if (tool_setopt_int(&g.loop, IBMSG_OPT_MAX_MSG_SIZE, "the maximum message size",
-                      (int)g.max_size) != 0) {
+  if ((g.max_size != 0 && tool_setopt_max_size(&g.loop, g.max_size) != 0) ||
+      (g.eager_size != 0 && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
+                                            (int)g.eager_size) != 0)) {
     ibmsg_destroy_event_loop(&g.loop);
     return TOOL_EXIT_FAILURE;
   }

@@ -7,6 +7,7 @@
 
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -150,6 +151,23 @@ int tool_setopt_int(ibmsg_event_loop *loop, int option, const char *what, int va
   return 0;
 }
 
+int tool_setopt_max_size(ibmsg_event_loop *loop, uint64_t value) {
+  int rc;
+  if (value <= INT_MAX) {
+    int v = (int)value;
+    rc = ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &v, sizeof v);
+  } else {
+    /* Beyond an int: the option takes a uint64_t, told apart by its length. */
+    rc = ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &value, sizeof value);
+  }
+  if (rc != IBMSG_OK) {
+    tool_error("cannot set the maximum message size to %" PRIu64 ": %s", value,
+               ibmsg_strerror(rc));
+    return -1;
+  }
+  return 0;
+}
+
 /* ---- signals and time ---------------------------------------------------------------------- */
 
 static time_t first_signal; /* CLOCK_MONOTONIC seconds of the signal that set tool_stop */
@@ -258,6 +276,25 @@ static uint64_t get_le(const unsigned char *p, int n) {
   return v;
 }
 
+/* Eight bytes at once: filling and checking a large payload run on these. */
+static void put_le64(unsigned char *p, uint64_t v) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  memcpy(p, &v, 8);
+#else
+  put_le(p, v, 8);
+#endif
+}
+
+static uint64_t get_le64(const unsigned char *p) {
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  uint64_t v;
+  memcpy(&v, p, 8);
+  return v;
+#else
+  return get_le(p, 8);
+#endif
+}
+
 static void make_header(unsigned char h[TOOL_PAYLOAD_HEADER], size_t size, uint32_t conn,
                         uint64_t seq) {
   put_le(h, seq, 8);
@@ -271,7 +308,7 @@ static uint64_t seed_of(uint32_t conn, uint64_t seq) {
 
 void tool_payload_fill(void *data, size_t size, uint32_t conn, uint64_t seq, int full) {
   unsigned char *p = data, h[TOOL_PAYLOAD_HEADER];
-  size_t n = size < TOOL_PAYLOAD_HEADER ? size : TOOL_PAYLOAD_HEADER;
+  size_t n = size < TOOL_PAYLOAD_HEADER ? size : TOOL_PAYLOAD_HEADER, off;
   uint64_t x;
 
   make_header(h, size, conn, seq);
@@ -279,10 +316,13 @@ void tool_payload_fill(void *data, size_t size, uint32_t conn, uint64_t seq, int
   if (!full || size <= TOOL_PAYLOAD_HEADER)
     return;
   x = seed_of(conn, seq);
-  for (size_t off = TOOL_PAYLOAD_HEADER; off < size; off += 8) {
-    size_t left = size - off;
+  for (off = TOOL_PAYLOAD_HEADER; size - off >= 8; off += 8) {
     x += GOLDEN;
-    put_le(p + off, mix64(x), left < 8 ? (int)left : 8);
+    put_le64(p + off, mix64(x));
+  }
+  if (off < size) { /* the last 1..7 bytes: the start of one more word */
+    x += GOLDEN;
+    put_le(p + off, mix64(x), (int)(size - off));
   }
 }
 
@@ -334,9 +374,12 @@ int tool_payload_check(const void *data, size_t size, uint64_t seq, int64_t *con
     uint64_t want, got;
     x += GOLDEN;
     want = mix64(x);
-    got = get_le(p + off, len);
-    if (len < 8)
+    if (len == 8) {
+      got = get_le64(p + off);
+    } else {
+      got = get_le(p + off, len);
       want &= (UINT64_C(1) << (8 * len)) - 1;
+    }
     if (got != want) {
       int i = 0;
       while (((got >> (8 * i)) & 0xff) == ((want >> (8 * i)) & 0xff))
@@ -384,37 +427,70 @@ int tool_sendpool_init(struct tool_sendpool *pool, ibmsg_socket *socket, ibmsg_e
     depth = 1;
   pool->capacity = (size_t)depth;
   pool->slots = calloc(pool->capacity, sizeof *pool->slots);
+  pool->room = calloc(pool->capacity, sizeof *pool->room);
   pool->idle = calloc(pool->capacity, sizeof *pool->idle);
-  if (pool->slots == NULL || pool->idle == NULL) {
+  if (pool->slots == NULL || pool->room == NULL || pool->idle == NULL) {
     tool_sendpool_destroy(pool);
     return IBMSG_ENOMEM;
   }
   return IBMSG_OK;
 }
 
+/* Takes idle[i] out of the idle list. */
+static ibmsg_buffer *take_idle(struct tool_sendpool *pool, size_t i) {
+  ibmsg_buffer *m = pool->idle[i];
+  pool->idle[i] = pool->idle[--pool->nidle];
+  return m;
+}
+
 int tool_sendpool_get(struct tool_sendpool *pool, size_t size, ibmsg_buffer **msg) {
   ibmsg_buffer *m;
+  size_t i;
   int rc;
 
-  if (pool->nidle > 0) {
-    m = pool->idle[--pool->nidle];
-    /* The buffer holds the connection's maximum size, so only the length changes. */
-    if (size > ibmsg_socket_max_msg_size(pool->socket)) {
-      pool->idle[pool->nidle++] = m;
-      return IBMSG_EMSGSIZE;
+  /* The most recently used first: with one message size it fits at once. */
+  for (i = pool->nidle; i-- > 0;) {
+    m = pool->idle[i];
+    if (size <= pool->room[m - pool->slots]) {
+      if (size > ibmsg_socket_max_msg_size(pool->socket))
+        return IBMSG_EMSGSIZE; /* what ibmsg_alloc_msg() would say */
+      take_idle(pool, i);
+      m->size = size; /* the buffer stays, only the length changes */
+      *msg = m;
+      return IBMSG_OK;
     }
-    m->size = size;
+  }
+  if (pool->released)
+    return IBMSG_EAGAIN;
+  if (pool->allocated < pool->capacity) {
+    m = &pool->slots[pool->allocated];
+    rc = ibmsg_alloc_msg(m, pool->socket, size);
+    if (rc != IBMSG_OK)
+      return rc;
+    pool->room[pool->allocated] = size;
+    pool->allocated++;
+    pool->live++;
     *msg = m;
     return IBMSG_OK;
   }
-  if (pool->released || pool->allocated == pool->capacity)
+  if (pool->nidle == 0)
     return IBMSG_EAGAIN;
-  m = &pool->slots[pool->allocated];
-  rc = ibmsg_alloc_msg(m, pool->socket, size);
-  if (rc != IBMSG_OK)
+  if (size > ibmsg_socket_max_msg_size(pool->socket))
+    return IBMSG_EMSGSIZE; /* keep the buffer: a new one would not be allowed */
+  /* Every buffer exists and none idle is large enough: make the last one used larger. */
+  m = take_idle(pool, pool->nidle - 1);
+  rc = ibmsg_free_msg(m);
+  if (rc != IBMSG_OK) {
+    pool->idle[pool->nidle++] = m;
     return rc;
-  pool->allocated++;
-  pool->live++;
+  }
+  rc = ibmsg_alloc_msg(m, pool->socket, size);
+  if (rc != IBMSG_OK) {
+    pool->room[m - pool->slots] = 0;
+    pool->live--; /* the slot stays empty */
+    return rc;
+  }
+  pool->room[m - pool->slots] = size;
   *msg = m;
   return IBMSG_OK;
 }
@@ -442,8 +518,10 @@ void tool_sendpool_release(struct tool_sendpool *pool) {
 
 void tool_sendpool_destroy(struct tool_sendpool *pool) {
   free(pool->slots);
+  free(pool->room);
   free(pool->idle);
   pool->slots = NULL;
+  pool->room = NULL;
   pool->idle = NULL;
   pool->capacity = pool->allocated = pool->live = pool->nidle = 0;
 }

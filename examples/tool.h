@@ -18,7 +18,12 @@
 #include <ibmsg.h>
 
 #define TOOL_DEFAULT_PORT 12345
+/* ibmsg-perf's default --max-size (ibmsg-send and ibmsg-recv keep the library's default). */
 #define TOOL_DEFAULT_MAX_SIZE 65536
+/* The largest IBMSG_OPT_MAX_MSG_SIZE, 2^32 - 1: the largest --max-size and message size. */
+#define TOOL_MAX_MSG_SIZE UINT64_C(4294967295)
+/* The largest IBMSG_OPT_EAGER_SIZE: the largest --eager-size. */
+#define TOOL_MAX_EAGER_SIZE (UINT64_C(1) << 30)
 /* How long one dispatch may wait: short enough that a SIGINT or the progress line is handled
  * promptly, long enough that an idle tool does not spin. */
 #define TOOL_TICK_MS 200
@@ -66,6 +71,9 @@ int tool_parse_port(const char *arg, int allow_zero, unsigned short *port);
 const char *tool_bad_option(char **argv);
 /** Sets an int option of the loop; prints what failed. */
 int tool_setopt_int(ibmsg_event_loop *loop, int option, const char *what, int value);
+/** Sets IBMSG_OPT_MAX_MSG_SIZE (1..TOOL_MAX_MSG_SIZE): as an int up to INT_MAX, as a uint64_t
+ *  above; prints what failed. */
+int tool_setopt_max_size(ibmsg_event_loop *loop, uint64_t value);
 
 /* ---- signals and time ---------------------------------------------------------------------- */
 
@@ -116,7 +124,8 @@ void tool_progress_clear(struct tool_progress *p);
 #define TOOL_PAYLOAD_HEADER 16
 
 /** Writes the payload of message seq of connection conn; with full == 0 only the header, which
- *  costs nothing but still numbers the messages. */
+ *  costs nothing but still numbers the messages. The pseudo-random part goes 8 bytes at a time,
+ *  as tool_payload_check() reads it: 256 MiB take tens of milliseconds on a current CPU. */
 void tool_payload_fill(void *data, size_t size, uint32_t conn, uint64_t seq, int full);
 /** Checks a received message that should be message seq of its connection. *conn is the
  *  sender's connection number, or -1 until a message long enough to carry it came (then it is
@@ -140,10 +149,15 @@ void tool_random_fill(void *data, size_t size, uint64_t *state);
  * them once and post each again from its message_sent callback, instead of freeing and
  * reallocating. The ibmsg_buffer structs live here because each must keep its address from
  * ibmsg_alloc_msg() until ibmsg_free_msg().
+ *
+ * A buffer holds what it was allocated for: a message above the eager size has a buffer of its
+ * own size (rendezvous), not the connection's maximum. So each slot remembers the size it was
+ * allocated with, and a larger message takes a buffer that is big enough, or a new one.
  */
 struct tool_sendpool {
   ibmsg_socket *socket;
   ibmsg_buffer *slots; /* slots[0..allocated) went through ibmsg_alloc_msg() */
+  size_t *room;        /* room[i]: the size slots[i] was allocated with; its messages fit */
   size_t allocated;
   size_t capacity; /* IBMSG_OPT_SEND_DEPTH when the pool was made */
   size_t live;     /* allocated and not yet freed */
@@ -154,9 +168,11 @@ struct tool_sendpool {
 
 /** Prepares an empty pool for socket (no buffer is allocated yet). */
 int tool_sendpool_init(struct tool_sendpool *pool, ibmsg_socket *socket, ibmsg_event_loop *loop);
-/** A buffer for a size-byte message: an idle one, or a new one from ibmsg_alloc_msg(). Returns
- *  IBMSG_OK, IBMSG_EAGAIN when every buffer is posted (retry after a message_sent), or the
- *  error of ibmsg_alloc_msg(). */
+/** A buffer for a size-byte message: an idle one with room for it, else a new one from
+ *  ibmsg_alloc_msg(), else an idle one allocated anew for size (ibmsg_free_msg() and
+ *  ibmsg_alloc_msg(); if that fails, the pool has one buffer less). Returns IBMSG_OK,
+ *  IBMSG_EAGAIN when every buffer is posted (retry after a message_sent), or the error of
+ *  ibmsg_alloc_msg(). */
 int tool_sendpool_get(struct tool_sendpool *pool, size_t size, ibmsg_buffer **msg);
 /** Gives back a buffer the library returned (message_sent) or that could not be posted; after
  *  tool_sendpool_release() it is freed instead. */
