@@ -47,12 +47,25 @@ void teardown(Socket *s) {
 
 void socket_close(Socket *s, int reason) {
   if (s->state == State::Closing || s->state == State::Closed) return;
-  if (reason == IBMSG_OK) send_last_done(s);  // the application's disconnect
+  if (reason == IBMSG_OK && s->state == State::Connected && !s->lingering) {
+    // The application disconnects: the done counts it owes for the peer's rendezvous messages
+    // go first, so that the peer learns they arrived. Without a control credit for them now,
+    // the close waits for one (a peer waiting for done counts returns them), at most kLingerS.
+    send_last_done(s);
+    if (s->done_owed) {
+      s->lingering = true;
+      timer_init(&s->connect_timer, s->loop, on_linger_end, s);
+      timer_start(&s->connect_timer, kLingerS);
+      return;
+    }
+  }
   s->close_reason = reason;
   set_state(s, close_event(s));
   s->loop->closing.push_back(s);
   loop_kick(s->loop);
 }
+
+void on_linger_end(Timer *t) { socket_close(static_cast<Socket *>(t->data), IBMSG_OK); }
 
 void run_teardowns(Loop *loop) {
   // A closed callback may close more sockets: they run in this round too.

@@ -92,6 +92,11 @@ bool post_ctrl(Socket *s) {
 }  // namespace
 
 void maybe_send_ctrl(Socket *s) {
+  if (s->lingering) {  // closing once the done counts are out
+    send_last_done(s);
+    if (!s->done_owed) socket_close(s, IBMSG_OK);
+    return;
+  }
   // Control credits ride on messages sent for other reasons. A side that sends only RDMA writes
   // with immediate sends none, while its peer spends control credits returning the data credits
   // those writes took: once this side waits for a data credit, it returns the control credits it

@@ -150,6 +150,7 @@ struct ibmsg__socket {
   uint32_t rndv_reads = 0;
   uint32_t done_owed = 0;
   ibmsg_incoming *incoming = nullptr;  // while message_incoming runs
+  bool lingering = false;  // disconnecting: waits to send the done counts it owes (close.cpp)
   ibmsg::Timer connect_timer;
   // busy polling (poll.cpp): the CQ is polled from the loop instead of armed while poll_active
   bool poll_active = false;
@@ -361,6 +362,8 @@ void poll_rearm(Device *dev);    // polling on dev stopped: arm its CQ, poll it 
 // The one close path, for every cause: records the first reason (a socket already closing keeps
 // it), moves the socket to Closing and queues its teardown, which runs from the loop.
 void socket_close(Socket *s, int reason);
+constexpr double kLingerS = 1.0;  // how long a disconnect waits to send the done counts it owes
+void on_linger_end(Timer *t);
 // Runs due teardowns: releases everything and calls each closed callback.
 void run_teardowns(Loop *loop);
 

@@ -30,6 +30,7 @@ extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <functional>
 #include <initializer_list>
@@ -1056,6 +1057,61 @@ void receiver_closing_in_message_received_drops_the_rendezvous_behind(void **sta
   expect_code(p.c->close_reason, IBMSG_ECONNRESET);
 }
 
+// A receiver that disconnects in message_received of the last rendezvous messages it wanted:
+// their done counts went before the callback (and what is owed goes at the disconnect), so the
+// sender learns they arrived.
+void receiver_closing_after_its_last_rendezvous_confirms_it(void **state) {
+  H *h = h_of(state);
+  for (int n : {1, 3, 20}) {
+    Pair p = connected(h);
+    Conn *a = p.a;
+    const uint64_t want = uint64_t(n);
+    a->on_msg = [a, want](ibmsg_buffer *) {
+      if (a->received == want) expect_code(ibmsg_disconnect(&a->s), IBMSG_OK);
+    };
+    for (int i = 0; i < n; ++i) expect_code(send_msg(*p.c, 70000 + size_t(i)), IBMSG_OK);
+    RUN_UNTIL(h, p.c->closed && p.a->closed);
+    assert_int_equal(p.a->received, want);
+    for (int i = 0; i < n; ++i)
+      if (p.c->tx_status[size_t(i)] != IBMSG_OK)
+        fail_msg("%d messages: message %d got %s", n, i, ibmsg_err_name(p.c->tx_status[size_t(i)]));
+  }
+}
+
+// The disconnect waits for a control credit to send the done counts, but not for ever: a peer
+// whose loop does not run (it returns no credit) gets the close after kLingerS (1 s).
+void disconnect_waiting_for_a_credit_closes_after_a_second(void **state) {
+  H *h = h_of(state);
+  init_loop(h, &h->loop2);
+  h->loop2_alive = true;
+  Pair p = connected(h, nullptr, nullptr, &h->loop2);  // the client (sender) on loop2
+  // 32 RTSs (the initial credits), and the sender's loop stops at once: it returns no control
+  // credit any more. The receiver reads them all and spends its control credits on done counts
+  // (keeping the last): more than the 15 one message carries are still owed at the disconnect.
+  h->loop2_alive = false;
+  for (int i = 0; i < 32; ++i) expect_code(send_msg(*p.c, 70000), IBMSG_OK);
+  auto got = [&] { return p.a->received; };
+  run_until(h, [&] { return got() == 32; }, 400, 1);
+  if (p.a->received < 32) fail_msg("the receiver got %llu of 32", (unsigned long long)got());
+  assert_true(p.a->s.impl->done_owed > wire::kMaxDonePerMsg);
+  expect_code(ibmsg_disconnect(&p.a->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p.a->s), IBMSG_ESTATE);  // it is closing (lingering)
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  bool closed = false;
+  for (int i = 0; i < 3000 && !closed; ++i) {
+    ibmsg_dispatch_event_loop_timeout(&h->loop, 1);
+    closed = p.a->closed;
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  const double s = double(t1.tv_sec - t0.tv_sec) + double(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  if (!closed) fail_msg("the receiver did not close (%.1f s)", s);
+  // More done counts than one credit-only message carries, and no credit coming: it waited.
+  if (s < 0.9) fail_msg("closed after %.2f s: it did not wait for a control credit", s);
+  expect_code(p.a->close_reason, IBMSG_OK);
+  h->loop2_alive = true;  // the teardown closes the rest
+}
+
 void sender_closing_in_message_sent_keeps_every_guarantee(void **state) {
   H *h = h_of(state);
   for (int variant = 0; variant < 2; ++variant) {
@@ -2044,6 +2100,8 @@ int main(void) {
       T(close_while_reads_are_in_flight_from_either_side),
       T(close_after_part_of_the_reads_from_either_side),
       T(receiver_closing_in_message_received_drops_the_rendezvous_behind),
+      T(receiver_closing_after_its_last_rendezvous_confirms_it),
+      T(disconnect_waiting_for_a_credit_closes_after_a_second),
       T(sender_closing_in_message_sent_keeps_every_guarantee),
       T(held_rendezvous_message_outlives_its_connection),
       T(random_rendezvous_traffic_and_closes_keep_every_guarantee),
