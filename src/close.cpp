@@ -54,6 +54,7 @@ void socket_close(Socket *s, int reason) {
     send_last_done(s);
     if (s->done_owed) {
       s->lingering = true;
+      s->pub->status = IBMSG_DISCONNECTING;  // as the application sees it: closing
       timer_init(&s->connect_timer, s->loop, on_linger_end, s);
       timer_start(&s->connect_timer, kLingerS);
       return;
