@@ -149,7 +149,7 @@ struct ibmsg__socket {
   ibmsg::List<ibmsg::RndvIn, &ibmsg::RndvIn::read_link> reading;
   uint32_t rndv_reads = 0;
   uint32_t done_owed = 0;
-  ibmsg_incoming *incoming = nullptr;  // while message_incoming runs
+  ibmsg::List<ibmsg::RndvIn, &ibmsg::RndvIn::read_link> fins;  // declined: FINs posted
   bool lingering = false;  // disconnecting: waits to send the done counts it owes (close.cpp)
   ibmsg::Timer connect_timer;
   // busy polling (poll.cpp): the CQ is polled from the loop instead of armed while poll_active

@@ -89,13 +89,17 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
     int err = tp::mr_register(s->dev->tp, msg->data, msg->size,
                               tp::kRemoteRead | tp::kLocalReadOnly, &slot->xmr);
     if (err) return err;
-  } else if (rndv && !slot->large) {
-    // Allocated before the peer's hello said its eager size is smaller: a large buffer now.
+  }
+  bool late = false;
+  if (rndv && !slot->large && !slot->region) {
+    // Allocated before the peer's hello said its eager size is smaller: a large buffer now
+    // (msg->data moves there; back if the post fails).
     int err = IBMSG_OK;
     slot->large = large_get(s->dev, true, s->serial, msg->size, &err);
     if (!slot->large) return err;
     memcpy(slot->large->mem, slot->buf, msg->size);
     msg->data = slot->large->mem;
+    late = true;
   }
   slot->has_imm = has_imm;
   slot->imm = imm;
@@ -109,6 +113,11 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
     if (rc) {
       if (slot->xmr) tp::mr_deregister(slot->xmr);
       slot->xmr = nullptr;
+      if (late) {
+        large_put(slot->large);
+        slot->large = nullptr;
+        msg->data = slot->buf;
+      }
       socket_close(s, rc);
       return rc;
     }

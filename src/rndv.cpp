@@ -27,6 +27,10 @@ namespace {
 // The largest read: the peer's device may take less than ours (rxe takes 8 MiB).
 constexpr uint64_t kChunkMax = uint64_t(8) << 20;
 
+// The message_incoming callback's handle while it runs on this thread (its functions compare
+// before they read anything through it: a kept copy is refused, not followed).
+thread_local const ibmsg_incoming *g_incoming = nullptr;
+
 // The peer read our rendezvous message w (status IBMSG_OK) or declined it: w is done once its
 // RTS's send completed too.
 void read_done(Socket *, Work *w, int status) {
@@ -169,9 +173,9 @@ void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
     inc.imm = msg->imm;
     inc.flags = msg->flags;
     inc.impl = slot;
-    s->incoming = &inc;
+    g_incoming = &inc;
     cb(s->pub, &inc);
-    s->incoming = nullptr;
+    g_incoming = nullptr;
   }
   if (in.region) msg->flags |= IBMSG_MSG_REGION;
   if (!in.declined) s->deliver.push_back(slot);
@@ -205,7 +209,7 @@ void drop_slot(Socket *s, Slot *slot, bool repost) {
   slot->large = nullptr;
   if (slot->in.region) --slot->in.region->busy;
   slot->in.region = nullptr;
-  slot->in.ready = false;
+  slot->in.ready = slot->in.declined = false;
   --slot->pool->out;
   if (repost && tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
                               slot->pool->mr) == IBMSG_OK &&
@@ -260,6 +264,7 @@ bool rndv_send_fin(Socket *s) {
   }
   ++s->ctrl_in_flight;
   s->reading.pop_front();
+  s->fins.push_back(in);  // until its completion, or the teardown
   if (posted(s, true)) {
     socket_close(s, IBMSG_EIO);
     return false;
@@ -269,6 +274,8 @@ bool rndv_send_fin(Socket *s) {
 }
 
 void rndv_on_fin_sent(Socket *s, Slot *slot, const tp::Completion &wc) {
+  if (!slot->in.read_link.linked()) return;  // released by the teardown already
+  s->fins.remove(&slot->in);
   if (s->ctrl_in_flight) --s->ctrl_in_flight;
   const bool ok = wc.status == tp::WcStatus::Ok;
   if (!ok) socket_close(s, wc.status == tp::WcStatus::Flushed ? IBMSG_ECONNRESET : IBMSG_EIO);
@@ -316,6 +323,9 @@ uint32_t rndv_take_done(Socket *s) {
 void rndv_release(Socket *s) {
   while (RndvIn *in = s->reading.pop_front())
     if (in->declined) drop_slot(s, static_cast<Slot *>(in->wr.owner), false);
+  // FINs posted whose completion did not come (a failed flush; a device that drops a destroyed
+  // QP's completions): their slots come back here.
+  while (RndvIn *in = s->fins.pop_front()) drop_slot(s, static_cast<Slot *>(in->wr.owner), false);
   while (s->rndv_wait.pop_front()) {
   }
   while (Slot *slot = s->deliver.pop_front()) drop_slot(s, slot, false);
@@ -324,9 +334,9 @@ void rndv_release(Socket *s) {
 }
 
 int incoming_to_region(ibmsg_incoming *inc, Region *r, size_t off) {
-  Slot *slot = inc ? inc->impl : nullptr;
-  Socket *s = slot_valid(slot) ? slot->pool->user : nullptr;
-  if (!s || s->incoming != inc || !r) return IBMSG_EINVAL;  // outside its callback
+  if (!inc || inc != g_incoming || !r) return IBMSG_EINVAL;  // outside its callback
+  Slot *slot = inc->impl;
+  Socket *s = slot->pool->user;
   RndvIn &in = slot->in;
   if (in.declined || in.region) return IBMSG_ESTATE;
   if (r->loop != s->loop) return IBMSG_EINVAL;
@@ -343,9 +353,8 @@ int incoming_to_region(ibmsg_incoming *inc, Region *r, size_t off) {
 }
 
 int incoming_decline(ibmsg_incoming *inc) {
-  Slot *slot = inc ? inc->impl : nullptr;
-  Socket *s = slot_valid(slot) ? slot->pool->user : nullptr;
-  if (!s || s->incoming != inc) return IBMSG_EINVAL;
+  if (!inc || inc != g_incoming) return IBMSG_EINVAL;  // outside its callback
+  Slot *slot = inc->impl;
   if (slot->in.declined || slot->in.region) return IBMSG_ESTATE;
   slot->in.declined = true;
   return IBMSG_OK;

@@ -34,6 +34,7 @@ extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
 #include <deque>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -2076,6 +2077,387 @@ void messages_from_a_region_arrive_byte_exact(void **state) {
   expect_code(ibmsg_deregister_region(&src), IBMSG_OK);  // message_sent freed the messages
 }
 
+
+// ---- review2 repros ----
+
+// a receive slot that held a declined RTS keeps in.declined; an eager message that later
+// lands in it cannot be freed (ibmsg_free_msg: IBMSG_ENOTALLOC).
+void eager_message_in_a_declined_slot_can_be_freed(void **state) {
+  H *h = h_of(state);
+  Incoming g;
+  g_incoming = &g;
+  g.plan = "d";
+  h->loop.message_incoming = on_incoming;
+  Pair p = connected(h);
+  p.a->verify = false;
+  send_all(*p.c, {200000});
+  RUN_UNTIL(h, p.c->msgs_done == 1);
+  assert_string_equal(p.c->trace.c_str(), "msg0=EDECLINED");
+  // 80 eager messages: the receive queue (32 + 4 buffers) wraps around to the declined slot.
+  for (int i = 0; i < 80; ++i) {
+    expect_code(send_msg(*p.c, 100), IBMSG_OK);
+    RUN_UNTIL(h, p.c->msgs_done == 2 + i);
+  }
+  RUN_UNTIL(h, p.a->received == 80);
+  if (p.a->bad_payload) fail_msg("receiver: %s", p.a->first_bad.c_str());
+  h->loop.message_incoming = nullptr;
+  g_incoming = nullptr;
+}
+
+// the FIN's flush fails: the connection closes, but the slot that held the declined RTS
+// was taken off `reading` and only its FIN completion would give it back.
+void fin_that_never_completes_leaks_nothing(void **state) {
+  H *h = h_of(state);
+  Incoming g;
+  g_incoming = &g;
+  g.plan = "d";
+  h->loop.message_incoming = on_incoming;
+  Pair p = connected(h);
+  p.a->verify = false;
+  send_all(*p.c, {200000});
+  fake::fail_call(fake::Call::PostFlush, IBMSG_EIO);
+  RUN_UNTIL(h, p.a->closed && p.c->closed);
+  fprintf(stderr, "R2: accepted closed with %s, client trace: %s\n",
+          ibmsg_err_name(p.a->close_reason), p.c->trace.c_str());
+  h->loop.message_incoming = nullptr;
+  g_incoming = nullptr;
+}
+
+
+void control_flush_failure_without_decline(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  p.a->verify = false;
+  send_all(*p.c, {200000});
+  fake::fail_call(fake::Call::PostFlush, IBMSG_EIO);
+  RUN_UNTIL(h, p.a->closed && p.c->closed);
+  fprintf(stderr, "R2b: accepted closed with %s, client trace: %s\n",
+          ibmsg_err_name(p.a->close_reason), p.c->trace.c_str());
+}
+
+
+// the app chose a region for an RTS whose read then fails (bad key): EPROTO, region free.
+void region_destination_and_a_failing_read(void **state) {
+  H *h = h_of(state);
+  Incoming g;
+  g_incoming = &g;
+  ibmsg_region dst{};
+  expect_code(ibmsg_alloc_region(&h->loop, &dst, 4 * kMiB, IBMSG_ACCESS_LOCAL_WRITE), IBMSG_OK);
+  g.region = &dst;
+  g.plan = "r";
+  h->loop.message_incoming = on_incoming;
+  RawPair p = raw_client(h, rndv_hello());
+  std::vector<uint8_t> rts = rts_bytes(0x100000, 100000, 0xdead);
+  expect_code(p.r->send(fake::imm(kOpRndv), rts.data(), rts.size()), IBMSG_OK);
+  RUN_UNTIL(h, p.a->closed);
+  expect_code(p.a->close_reason, IBMSG_EPROTO);
+  assert_int_equal(g.seen, 1);
+  expect_code(ibmsg_deregister_region(&dst), IBMSG_OK);
+  h->loop.message_incoming = nullptr;
+  g_incoming = nullptr;
+}
+
+// region rendezvous messages queued (no credit) and then the connection closes; and one whose
+// posting fails: no registration is left behind (the teardown checks), the region is free again.
+void region_rendezvous_queued_then_closed_and_post_failure(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = options(h, {{IBMSG_OPT_RECV_DEPTH, 2}});
+  Pair p = connected(h, o, nullptr);
+  p.a->hold = true;
+  p.a->verify = false;
+  ibmsg_region src{};
+  expect_code(ibmsg_alloc_region(&h->loop, &src, 8 * kMiB, 0), IBMSG_OK);
+  for (int i = 0; i < 5; ++i) {
+    p.c->outs.emplace_back();
+    Out &x = p.c->outs.back();
+    expect_code(ibmsg_msg_from_region(&x.m, &p.c->s, &src, size_t(i) * kMiB, kMiB), IBMSG_OK);
+    x.allocated = true;
+    x.m.user_data = &x;
+    expect_code(post_out(*p.c, x), IBMSG_OK);
+  }
+  RUN_UNTIL(h, p.a->received == 2);
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  fprintf(stderr, "R8 trace: %s\n", p.c->trace.c_str());
+  expect_code(ibmsg_deregister_region(&src), IBMSG_OK);
+  // A post that the transport refuses.
+  Pair q = connected(h);
+  ibmsg_region src2{};
+  expect_code(ibmsg_alloc_region(&h->loop, &src2, 2 * kMiB, 0), IBMSG_OK);
+  ibmsg_buffer m{};
+  expect_code(ibmsg_msg_from_region(&m, &q.c->s, &src2, 0, kMiB), IBMSG_OK);
+  fake::fail_call(fake::Call::PostSend, IBMSG_EIO);
+  int rc = ibmsg_post_send(&q.c->s, &m);
+  fprintf(stderr, "R8 refused post: %s\n", ibmsg_err_name(rc));
+  expect_code(ibmsg_free_msg(&m), IBMSG_OK);
+  RUN_UNTIL(h, q.c->closed);
+  expect_code(ibmsg_deregister_region(&src2), IBMSG_OK);
+}
+
+// message_incoming posts a rendezvous message back and frees a held message.
+Pair *g_r9 = nullptr;
+void r9_incoming(ibmsg_socket *sock, ibmsg_incoming *) {
+  Pair &p = *g_r9;
+  if (sock != &p.a->s) return;
+  if (!p.a->held.empty()) {
+    Held x = p.a->held.front();
+    p.a->held.pop_front();
+    expect_code(ibmsg_free_msg(x.m), IBMSG_OK);
+  }
+  expect_code(send_msg(*p.a, 150000), IBMSG_OK);
+}
+void incoming_posts_and_frees(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  g_r9 = &p;
+  h->loop.message_incoming = r9_incoming;
+  p.a->hold = true;
+  send_all(*p.c, {10, 200000, 20, 300000, 400000, 5});
+  RUN_UNTIL(h, p.a->received == 6 && p.c->received == 3 && p.c->msgs_done == 6 && p.a->msgs_done == 3);
+  free_held(*p.a);
+  h->loop.message_incoming = nullptr;
+  g_r9 = nullptr;
+}
+
+
+struct R10 {
+  std::mt19937 *rng;
+  ibmsg_region *region;
+  std::map<const ibmsg_socket *, std::vector<int>> choice;  // per receiving socket: 0 lib, 1 region, 2 decline
+  int declined = 0, regioned = 0;
+};
+R10 *g_r10 = nullptr;
+void r10_incoming(ibmsg_socket *sock, ibmsg_incoming *in) {
+  R10 &g = *g_r10;
+  int c = int((*g.rng)() % 3u);
+  if (c == 1) {
+    size_t off = size_t((*g.rng)() % 16u) * 2 * kMiB;
+    if (ibmsg_incoming_to_region(in, g.region, off) != IBMSG_OK) c = 0;
+    else ++g.regioned;
+  } else if (c == 2) {
+    expect_code(ibmsg_incoming_decline(in), IBMSG_OK);
+    ++g.declined;
+  }
+  g.choice[sock].push_back(c);
+}
+
+void r10_check(const Conn &snd, const Conn &rcv, const std::vector<int> &choice, size_t eager) {
+  std::vector<size_t> filtered;
+  std::vector<long> pos(snd.tx_sizes.size(), -1);
+  size_t r = 0;
+  for (size_t id = 0; id < snd.tx_sizes.size(); ++id) {
+    bool rndv = snd.tx_sizes[id] > eager;
+    bool declined = false;
+    if (rndv) {
+      declined = r < choice.size() && choice[r] == 2;
+      ++r;
+    }
+    if (snd.tx_status[id] == IBMSG_EDECLINED && !declined)
+      fail_msg("%s: message %zu reported declined but was not", snd.name, id);
+    if (declined) continue;
+    pos[id] = long(filtered.size());
+    filtered.push_back(snd.tx_sizes[id]);
+  }
+  if (rcv.rx_sizes.size() > filtered.size() ||
+      !std::equal(rcv.rx_sizes.begin(), rcv.rx_sizes.end(), filtered.begin()))
+    fail_msg("%s received [%s], sender's undeclined [%s]", rcv.name, sizes_text(rcv.rx_sizes).c_str(),
+             sizes_text(filtered).c_str());
+  for (size_t id = 0; id < snd.tx_sizes.size(); ++id)
+    if (snd.tx_status[id] == IBMSG_OK && (pos[id] < 0 || size_t(pos[id]) >= rcv.rx_sizes.size()))
+      fail_msg("%s: message %zu OK but not received", snd.name, id);
+}
+
+void random_with_declines_and_regions(void **state) {
+  H *h = h_of(state);
+  unsigned seed = getenv("FAKE_SEED") ? unsigned(atoi(getenv("FAKE_SEED"))) : 1;
+  int rounds = getenv("R10_ROUNDS") ? atoi(getenv("R10_ROUNDS")) : 30;
+  std::mt19937 rng(seed);
+  R10 g;
+  g.rng = &rng;
+  ibmsg_region reg{};
+  expect_code(ibmsg_alloc_region(&h->loop, &reg, 34 * kMiB, IBMSG_ACCESS_LOCAL_WRITE), IBMSG_OK);
+  g.region = &reg;
+  g_r10 = &g;
+  h->loop.message_incoming = r10_incoming;
+  auto pick = [&rng](int n) { return int(rng() % unsigned(n)); };
+  const size_t sizes[] = {0, 9, 1000, 1024, 1025, 4096, kEager, kEager + 1, 100000, 300000,
+                          kMiB, kMiB + 5};
+  const int depths[] = {1, 2, 4, 32};
+  int posted = 0, resumed = 0;
+  for (int round = 0; round < rounds; ++round) {
+    RUN_UNTIL(h, fake::open_objects().qps == 0);
+    g.choice.clear();
+    fake::set_max_msg_size(pick(2) ? 4096 : kMiB);
+    const int eager = pick(2) ? 1024 : int(kEager);
+    ibmsg_options *o =
+        options(h, {{IBMSG_OPT_RECV_DEPTH, depths[pick(4)]}, {IBMSG_OPT_EAGER_SIZE, eager}});
+    Pair p = connected(h, o, o);
+    Conn *side[2] = {p.c, p.a};
+    for (Conn *x : side) x->verify = false;
+    bool paused = false;
+    const int steps = 5 + pick(60);
+    for (int s = 0; s < steps; ++s) {
+      switch (pick(8)) {
+        case 0: case 1: case 2: {
+          Conn &x = *side[pick(2)];
+          int rc = send_msg(x, sizes[pick(12)]);
+          if (rc == IBMSG_OK) ++posted;
+          else if (rc != IBMSG_EAGAIN) fail_msg("posting: %s", ibmsg_err_name(rc));
+          break;
+        }
+        case 3: dispatch_once(h, 0); break;
+        case 4: paused = !paused; fake::pause_wire(paused); break;
+        case 5: { Conn &x = *side[pick(2)]; x.hold = !x.hold; if (!x.hold) free_held(x); break; }
+        case 6: free_held(*side[pick(2)], 1); break;
+        default: settle(h, 1 + pick(3)); break;
+      }
+    }
+    if (pick(2)) {
+      fake::pause_wire(false);
+      for (Conn *x : side) { x->hold = false; free_held(*x); }
+      auto all_done = [&] {
+        return p.c->msgs_done == p.c->msgs_posted && p.a->msgs_done == p.a->msgs_posted;
+      };
+      if (!run_until(h, all_done, 5000))
+        fail_msg("round %d (seed %u): the traffic stalled:%s", round, seed, state_text(h).c_str());
+      ++resumed;
+    }
+    Conn *closer = side[pick(2)];
+    switch (pick(3)) {
+      case 0: break;
+      case 1:
+        closer->on_msg = [closer](ibmsg_buffer *) {
+          if (closer->s.status == IBMSG_CONNECTED) ibmsg_disconnect(&closer->s);
+        };
+        break;
+      default:
+        closer->on_sent_hook = [closer](int, int) {
+          if (closer->s.status == IBMSG_CONNECTED) ibmsg_disconnect(&closer->s);
+        };
+        break;
+    }
+    settle(h, 3);
+    if (closer->s.status == IBMSG_CONNECTED) expect_code(ibmsg_disconnect(&closer->s), IBMSG_OK);
+    RUN_UNTIL(h, p.c->closed && p.a->closed);
+    closer->on_msg = nullptr;
+    closer->on_sent_hook = nullptr;
+    fake::pause_wire(false);
+    for (Conn *x : side)
+      if (x->msgs_done != x->msgs_posted)
+        fail_msg("round %d: %s socket: %d message_sent for %d messages", round, x->name,
+                 x->msgs_done, x->msgs_posted);
+    for (Conn *x : side)
+      if (x->close_reason != IBMSG_OK && x->close_reason != IBMSG_ECONNRESET)
+        fail_msg("round %d: %s closed with %s", round, x->name, ibmsg_err_name(x->close_reason));
+    r10_check(*p.c, *p.a, g.choice[&p.a->s], size_t(eager));
+    r10_check(*p.a, *p.c, g.choice[&p.c->s], size_t(eager));
+    if (p.a->bad_payload || p.c->bad_payload)
+      fail_msg("round %d: %s / %s", round, p.a->first_bad.c_str(), p.c->first_bad.c_str());
+    for (Conn *x : side) { x->hold = false; free_held(*x); }
+    expect_code(ibmsg_disconnect(&p.l->s), IBMSG_OK);
+    RUN_UNTIL(h, p.l->closed);
+  }
+  fprintf(stderr, "R10 seed %u: posted %d, declined %d, to region %d, resumed %d\n", seed, posted,
+          g.declined, g.regioned, resumed);
+  expect_code(ibmsg_deregister_region(&reg), IBMSG_OK);
+  h->loop.message_incoming = nullptr;
+  g_r10 = nullptr;
+}
+
+
+// message_incoming chooses a region, then disconnects: the region is not busy afterwards.
+ibmsg_region *g_r3_region = nullptr;
+void r3_incoming(ibmsg_socket *s, ibmsg_incoming *in) {
+  expect_code(ibmsg_incoming_to_region(in, g_r3_region, 0), IBMSG_OK);
+  expect_code(ibmsg_disconnect(s), IBMSG_OK);
+  expect_code(ibmsg_incoming_decline(in), IBMSG_ESTATE);
+}
+void incoming_disconnects_after_choosing_a_region(void **state) {
+  H *h = h_of(state);
+  ibmsg_region dst{};
+  expect_code(ibmsg_alloc_region(&h->loop, &dst, 4 * kMiB, IBMSG_ACCESS_LOCAL_WRITE), IBMSG_OK);
+  g_r3_region = &dst;
+  h->loop.message_incoming = r3_incoming;
+  Pair p = connected(h);
+  p.a->verify = false;
+  send_all(*p.c, {3 * kMiB, 10});
+  RUN_UNTIL(h, p.a->closed && p.c->closed);
+  assert_int_equal(p.a->received, 0);
+  expect_code(ibmsg_deregister_region(&dst), IBMSG_OK);
+  h->loop.message_incoming = nullptr;
+}
+
+// a message received into a region, held past its connection's close, then freed.
+void region_message_held_past_close(void **state) {
+  H *h = h_of(state);
+  Incoming g;
+  g_incoming = &g;
+  ibmsg_region dst{};
+  expect_code(ibmsg_alloc_region(&h->loop, &dst, 4 * kMiB, IBMSG_ACCESS_LOCAL_WRITE), IBMSG_OK);
+  g.region = &dst;
+  g.plan = "r";
+  h->loop.message_incoming = on_incoming;
+  Pair p = connected(h);
+  p.a->hold = true;
+  send_all(*p.c, {3 * kMiB});
+  RUN_UNTIL(h, p.a->received == 1 && p.c->msgs_done == 1);
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  RUN_UNTIL(h, p.a->closed && p.c->closed);
+  expect_code(ibmsg_deregister_region(&dst), IBMSG_EBUSY);
+  free_held(*p.a);
+  expect_code(ibmsg_deregister_region(&dst), IBMSG_OK);
+  h->loop.message_incoming = nullptr;
+  g_incoming = nullptr;
+}
+
+// hostile FINs from a raw peer: wrong id, status done, nothing waiting.
+void hostile_fins(void **state) {
+  H *h = h_of(state);
+  for (int variant = 0; variant < 3; ++variant) {
+    RawPair p = raw_client(h, rndv_hello());
+    if (variant != 2) {
+      expect_code(send_msg(*p.a, 100000), IBMSG_OK);
+      RUN_UNTIL(h, !p.r->received.empty());
+    }
+    wire::Rts rts{};
+    if (variant != 2) wire::decode_rts(p.r->received.front().data.data(), p.r->received.front().data.size(), &rts);
+    wire::Fin f;
+    f.id = variant == 0 ? rts.id + 1 : rts.id;
+    f.status = variant == 1 ? wire::FinStatus::Done : wire::FinStatus::Declined;
+    uint8_t b[wire::kFinSize];
+    wire::encode_fin(f, b);
+    expect_code(p.r->send(fake::imm(kOpRndv), b, sizeof b), IBMSG_OK);
+    RUN_UNTIL(h, p.a->closed);
+    fprintf(stderr, "R5 variant %d: closed with %s, trace %s\n", variant,
+            ibmsg_err_name(p.a->close_reason), p.a->trace.c_str());
+    expect_code(p.a->close_reason, IBMSG_EPROTO);
+    p.l->opened = true;
+    ibmsg_disconnect(&p.l->s);
+    RUN_UNTIL(h, p.l->closed);
+    h->accepted.clear();
+  }
+}
+
+// a legit FIN to a raw-peer-driven sender: message_sent EDECLINED, connection up.
+void raw_fin_declines(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, rndv_hello());
+  expect_code(send_msg(*p.a, 100000), IBMSG_OK);
+  expect_code(send_msg(*p.a, 10), IBMSG_OK);
+  RUN_UNTIL(h, p.r->received.size() == 2);
+  wire::Rts rts{};
+  assert_true(wire::decode_rts(p.r->received.front().data.data(), p.r->received.front().data.size(), &rts));
+  wire::Fin f;
+  f.id = rts.id;
+  f.status = wire::FinStatus::Declined;
+  uint8_t b[wire::kFinSize];
+  wire::encode_fin(f, b);
+  expect_code(p.r->send(fake::imm(kOpRndv), b, sizeof b), IBMSG_OK);
+  RUN_UNTIL(h, p.a->msgs_done == 2);
+  assert_string_equal(p.a->trace.c_str(), "msg0=EDECLINED msg1=OK");
+  assert_int_equal(p.a->s.status, IBMSG_CONNECTED);
+}
+
 }  // namespace
 
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
@@ -2131,6 +2513,17 @@ int main(void) {
       T(messages_from_a_region_arrive_byte_exact),
       T(message_allocated_before_the_hello_above_the_peers_eager_size),
       T(memory_query_counts_buffers_and_large_ones),
+      T(eager_message_in_a_declined_slot_can_be_freed),
+      T(fin_that_never_completes_leaks_nothing),
+      T(control_flush_failure_without_decline),
+      T(region_destination_and_a_failing_read),
+      T(region_rendezvous_queued_then_closed_and_post_failure),
+      T(incoming_posts_and_frees),
+      T(random_with_declines_and_regions),
+      T(incoming_disconnects_after_choosing_a_region),
+      T(region_message_held_past_close),
+      T(hostile_fins),
+      T(raw_fin_declines),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
