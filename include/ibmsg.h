@@ -456,7 +456,9 @@ IBMSG_EXPORT int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out);
  *  route is known, or accepted) or after it closed, IBMSG_ESTATE on a listening socket. */
 IBMSG_EXPORT int ibmsg_alloc_msg(ibmsg_buffer *msg, ibmsg_socket *socket, size_t size);
 /** Sends msg->size bytes of msg->data. On success the library owns the message until its
- *  message_sent callback; then the application may post it again or free it. Messages are
+ *  message_sent callback; then the application may post it again or free it. (A message
+ *  allocated while connecting whose size is above the peer's smaller eager size moves to a
+ *  large buffer here: msg->data changes.) Messages are
  *  delivered in order. Without credits the message is queued; IBMSG_EAGAIN when the queue holds
  *  IBMSG_OPT_SEND_QUEUE messages and operations already (nothing was sent: retry after a
  *  message_sent or done callback).
