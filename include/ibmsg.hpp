@@ -8,14 +8,18 @@
  *   ibmsg::socket              owns a heap-allocated ibmsg_socket (listener or connection)
  *   ibmsg::message             owns one message: a send buffer, or a received message
  *   ibmsg::connection_request  a view of an incoming connection inside the request callback
+ *   ibmsg::incoming            a view of a large message that starts to arrive, inside the
+ *                              message_incoming callback: where its data goes, or decline it
  *   ibmsg::region              owns a memory region registered for one-sided RDMA
  *   ibmsg::descriptor          a remote descriptor (value type): what a peer needs to reach a range
  *
  * Every class exposes its C object with handle(), so any C function can be used alongside, and
  * adds no behaviour of its own beyond RAII and error translation: a C function that fails throws
  * ibmsg::error carrying its code, except would-block (IBMSG_EAGAIN from message::alloc(),
- * message::post(), message::post_imm() and the one-sided operations of ibmsg::socket), which
- * returns false as cppzmq does.
+ * message::from_region(), message::post(), message::post_imm() and the one-sided operations of
+ * ibmsg::socket), which returns false as cppzmq does, and a large message that does not fit
+ * where incoming::to_region() would put it (IBMSG_ERANGE), which returns false as well: in both
+ * cases nothing changed, and the caller may try again or otherwise.
  *
  * One-sided RDMA: socket::rdma_write(), rdma_read(), rdma_write_imm(), atomic_cas() and
  * atomic_fadd() take a std::function handler instead of an ibmsg_op; the wrapper allocates the
@@ -60,6 +64,9 @@
  *     library is done with it, and its message_sent callback does not reach the application.
  *   - received messages come to the message_received callback as an owning ibmsg::message:
  *     freed (its credit returned to the peer) when that object dies, so keep it by moving it.
+ *   - a message of a region's bytes (message::from_region(), or received into a region through
+ *     incoming::to_region()) keeps the region busy until it is freed; a region that dies before
+ *     is deregistered by the loop after the last such message is freed (see region::~region()).
  *   - destroying an ibmsg::region deregisters it (and frees the memory of an allocated one); one
  *     that this side's operations still use is deregistered by the loop after the last of them
  *     (see region::~region()).
@@ -82,6 +89,7 @@
  *  errors as ibmsg::error. See the comment at the top of this file. */
 
 #include <chrono>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -92,6 +100,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "ibmsg.h"
@@ -104,6 +113,7 @@ class message;
 class connection_request;
 class region;
 class descriptor;
+class incoming;
 
 namespace detail {
 /* The user_data of a C struct whose wrapper has died while the library still holds it: the
@@ -137,6 +147,53 @@ namespace detail {
 /* Throws ibmsg::error unless rc is IBMSG_OK. */
 inline void check(int rc) {
   if (rc != IBMSG_OK) throw error(rc);
+}
+
+/* The integer types other than int (and bool), of at most 64 bits, that the option setters
+ * take: see loop::set_option(). */
+template <class T>
+using if_other_integer =
+    std::enable_if_t<std::is_integral_v<T> && !std::is_same_v<T, int> &&
+                         !std::is_same_v<T, bool> && sizeof(T) <= sizeof(std::uint64_t),
+                     int>;
+
+/* Sets an integer option of another type than int through set(value, len): IBMSG_OPT_MAX_MSG_SIZE
+ * as a uint64_t (len 8), every other option as an int. A value the C type cannot carry is
+ * IBMSG_EINVAL, as the library says for a value out of range. */
+template <class T, class Set>
+int set_integer(int option, T value, Set &&set) {
+  if (option == IBMSG_OPT_MAX_MSG_SIZE) {
+    if constexpr (std::is_signed_v<T>)
+      if (value < 0) return IBMSG_EINVAL;
+    std::uint64_t v = static_cast<std::uint64_t>(value);
+    return set(&v, sizeof v);
+  }
+  if constexpr (std::is_signed_v<T>) {
+    if (static_cast<std::intmax_t>(value) < INT_MIN || static_cast<std::intmax_t>(value) > INT_MAX)
+      return IBMSG_EINVAL;
+  } else {
+    if (static_cast<std::uintmax_t>(value) > static_cast<std::uintmax_t>(INT_MAX))
+      return IBMSG_EINVAL;
+  }
+  int v = static_cast<int>(value);
+  return set(&v, sizeof v);
+}
+
+/* Reads an integer option as a std::uint64_t through get(value, len): IBMSG_OPT_MAX_MSG_SIZE
+ * whole (len 8), every other option as an int; a negative int is IBMSG_ERANGE. */
+template <class Get>
+std::uint64_t get_integer(int option, Get &&get) {
+  if (option == IBMSG_OPT_MAX_MSG_SIZE) {
+    std::uint64_t v = 0;
+    std::size_t len = sizeof v;
+    check(get(&v, &len));
+    return v;
+  }
+  int v = 0;
+  std::size_t len = sizeof v;
+  check(get(&v, &len));
+  if (v < 0) throw error(IBMSG_ERANGE);
+  return static_cast<std::uint64_t>(v);
 }
 }  // namespace detail
 
@@ -188,17 +245,35 @@ class options {
     detail::check(ibmsg_options_set(o_, option, &value, sizeof value));
     return *this;
   }
+  /** Sets an integer option from another integer type (std::uint64_t, std::size_t, unsigned,
+   *  ...), as loop::set_option() does: IBMSG_OPT_MAX_MSG_SIZE takes sizes beyond INT_MAX, the
+   *  int options a value that fits an int. Returns *this. Throws ibmsg::error (IBMSG_EINVAL). */
+  template <class T, detail::if_other_integer<T> = 0>
+  options &set(int option, T value) {
+    detail::check(detail::set_integer(option, value, [&](const void *v, std::size_t len) {
+      return ibmsg_options_set(o_, option, v, len);
+    }));
+    return *this;
+  }
   /** Sets a string option; returns *this. Throws ibmsg::error. */
   options &set(int option, std::string_view value) {
     detail::check(ibmsg_options_set(o_, option, value.empty() ? "" : value.data(), value.size()));
     return *this;
   }
-  /** Reads an int option. Throws ibmsg::error. */
+  /** Reads an int option. Throws ibmsg::error. IBMSG_OPT_MAX_MSG_SIZE reads as at most
+   *  INT_MAX: see get_u64(). */
   int get(int option) const {
     int value = 0;
     std::size_t len = sizeof value;
     detail::check(ibmsg_options_get(o_, option, &value, &len));
     return value;
+  }
+  /** Reads an integer option as loop::get_option_u64() does: IBMSG_OPT_MAX_MSG_SIZE whole.
+   *  Throws ibmsg::error. */
+  std::uint64_t get_u64(int option) const {
+    return detail::get_integer(option, [&](void *v, std::size_t *len) {
+      return ibmsg_options_get(o_, option, v, len);
+    });
   }
 
   /** The C option set (nullptr once moved from). */
@@ -282,13 +357,14 @@ class descriptor {
 
 namespace detail {
 /* The C region of an ibmsg::region, on the heap so that moving the wrapper moves nothing the
- * library points to, and so that it can outlive its wrapper until this side's operations on it
- * are done (see region::~region()). */
+ * library points to, and so that it can outlive its wrapper until this side's operations and
+ * messages on it are done (see region::~region()). */
 struct region_box {
   ibmsg_region c{};
   ibmsg_event_loop *loop = nullptr;  // the C loop it is registered on
   std::size_t ops = 0;               // operations posted through the wrapper, handler not yet run
-  bool orphan = false;               // the wrapper died: deregister after the last operation
+  bool orphan = false;               // the wrapper died: deregister once nothing uses it
+  region_box *next = nullptr;        // orphans: the next in the loop wrapper's list
 };
 
 /* One operation posted through the wrapper: the ibmsg_op the library holds, and the handler.
@@ -438,6 +514,16 @@ class socket {
   const char *device() const noexcept { return ibmsg_socket_device(s_); }
   /** The largest message this connection can send (0 if not connected). */
   std::size_t max_msg_size() const noexcept { return ibmsg_socket_max_msg_size(s_); }
+  /**
+   * What the connection costs now, in bytes of registered memory (ibmsg_socket_memory()): its
+   * eager buffers, and the large buffers its rendezvous messages hold. Throws ibmsg::error
+   * (IBMSG_EINVAL for a listener, a closed or an empty socket).
+   */
+  ibmsg_memory memory() const {
+    ibmsg_memory m{};
+    detail::check(ibmsg_socket_memory(s_, &m));
+    return m;
+  }
 
   /**
    * Writes length bytes of local, from local_offset, into the peer's memory that remote
@@ -524,14 +610,16 @@ class socket {
  * ------------------------------------------------------------------------------------------ */
 
 /**
- * One message: a send buffer from a socket's pool (alloc()), or a received message handed to the
- * message_received callback. Owns it: the destructor calls ibmsg_free_msg() (a received message's
- * buffer goes back to the peer as a credit). A send message that is queued or in flight when it
- * dies is freed by the loop after its message_sent callback, which the application then does not
- * get.
+ * One message: a send buffer from a socket's pool (alloc()), a send message of a region's bytes
+ * (from_region()), or a received message handed to the message_received callback. Owns it: the
+ * destructor calls ibmsg_free_msg() (a received message's buffer goes back to the peer as a
+ * credit; the bytes of a message in a region stay as they are). A send message that is queued or
+ * in flight when it dies is freed by the loop after its message_sent callback, which the
+ * application then does not get.
  *
  * While a message is posted the library owns the buffer: do not change data() or size() until
- * its message_sent callback, which gets this object (or the one it was moved to).
+ * its message_sent callback, which gets this object (or the one it was moved to). For a message
+ * of a region, that goes for the region's bytes too.
  */
 class message {
  public:
@@ -564,13 +652,27 @@ class message {
   message &operator=(const message &) = delete;
 
   /**
-   * Takes a send buffer of s's pool with room for s.max_msg_size() bytes, size() = size
+   * Takes a send buffer of s's pool with room for the larger of size and the connection's eager
+   * size (IBMSG_OPT_EAGER_SIZE; above it, a large buffer of its own), size() = size
    * (ibmsg_alloc_msg()); a message held before is freed first. Returns false, changing nothing,
    * when all IBMSG_OPT_SEND_DEPTH buffers are in use (IBMSG_EAGAIN: retry after a message_sent
    * callback). Throws ibmsg::error otherwise: IBMSG_EMSGSIZE if size is larger than the
-   * maximum, IBMSG_ENOTCONN if s has no buffers (not connected), ...
+   * maximum (s.max_msg_size()), IBMSG_ENOTCONN if s has no buffers (not connected), ...
    */
   [[nodiscard]] bool alloc(socket &s, std::size_t size);
+
+  /**
+   * Makes this a send message of the size bytes at offset in r, a region of s's loop, sent from
+   * there without a copy (ibmsg_msg_from_region()): data() points at them, size() = size; a
+   * message held before is freed first. It takes one of s's IBMSG_OPT_SEND_DEPTH send buffers
+   * like alloc(). Do not change the bytes from post() until the message_sent callback. The
+   * region stays busy until this message is freed (region::deregister() throws IBMSG_EBUSY
+   * until then; see region::~region()). Returns false, changing nothing, when all send buffers
+   * are in use (IBMSG_EAGAIN). Throws ibmsg::error otherwise: IBMSG_ERANGE if the bytes reach
+   * beyond the region, IBMSG_EINVAL for a listener, an empty region or one of another loop,
+   * IBMSG_EMSGSIZE, IBMSG_ENOTCONN, ...
+   */
+  [[nodiscard]] bool from_region(socket &s, region &r, std::size_t offset, std::size_t size);
 
   /**
    * Sends size() bytes of data() on s (ibmsg_post_send()). On success the library owns the
@@ -601,13 +703,7 @@ class message {
    * Frees the message now (ibmsg_free_msg()) and leaves this object empty. Throws ibmsg::error:
    * IBMSG_EBUSY if it is queued or in flight, IBMSG_EINVAL if the message is empty.
    */
-  void free() {
-    detail::check(ibmsg_free_msg(b_));
-    if (!received_) delete b_;
-    b_ = nullptr;
-    loop_ = nullptr;
-    received_ = false;
-  }
+  void free();
 
   /**
    * Gives the message up without freeing it and returns it (nullptr if empty); this object
@@ -623,13 +719,14 @@ class message {
     return b;
   }
 
-  /** The payload (nullptr for an empty message). Its capacity is the socket's maximum. */
+  /** The payload (nullptr for an empty message). Its room: see alloc() and from_region(). */
   void *data() noexcept { return b_ ? b_->data : nullptr; }
   /** The payload (nullptr for an empty message). */
   const void *data() const noexcept { return b_ ? b_->data : nullptr; }
   /** Bytes to send, or bytes received (0 for an empty message). */
   std::size_t size() const noexcept { return b_ ? b_->size : 0; }
-  /** Sets the number of bytes to send, at most the socket's maximum message size. */
+  /** Sets the number of bytes to send: within the room of alloc(), or up to the region's end
+   *  for from_region() (post() throws otherwise: IBMSG_EMSGSIZE, IBMSG_ERANGE). */
   void set_size(std::size_t size) noexcept {
     if (b_) b_->size = size;
   }
@@ -646,6 +743,9 @@ class message {
   bool has_imm() const noexcept { return b_ && received_ && (b_->flags & IBMSG_MSG_IMM) != 0; }
   /** A received message's immediate (0 unless has_imm()). */
   std::uint32_t imm() const noexcept { return has_imm() ? b_->imm : 0; }
+  /** A received message's IBMSG_MSG_* flags (0 for a send message): IBMSG_MSG_IMM, and
+   *  IBMSG_MSG_REGION when its data() lies in a region (incoming::to_region()). */
+  std::uint32_t flags() const noexcept { return b_ && received_ ? b_->flags : 0; }
 
   /** The C message, or nullptr for an empty one. Stays the same across moves. */
   ibmsg_buffer *handle() const noexcept { return b_; }
@@ -656,9 +756,10 @@ class message {
   friend class loop;
 
   /* A received message, owned from now on (the library owns the struct itself). */
-  static message adopt_received(ibmsg_buffer *b) noexcept {
+  static message adopt_received(ibmsg_buffer *b, ibmsg_event_loop *l) noexcept {
     message m;
     m.b_ = b;
+    m.loop_ = l;
     m.received_ = true;
     b->user_data = &m;  // not read by anyone; kept consistent with move
     return m;
@@ -668,10 +769,12 @@ class message {
     if (!b || !b->user_data || b->user_data == detail::orphan) return nullptr;
     return static_cast<message *>(b->user_data);
   }
+  /* Takes over b, which a C call just filled for s; see alloc(). */
+  void adopt_sent(ibmsg_buffer *b, socket &s) noexcept;
   void reset() noexcept;
 
   ibmsg_buffer *b_ = nullptr;
-  ibmsg_event_loop *loop_ = nullptr;  // send messages: the loop of the socket they came from
+  ibmsg_event_loop *loop_ = nullptr;  // the loop of the socket it came from or arrived on
   bool received_ = false;
 };
 
@@ -745,17 +848,22 @@ class connection_request {
  *
  * Destruction: the destructor deregisters the region (ibmsg_deregister_region()), which revokes
  * every descriptor of it and frees the memory of an allocated region. It never throws. While
- * operations posted through the wrapper with this region as local memory are queued or in
- * flight (pending() > 0), the library refuses that (IBMSG_EBUSY); the destructor then leaves
- * the region registered and the loop deregisters it (and frees allocated memory) right after
- * the last of those operations completes, before its handler runs; they do complete, at the
- * latest as canceled when their connection closes. Until then the loop's destructor waits for
- * it like for a closing socket. For memory the application registered (the pointer
- * constructor), this means: the memory must stay valid until those handlers have run, because
- * a read or an atomic may still write into it. To be sure, call deregister() instead, which
- * throws IBMSG_EBUSY and changes nothing while operations are pending, and destroy the memory
- * only after it succeeded (or after pending() is 0). Operations posted with the C API on
- * handle() are not counted: with such operations in flight, deregister() yourself.
+ * the region is busy, the library refuses that (IBMSG_EBUSY): while operations posted through
+ * the wrapper with this region as local memory are queued or in flight (pending() > 0), and
+ * while a message of its bytes exists (message::from_region(), or a message that
+ * incoming::to_region() put there, from that call until the received message is freed). The
+ * destructor then leaves the region registered and the loop deregisters it (and frees allocated
+ * memory) as soon as it is no longer busy: right after the last of those operations completes,
+ * before its handler runs (they do complete, at the latest as canceled when their connection
+ * closes), after the last of those messages is freed, or when the connection closes that would
+ * have received a message into it. Until then the loop's destructor waits for it like for a
+ * closing socket. For memory the application registered (the pointer constructor), this means:
+ * the memory must stay valid until then, because a read, an atomic or an incoming message may
+ * still write into it, and a posted message is read from it. To be sure, call deregister()
+ * instead, which throws IBMSG_EBUSY and changes nothing while the region is busy, and destroy
+ * the memory only after it succeeded. Operations and messages made with the C API on handle()
+ * (and messages given up with message::release()) are not watched: with such a use pending,
+ * deregister() yourself.
  *
  * The region must die before its loop (ibmsg_destroy_event_loop() fails while a region is
  * registered). The C region's user_data is the application's; the wrapper does not use it.
@@ -841,7 +949,7 @@ class region {
    *  or atomic right (0 for an empty region). */
   unsigned access() const noexcept { return b_ ? b_->c.access : 0; }
   /** Operations posted through the wrapper with this region as local memory whose handler has
-   *  not run yet. */
+   *  not run yet (messages of the region are not counted). */
   std::size_t pending() const noexcept { return b_ ? b_->ops : 0; }
 
   /** The C region, or nullptr for an empty one. Stays the same across moves. */
@@ -851,12 +959,89 @@ class region {
 
  private:
   friend class socket;
+  friend class loop;
 
   void reset() noexcept;
   /* After an operation on b completed: an orphaned region is deregistered after its last. */
   static void op_done(detail::region_box *b) noexcept;
 
   detail::region_box *b_ = nullptr;
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Incoming large message
+ * ------------------------------------------------------------------------------------------ */
+
+/**
+ * A message larger than the connection's eager size that starts to arrive, as the loop's
+ * message_incoming callback gets it, before any of its data moves: a view of the C
+ * ibmsg_incoming, valid only during that callback. It can be neither copied nor moved, so that
+ * it does not outlive the callback by accident. The callback decides where the data goes:
+ *   - nothing: the library reads it into a buffer of its own (as without the callback);
+ *   - to_region(): into a region of the application, where message_received finds it;
+ *   - decline(): the message is not received; the sender's message_sent gets IBMSG_EDECLINED
+ *     and the connection goes on.
+ * A message is decided once. If the callback throws (see the comment at the top of this file),
+ * what it decided before the exception stands; undecided, the message goes to a library buffer.
+ */
+class incoming {
+ public:
+  /** Not copyable. */
+  incoming(const incoming &) = delete;
+  /** Not copyable. */
+  incoming &operator=(const incoming &) = delete;
+  /** Not movable: valid only in the callback. */
+  incoming(incoming &&) = delete;
+  /** Not movable. */
+  incoming &operator=(incoming &&) = delete;
+  /** Does nothing: the library owns the C struct. */
+  ~incoming() = default;
+
+  /** The message's size in bytes. */
+  std::size_t size() const noexcept { return in_->size; }
+  /** Its IBMSG_MSG_* flags: IBMSG_MSG_IMM or 0. */
+  std::uint32_t flags() const noexcept { return in_->flags; }
+  /** True if the sender posted it with an immediate (message::post_imm()). */
+  bool has_imm() const noexcept { return (in_->flags & IBMSG_MSG_IMM) != 0; }
+  /** Its immediate (0 unless has_imm()). */
+  std::uint32_t imm() const noexcept { return has_imm() ? in_->imm : 0; }
+
+  /**
+   * Puts the message's size() bytes at offset in r, a region of the connection's loop with
+   * IBMSG_ACCESS_LOCAL_WRITE (ibmsg_incoming_to_region()). The message_received callback that
+   * follows, in order with the connection's other messages, gets a message whose data() is
+   * there and whose flags() have IBMSG_MSG_REGION; do not use those bytes before. The region is
+   * busy until that message is freed (or the connection closes first: then the message is
+   * dropped, and the bytes may be written in part).
+   *
+   * Returns false, deciding nothing and writing nothing, if the message does not fit
+   * (IBMSG_ERANGE: offset + size() reaches beyond the region): the callback may choose another
+   * place, decline(), or return (a library buffer). Throws ibmsg::error otherwise: IBMSG_EACCES
+   * without IBMSG_ACCESS_LOCAL_WRITE, IBMSG_EINVAL for an empty region or one of another loop,
+   * IBMSG_ESTATE if the message was decided already, IBMSG_ENOMEM or IBMSG_ESYS if the region
+   * cannot be registered on the connection's device.
+   */
+  [[nodiscard]] bool to_region(region &r, std::size_t offset) {
+    int rc = ibmsg_incoming_to_region(in_, r.handle(), offset);
+    if (rc == IBMSG_ERANGE) return false;
+    detail::check(rc);
+    return true;
+  }
+  /**
+   * Declines the message (ibmsg_incoming_decline()): none of it is read, no message_received
+   * follows, the sender's message_sent callback gets IBMSG_EDECLINED, and the connection goes
+   * on. Throws ibmsg::error (IBMSG_ESTATE if the message was decided already).
+   */
+  void decline() { detail::check(ibmsg_incoming_decline(in_)); }
+
+  /** The C struct, valid only during the callback. */
+  ibmsg_incoming *handle() const noexcept { return in_; }
+
+ private:
+  friend class loop;
+  explicit incoming(ibmsg_incoming *in) noexcept : in_(in) {}
+
+  ibmsg_incoming *in_;
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -896,6 +1081,10 @@ class loop {
    *  order with the messages of that connection. */
   using write_received_handler =
       std::function<void(socket &, std::uint32_t imm, std::size_t length)>;
+  /** Callback when a message larger than the eager size starts to arrive, before its data
+   *  moves: it may put the data into a region or decline the message (see ibmsg::incoming),
+   *  which exists only during the callback. Messages up to the eager size never reach it. */
+  using message_incoming_handler = std::function<void(socket &, incoming &)>;
 
   /** A loop with its own libev loop (ibmsg_init_event_loop()). Throws ibmsg::error. */
   loop() { init(nullptr); }
@@ -911,7 +1100,7 @@ class loop {
   /**
    * Destroys the C loop (ibmsg_destroy_event_loop()). Never throws. The callbacks are dropped
    * first, so that none runs from here. While sockets, messages or regions whose wrappers have
-   * died are still closing (a region: its operations are still pending), a loop with its own
+   * died are still closing (a region: while it is still busy), a loop with its own
    * libev loop is dispatched for up to close_wait_ms until they are done. If anything is still open or allocated after that, the C loop is leaked on
    * purpose rather than freed under the library's feet.
    */
@@ -928,7 +1117,9 @@ class loop {
         received_cb_(std::move(other.received_cb_)),
         sent_cb_(std::move(other.sent_cb_)),
         closed_cb_(std::move(other.closed_cb_)),
-        write_cb_(std::move(other.write_cb_)) {
+        write_cb_(std::move(other.write_cb_)),
+        incoming_cb_(std::move(other.incoming_cb_)),
+        orphans_(std::exchange(other.orphans_, nullptr)) {
     if (l_) l_->user_data = this;
   }
   /** Destroys this loop as the destructor does, then takes over other's. */
@@ -945,6 +1136,8 @@ class loop {
       sent_cb_ = std::move(other.sent_cb_);
       closed_cb_ = std::move(other.closed_cb_);
       write_cb_ = std::move(other.write_cb_);
+      incoming_cb_ = std::move(other.incoming_cb_);
+      orphans_ = std::exchange(other.orphans_, nullptr);
       if (l_) l_->user_data = this;
     }
     return *this;
@@ -961,12 +1154,14 @@ class loop {
   /**
    * Destroys the C loop now and leaves this object empty. Throws ibmsg::error, leaving the loop
    * as it was: IBMSG_EBUSY while a socket is open (or still closing), a message is allocated or
-   * a region is registered.
+   * a region is registered (also one whose wrapper died while it was busy: see
+   * region::~region()).
    */
   void close() {
     detail::check(ibmsg_destroy_event_loop(l_));
     delete std::exchange(l_, nullptr);
     drop_callbacks();
+    drop_regions();
   }
 
   /** Sets the callback for incoming connections (none: every request is rejected). */
@@ -983,6 +1178,8 @@ class loop {
   void on_connection_closed(connection_closed_handler cb) { closed_cb_ = std::move(cb); }
   /** Sets the callback for the peers' writes with immediate (none: they are not reported). */
   void on_write_received(write_received_handler cb) { write_cb_ = std::move(cb); }
+  /** Sets the callback for large messages that start to arrive (none: library buffers). */
+  void on_message_incoming(message_incoming_handler cb) { incoming_cb_ = std::move(cb); }
 
   /** Waits for at least one event and processes all that are ready, running callbacks
    *  (ibmsg_dispatch_event_loop()). Throws ibmsg::error, or what a callback threw. */
@@ -1010,12 +1207,34 @@ class loop {
     // An empty string_view may have no data; the library wants a pointer all the same.
     detail::check(ibmsg_setopt(l_, option, value.empty() ? "" : value.data(), value.size()));
   }
-  /** Reads an int option. Throws ibmsg::error. */
+  /**
+   * Sets an integer option from a value of another integer type (std::uint64_t, std::size_t,
+   * unsigned, long, ...) for sockets set up afterwards. IBMSG_OPT_MAX_MSG_SIZE takes the whole
+   * value, also beyond INT_MAX (it goes to the library as a uint64_t); the int options take it
+   * as an int, so it must fit one. Throws ibmsg::error: IBMSG_EINVAL for an unknown option or a
+   * value out of range.
+   */
+  template <class T, detail::if_other_integer<T> = 0>
+  void set_option(int option, T value) {
+    detail::check(detail::set_integer(option, value, [&](const void *v, std::size_t len) {
+      return ibmsg_setopt(l_, option, v, len);
+    }));
+  }
+  /** Reads an int option. Throws ibmsg::error. IBMSG_OPT_MAX_MSG_SIZE reads as at most INT_MAX:
+   *  see get_option_u64(). */
   int get_option(int option) const {
     int value = 0;
     std::size_t len = sizeof value;
     detail::check(ibmsg_getopt(l_, option, &value, &len));
     return value;
+  }
+  /** Reads an integer option as a std::uint64_t: IBMSG_OPT_MAX_MSG_SIZE whole, also beyond
+   *  INT_MAX; an int option as get_option() does. Throws ibmsg::error (IBMSG_ERANGE for a
+   *  negative value, e.g. IBMSG_BUSY_POLL_ALWAYS). */
+  std::uint64_t get_option_u64(int option) const {
+    return detail::get_integer(option, [&](void *v, std::size_t *len) {
+      return ibmsg_getopt(l_, option, v, len);
+    });
   }
   /** Reads a string option. Throws ibmsg::error. */
   std::string get_option_string(int option) const {
@@ -1023,6 +1242,18 @@ class loop {
     std::size_t len = sizeof buf;
     detail::check(ibmsg_getopt(l_, option, buf, &len));
     return std::string(buf, len);
+  }
+
+  /**
+   * What the loop costs now, in bytes of registered memory (ibmsg_loop_memory()): the eager
+   * buffers of its connections (also of closed ones whose messages are still held), the free
+   * large buffers its devices keep, and the large buffers in use. Throws ibmsg::error
+   * (IBMSG_EINVAL for an empty loop).
+   */
+  ibmsg_memory memory() const {
+    ibmsg_memory m{};
+    detail::check(ibmsg_loop_memory(l_, &m));
+    return m;
   }
 
   /** The C loop, or nullptr for an empty (moved-from or closed) loop. Stays the same across
@@ -1050,6 +1281,7 @@ class loop {
     l_->message_sent = on_sent;
     l_->connection_closed = on_closed;
     l_->write_received = on_write;
+    l_->message_incoming = on_incoming;
     l_->user_data = this;
   }
   static loop *from(ibmsg_event_loop *l) noexcept {
@@ -1074,6 +1306,17 @@ class loop {
     sent_cb_ = nullptr;
     closed_cb_ = nullptr;
     write_cb_ = nullptr;
+    incoming_cb_ = nullptr;
+  }
+  /* Deregisters (and frees) the orphaned regions that are no longer busy: after anything that
+   * may have made one so (a message freed, a connection closed, an operation done). */
+  void release_regions() noexcept;
+  /* The C loop is gone: so are the registrations of the orphaned regions left in the list. */
+  void drop_regions() noexcept;
+  /* After the loop of l freed a message or closed a socket. */
+  static void released(ibmsg_event_loop *l) noexcept {
+    if (loop *self = from(l))
+      if (self->orphans_) self->release_regions();
   }
   void reset() noexcept;
 
@@ -1085,6 +1328,7 @@ class loop {
   static void on_sent(ibmsg_socket *s, ibmsg_buffer *b, int status) noexcept;
   static void on_closed(ibmsg_socket *s, int reason) noexcept;
   static void on_write(ibmsg_socket *s, std::uint32_t imm, std::size_t length) noexcept;
+  static void on_incoming(ibmsg_socket *s, ibmsg_incoming *in) noexcept;
 
   ibmsg_event_loop *l_ = nullptr;
   bool own_ev_ = true;          // false: runs on the application's libev loop
@@ -1096,6 +1340,8 @@ class loop {
   message_sent_handler sent_cb_;
   connection_closed_handler closed_cb_;
   write_received_handler write_cb_;
+  message_incoming_handler incoming_cb_;
+  detail::region_box *orphans_ = nullptr;  // regions whose wrappers died while they were busy
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -1152,17 +1398,42 @@ inline bool message::alloc(socket &s, std::size_t size) {
     if (rc == IBMSG_EAGAIN) return false;
     throw error(rc);
   }
+  adopt_sent(b, s);
+  return true;
+}
+
+inline bool message::from_region(socket &s, region &r, std::size_t offset, std::size_t size) {
+  ibmsg_buffer *b = new ibmsg_buffer();
+  int rc = ibmsg_msg_from_region(b, s.handle(), r.handle(), offset, size);
+  if (rc != IBMSG_OK) {
+    delete b;
+    if (rc == IBMSG_EAGAIN) return false;
+    throw error(rc);
+  }
+  adopt_sent(b, s);
+  return true;
+}
+
+inline void message::adopt_sent(ibmsg_buffer *b, socket &s) noexcept {
   reset();
   b_ = b;
   b_->user_data = this;
   loop_ = s.handle()->loop;
   received_ = false;
-  return true;
+}
+
+inline void message::free() {
+  detail::check(ibmsg_free_msg(b_));
+  if (!received_) delete b_;
+  b_ = nullptr;
+  received_ = false;
+  loop::released(std::exchange(loop_, nullptr));  // it may have kept a region busy
 }
 
 inline void message::reset() noexcept {
   if (!b_) return;
   int rc = ibmsg_free_msg(b_);
+  bool freed = rc == IBMSG_OK;
   if (!received_) {
     if (rc == IBMSG_EBUSY) {
       // Queued or in flight: loop::on_sent frees it.
@@ -1173,25 +1444,55 @@ inline void message::reset() noexcept {
     }
   }
   b_ = nullptr;
-  loop_ = nullptr;
   received_ = false;
+  ibmsg_event_loop *l = std::exchange(loop_, nullptr);
+  if (freed) loop::released(l);  // it may have kept a region busy
 }
 
 inline void loop::reset() noexcept {
   if (!l_) return;
   drop_callbacks();
+  release_regions();
   int rc = ibmsg_destroy_event_loop(l_);
   if (rc == IBMSG_EBUSY && own_ev_) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(close_wait_ms);
     while (rc == IBMSG_EBUSY && closing_ > 0 && std::chrono::steady_clock::now() < deadline) {
       (void)ibmsg_dispatch_event_loop_timeout(l_, 50);
+      release_regions();
       rc = ibmsg_destroy_event_loop(l_);
     }
   }
-  if (rc == IBMSG_OK) delete l_;  // otherwise leaked: the library may still point into it
-  else l_->user_data = nullptr;   // ... and nothing may find this (dead) wrapper through it
+  if (rc == IBMSG_OK) {
+    delete l_;
+    drop_regions();
+  } else {
+    l_->user_data = nullptr;  // leaked: the library may still point into it, and nothing may
+  }                           // find this (dead) wrapper through it; the orphans stay with it
   l_ = nullptr;
+  orphans_ = nullptr;
   pending_ = nullptr;
+}
+
+inline void loop::release_regions() noexcept {
+  for (detail::region_box **p = &orphans_; *p;) {
+    detail::region_box *b = *p;
+    // IBMSG_EBUSY: still busy (through the C API, too). Anything else means it is gone:
+    // IBMSG_EINVAL if the application deregistered it through handle().
+    if (b->ops > 0 || ibmsg_deregister_region(&b->c) == IBMSG_EBUSY) {
+      p = &b->next;
+      continue;
+    }
+    *p = b->next;
+    if (closing_ > 0) --closing_;
+    delete b;
+  }
+}
+
+inline void loop::drop_regions() noexcept {
+  while (detail::region_box *b = orphans_) {
+    orphans_ = b->next;
+    delete b;
+  }
 }
 
 inline region::region(loop &l, void *addr, std::size_t length, unsigned rights)
@@ -1218,9 +1519,14 @@ inline void region::reset() noexcept {
   detail::region_box *b = std::exchange(b_, nullptr);
   if (!b) return;
   if (ibmsg_deregister_region(&b->c) == IBMSG_EBUSY) {
-    // Operations still use it: region::op_done deregisters it after the last one.
+    // Operations or messages still use it: the loop deregisters it once they are done
+    // (loop::release_regions()).
     b->orphan = true;
-    if (loop *l = loop::from(b->loop)) ++l->closing_;
+    if (loop *l = loop::from(b->loop)) {
+      ++l->closing_;
+      b->next = l->orphans_;
+      l->orphans_ = b;
+    }
     return;
   }
   delete b;  // deregistered (or IBMSG_EINVAL: deregistered already through handle())
@@ -1229,12 +1535,11 @@ inline void region::reset() noexcept {
 inline void region::op_done(detail::region_box *b) noexcept {
   if (b->ops > 0) --b->ops;
   if (!b->orphan || b->ops > 0) return;
-  // IBMSG_EBUSY here means operations posted with the C API hold it: it stays (see the class
-  // comment).
-  if (ibmsg_deregister_region(&b->c) != IBMSG_OK) return;
-  loop *l = loop::from(b->loop);
-  if (l && l->closing_ > 0) --l->closing_;
-  delete b;
+  if (loop::from(b->loop)) {
+    loop::released(b->loop);  // deregisters it unless messages still use it
+  } else if (ibmsg_deregister_region(&b->c) != IBMSG_EBUSY) {
+    delete b;  // the loop's wrapper is gone, and with it the list: it is in none
+  }
 }
 
 template <class Call>
@@ -1353,7 +1658,8 @@ inline void loop::on_established(ibmsg_socket *s) noexcept {
 }
 
 inline void loop::on_received(ibmsg_socket *s, ibmsg_buffer *b) noexcept {
-  message msg = message::adopt_received(b);  // freed at the end unless the callback keeps it
+  // Freed at the end unless the callback keeps it.
+  message msg = message::adopt_received(b, s->loop);
   loop *self = from(s->loop);
   socket *sock = socket::from(s);
   if (!self || !sock || !self->received_cb_) return;
@@ -1370,6 +1676,7 @@ inline void loop::on_sent(ibmsg_socket *s, ibmsg_buffer *b, int status) noexcept
     (void)ibmsg_free_msg(b);
     delete b;
     if (self && self->closing_ > 0) --self->closing_;
+    released(s->loop);  // a message of a region kept it busy
     return;
   }
   socket *sock = socket::from(s);
@@ -1393,9 +1700,23 @@ inline void loop::on_write(ibmsg_socket *s, std::uint32_t imm, std::size_t lengt
   }
 }
 
+inline void loop::on_incoming(ibmsg_socket *s, ibmsg_incoming *in) noexcept {
+  loop *self = from(s->loop);
+  socket *sock = socket::from(s);
+  // A socket whose wrapper died is closing: the message stays undecided (a library buffer).
+  if (!self || !sock || !self->incoming_cb_) return;
+  try {
+    incoming view(in);
+    self->incoming_cb_(*sock, view);
+  } catch (...) {
+    hold(s->loop);
+  }
+}
+
 inline void loop::on_closed(ibmsg_socket *s, int reason) noexcept {
   ibmsg_event_loop *l = s->loop;
   loop *self = from(l);
+  released(l);  // messages it was to receive into regions are dropped: they are free again
   if (s->user_data == detail::orphan) {
     delete s;  // the library never touches it again after this callback
     if (self && self->closing_ > 0) --self->closing_;

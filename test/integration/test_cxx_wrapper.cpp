@@ -17,6 +17,7 @@ extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -43,6 +44,9 @@ static_assert(!std::is_copy_constructible_v<ibmsg::socket> &&
 static_assert(!std::is_copy_constructible_v<ibmsg::message> &&
               !std::is_copy_assignable_v<ibmsg::message>);
 static_assert(!std::is_copy_constructible_v<ibmsg::connection_request>);
+// An incoming message is a view that cannot leave its callback.
+static_assert(!std::is_copy_constructible_v<ibmsg::incoming> &&
+              !std::is_move_constructible_v<ibmsg::incoming>);
 static_assert(std::is_nothrow_move_constructible_v<ibmsg::loop> &&
               std::is_nothrow_move_assignable_v<ibmsg::loop>);
 static_assert(std::is_nothrow_move_constructible_v<ibmsg::socket> &&
@@ -110,6 +114,8 @@ struct peers {
     std::string data;
     bool has_imm;
     std::uint32_t imm;
+    std::uint32_t flags;
+    const void *where;  // data() when it arrived
   };
   struct sent_msg {
     ibmsg::socket *sock;
@@ -145,7 +151,7 @@ struct peers {
     });
     lp.on_connection_established([this](ibmsg::socket &s) { established.push_back(&s); });
     lp.on_message_received([this](ibmsg::socket &s, ibmsg::message m) {
-      received.push_back({&s, s.handle(), text_of(m), m.has_imm(), m.imm()});
+      received.push_back({&s, s.handle(), text_of(m), m.has_imm(), m.imm(), m.flags(), m.data()});
       if (hold) held.push_back(std::move(m));
     });
     lp.on_message_sent([this](ibmsg::socket &s, ibmsg::message &m, int status) {
@@ -1391,6 +1397,318 @@ void revoked_descriptor_fails_the_peers_operation(void **) {
   });
 }
 
+/* ---- 1.2: large messages, regions, memory ---------------------------------------------------
+ */
+
+// The bytes a message of size n filled with pattern tag holds.
+std::string pattern(std::size_t n, int tag) {
+  std::string d(n, '\0');
+  for (std::size_t j = 0; j < n; ++j) d[j] = static_cast<char>(tag * 29 + j * 7 + (j >> 10));
+  return d;
+}
+
+void wide_option_values_reach_max_msg_size(void **) {
+  guarded([] {
+    peers p;
+    const std::uint64_t max = (std::uint64_t(1) << 32) - 1, three_gib = std::uint64_t(3) << 30;
+    p.lp.set_option(IBMSG_OPT_MAX_MSG_SIZE, max);
+    CHECK(p.lp.get_option_u64(IBMSG_OPT_MAX_MSG_SIZE) == max, "MAX_MSG_SIZE reads back %llu",
+          static_cast<unsigned long long>(p.lp.get_option_u64(IBMSG_OPT_MAX_MSG_SIZE)));
+    CHECK(p.lp.get_option(IBMSG_OPT_MAX_MSG_SIZE) == INT_MAX, "as an int it reads %d",
+          p.lp.get_option(IBMSG_OPT_MAX_MSG_SIZE));
+    int code = error_code_of([&] { p.lp.set_option(IBMSG_OPT_MAX_MSG_SIZE, max + 1); });
+    CHECK(code == IBMSG_EINVAL, "MAX_MSG_SIZE 2^32: %s, expected IBMSG_EINVAL", code_name(code));
+    code = error_code_of([&] { p.lp.set_option(IBMSG_OPT_MAX_MSG_SIZE, -1L); });
+    CHECK(code == IBMSG_EINVAL, "MAX_MSG_SIZE -1L: %s, expected IBMSG_EINVAL", code_name(code));
+    CHECK(p.lp.get_option_u64(IBMSG_OPT_MAX_MSG_SIZE) == max, "a refused value changed it");
+    // The int options take other integer types too, but never a truncated value.
+    p.lp.set_option(IBMSG_OPT_RECV_DEPTH, std::size_t(9));
+    CHECK(p.lp.get_option(IBMSG_OPT_RECV_DEPTH) == 9 &&
+              p.lp.get_option_u64(IBMSG_OPT_RECV_DEPTH) == 9,
+          "RECV_DEPTH from a size_t reads back %d", p.lp.get_option(IBMSG_OPT_RECV_DEPTH));
+    code = error_code_of([&] { p.lp.set_option(IBMSG_OPT_RECV_DEPTH, (std::uint64_t(1) << 32) + 9); });
+    CHECK(code == IBMSG_EINVAL, "RECV_DEPTH 2^32 + 9: %s, expected IBMSG_EINVAL", code_name(code));
+    CHECK(p.lp.get_option(IBMSG_OPT_RECV_DEPTH) == 9, "RECV_DEPTH is %d after the refusal",
+          p.lp.get_option(IBMSG_OPT_RECV_DEPTH));
+    p.lp.set_option(IBMSG_OPT_RECV_DEPTH, 32);
+    p.lp.set_option(IBMSG_OPT_BUSY_POLL, IBMSG_BUSY_POLL_ALWAYS);
+    code = error_code_of([&] { (void)p.lp.get_option_u64(IBMSG_OPT_BUSY_POLL); });
+    CHECK(code == IBMSG_ERANGE, "a negative option as uint64: %s, expected IBMSG_ERANGE",
+          code_name(code));
+    p.lp.set_option(IBMSG_OPT_BUSY_POLL, 0);
+
+    ibmsg::options set;
+    set.set(IBMSG_OPT_MAX_MSG_SIZE, three_gib).set(IBMSG_OPT_EAGER_SIZE, 8192u);
+    CHECK(set.get_u64(IBMSG_OPT_MAX_MSG_SIZE) == three_gib && set.get(IBMSG_OPT_MAX_MSG_SIZE) == INT_MAX,
+          "the set's MAX_MSG_SIZE reads %llu (as an int %d)",
+          static_cast<unsigned long long>(set.get_u64(IBMSG_OPT_MAX_MSG_SIZE)),
+          set.get(IBMSG_OPT_MAX_MSG_SIZE));
+    CHECK(set.get(IBMSG_OPT_EAGER_SIZE) == 8192, "EAGER_SIZE from an unsigned reads %d",
+          set.get(IBMSG_OPT_EAGER_SIZE));
+    // Connections with a maximum beyond INT_MAX: the smaller of both sides'.
+    p.listen();
+    p.client.connect(p.lp, addr, p.port, set);
+    p.client_h = p.client.handle();
+    CHECK(p.wait([&] { return p.established.size() == 2; }), "%zu of 2 sockets established",
+          p.established.size());
+    CHECK(p.client.max_msg_size() == three_gib && p.server.max_msg_size() == three_gib,
+          "max_msg_size(): client %zu, server %zu, expected 3 GiB", p.client.max_msg_size(),
+          p.server.max_msg_size());
+    p.close_all();
+  });
+}
+
+void message_from_region_arrives_byte_exact(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    const std::size_t eager = std::size_t(p.lp.get_option(IBMSG_OPT_EAGER_SIZE));
+    const std::size_t big = 3 * eager + 1001, small = 300, off = 4096 + 5;
+    ibmsg::region src(p.lp, off + big + 64, 0);
+    const std::string want_big = pattern(big, 1), want_small = pattern(small, 2);
+    char *bytes = static_cast<char *>(src.data());
+    std::memcpy(bytes + off, want_big.data(), big);
+    std::memcpy(bytes + 3, want_small.data(), small);
+
+    ibmsg::message large, little;
+    CHECK(large.from_region(p.client, src, off, big), "from_region of %zu bytes would block", big);
+    CHECK(large.data() == bytes + off && large.size() == big && large.status() == IBMSG_WAITING &&
+              !large.received() && large.flags() == 0,
+          "the message: data %p (region + off %p), size %zu, status %d, flags %#x", large.data(),
+          static_cast<void *>(bytes + off), large.size(), large.status(), large.flags());
+    CHECK(little.from_region(p.client, src, 3, small), "from_region of %zu bytes would block",
+          small);
+
+    // Each with one fault; a failed call leaves the message empty.
+    ibmsg::region empty;
+    ibmsg::message bad;
+    int code = error_code_of([&] { (void)bad.from_region(p.client, src, off, src.size()); });
+    CHECK(code == IBMSG_ERANGE, "from_region past the end: %s, expected IBMSG_ERANGE",
+          code_name(code));
+    code = error_code_of([&] { (void)bad.from_region(p.listener, src, 0, 8); });
+    CHECK(code == IBMSG_EINVAL, "from_region on the listener: %s, expected IBMSG_EINVAL",
+          code_name(code));
+    code = error_code_of([&] { (void)bad.from_region(p.client, empty, 0, 8); });
+    CHECK(code == IBMSG_EINVAL, "from_region of an empty region: %s, expected IBMSG_EINVAL",
+          code_name(code));
+    CHECK(!bad, "a failed from_region left a message behind");
+
+    CHECK(large.post(p.client), "post of the large message would block");
+    CHECK(little.post(p.client), "post of the small message would block");
+    CHECK(p.wait([&] { return p.received.size() == 2 && p.sent.size() == 2; }),
+          "%zu of 2 received, %zu of 2 sent", p.received.size(), p.sent.size());
+    for (const auto &st : p.sent)
+      CHECK(st.status == IBMSG_OK, "a message of the region: %s", code_name(st.status));
+    CHECK(p.received[0].data.size() == big && p.received[0].data == want_big,
+          "the %zu-byte message above the eager size (%zu) arrived as %zu bytes, %s", big, eager,
+          p.received[0].data.size(), p.received[0].data == want_big ? "equal" : "different");
+    CHECK(p.received[1].data == want_small, "the small message arrived different (%zu bytes)",
+          p.received[1].data.size());
+    CHECK(p.received[0].sock == &p.server && p.received[0].flags == 0,
+          "received on the wrong socket, or with flags %#x", p.received[0].flags);
+
+    code = error_code_of([&] { src.deregister(); });
+    CHECK(code == IBMSG_EBUSY, "deregister() with its messages alive: %s, expected IBMSG_EBUSY",
+          code_name(code));
+    // Posted again, after message_sent: still the region's bytes.
+    bytes[off] = 'Z';
+    CHECK(large.post(p.client), "second post would block");
+    CHECK(p.wait([&] { return p.received.size() == 3 && p.sent.size() == 3; }),
+          "the second post: %zu received, %zu sent", p.received.size(), p.sent.size());
+    CHECK(p.received[2].data.size() == big && p.received[2].data[0] == 'Z' &&
+              p.received[2].data.compare(1, big - 1, want_big, 1, big - 1) == 0,
+          "the repost did not carry the region's current bytes");
+    // The region dies first: the loop deregisters it once the messages are freed, which
+    // close_all() does only after the connections closed (its close() fails with IBMSG_EBUSY if
+    // the region stayed registered).
+    src = ibmsg::region();
+    p.outbox.push_back(std::move(large));
+    p.outbox.push_back(std::move(little));
+    p.close_all();
+  });
+}
+
+void message_incoming_places_one_message_and_declines_another(void **) {
+  guarded([] {
+    peers p;
+    p.hold = true;
+    p.connect();
+    const std::size_t eager = std::size_t(p.lp.get_option(IBMSG_OPT_EAGER_SIZE));
+    const std::size_t placed_size = 2 * eager + 77, declined_size = 3 * eager, off = 4096 + 3;
+    ibmsg::region inbox(p.lp, 1 << 20, IBMSG_ACCESS_LOCAL_WRITE);
+    ibmsg::region read_only(p.lp, 1 << 20, 0);
+    struct seen {
+      ibmsg::socket *sock;
+      std::size_t size;
+      bool has_imm;
+      std::uint32_t imm;
+      std::uint32_t flags;
+      bool too_far, placed;
+      int no_write_right, decided_again;
+    };
+    std::vector<seen> incoming;
+    p.lp.on_message_incoming([&](ibmsg::socket &s, ibmsg::incoming &in) {
+      seen x{&s, in.size(), in.has_imm(), in.imm(), in.flags(), false, false, 0, 0};
+      if (in.size() == declined_size) {
+        in.decline();
+        x.decided_again = error_code_of([&] { in.decline(); });
+      } else {
+        x.too_far = !in.to_region(inbox, inbox.size() - in.size() + 1);
+        x.no_write_right = error_code_of([&] { (void)in.to_region(read_only, 0); });
+        x.placed = in.to_region(inbox, off);
+        x.decided_again = error_code_of([&] { in.decline(); });
+      }
+      incoming.push_back(x);
+    });
+    const std::string want = pattern(placed_size, 3);
+    ibmsg::message placed, declined;
+    CHECK(placed.alloc(p.client, placed_size), "alloc would block");
+    std::memcpy(placed.data(), want.data(), placed_size);
+    CHECK(placed.post_imm(p.client, 0xabc), "post_imm would block");
+    CHECK(declined.alloc(p.client, declined_size), "alloc would block");
+    std::memset(declined.data(), 'd', declined_size);
+    CHECK(declined.post(p.client), "post would block");
+    ibmsg_buffer *placed_h = placed.handle(), *declined_h = declined.handle();
+    p.outbox.push_back(std::move(placed));
+    p.outbox.push_back(std::move(declined));
+    p.send(p.client, "after");  // small: never reaches message_incoming
+    CHECK(p.wait([&] { return p.sent.size() == 3 && p.received.size() == 2; }),
+          "%zu of 3 sent, %zu of 2 received", p.sent.size(), p.received.size());
+
+    CHECK(incoming.size() == 2, "message_incoming ran %zu times for 2 large messages",
+          incoming.size());
+    const seen &a = incoming[0], &b = incoming[1];
+    CHECK(a.sock == &p.server && a.size == placed_size && a.has_imm && a.imm == 0xabc &&
+              a.flags == IBMSG_MSG_IMM,
+          "the first incoming: size %zu, has_imm %d, imm %#x, flags %#x", a.size, a.has_imm,
+          a.imm, a.flags);
+    CHECK(a.too_far, "to_region() past the region's end did not return false");
+    CHECK(a.no_write_right == IBMSG_EACCES, "to_region() without local write: %s, expected "
+          "IBMSG_EACCES", code_name(a.no_write_right));
+    CHECK(a.placed, "to_region() into room did not return true");
+    CHECK(a.decided_again == IBMSG_ESTATE, "decline() after to_region(): %s, expected IBMSG_ESTATE",
+          code_name(a.decided_again));
+    CHECK(b.size == declined_size && !b.has_imm && b.imm == 0 && b.flags == 0,
+          "the second incoming: size %zu, has_imm %d, flags %#x", b.size, b.has_imm, b.flags);
+    CHECK(b.decided_again == IBMSG_ESTATE, "decline() twice: %s, expected IBMSG_ESTATE",
+          code_name(b.decided_again));
+
+    const peers::received_msg &r = p.received[0];
+    const char *at = static_cast<const char *>(inbox.data()) + off;
+    CHECK(r.sock == &p.server && (r.flags & IBMSG_MSG_REGION) && (r.flags & IBMSG_MSG_IMM) &&
+              r.imm == 0xabc,
+          "the placed message: flags %#x, imm %#x", r.flags, r.imm);
+    CHECK(r.where == at, "its data() is %p, expected the region at the offset, %p", r.where,
+          static_cast<const void *>(at));
+    CHECK(r.data == want && std::memcmp(at, want.data(), placed_size) == 0,
+          "the placed message's bytes differ (%zu bytes)", r.data.size());
+    CHECK(p.received[1].data == "after" && !(p.received[1].flags & IBMSG_MSG_REGION),
+          "the second message received is \"%s\", flags %#x", p.received[1].data.c_str(),
+          p.received[1].flags);
+    int placed_status = -1, declined_status = -1;
+    for (const auto &st : p.sent) {
+      if (st.handle == placed_h) placed_status = st.status;
+      else if (st.handle == declined_h) declined_status = st.status;
+      else CHECK(st.status == IBMSG_OK, "the small message: %s", code_name(st.status));
+    }
+    CHECK(placed_status == IBMSG_OK, "the placed message's sender got %s", code_name(placed_status));
+    CHECK(declined_status == IBMSG_EDECLINED, "the declined message's sender got %s, expected "
+          "IBMSG_EDECLINED", code_name(declined_status));
+    CHECK(p.client.status() == IBMSG_CONNECTED && p.server.status() == IBMSG_CONNECTED,
+          "after the decline: client status %d, server status %d", p.client.status(),
+          p.server.status());
+    p.send(p.client, "still up");
+    CHECK(p.wait([&] { return p.received.size() == 3; }), "nothing arrived after the decline");
+    CHECK(p.received[2].data == "still up", "received \"%s\"", p.received[2].data.c_str());
+
+    // The held message keeps the region busy; the region dies first, and the loop deregisters
+    // it when close_all() frees the message after the connections closed.
+    int code = error_code_of([&] { inbox.deregister(); });
+    CHECK(code == IBMSG_EBUSY, "deregister() with a message in it held: %s, expected IBMSG_EBUSY",
+          code_name(code));
+    inbox = ibmsg::region();
+    read_only = ibmsg::region();
+    p.close_all();
+  });
+}
+
+void message_incoming_exception_leaves_the_message_to_the_library(void **) {
+  guarded([] {
+    peers p;
+    p.connect();
+    int calls = 0, caught = 0;
+    std::string what;
+    p.lp.on_message_incoming([&](ibmsg::socket &, ibmsg::incoming &) {
+      ++calls;
+      throw std::logic_error("thrown by message_incoming");
+    });
+    const std::size_t n = std::size_t(p.lp.get_option(IBMSG_OPT_EAGER_SIZE)) + 1;
+    const std::string want = pattern(n, 4);
+    p.send(p.client, want);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+    while ((p.received.empty() || p.sent.empty()) && std::chrono::steady_clock::now() < deadline) {
+      try {
+        p.lp.dispatch(20);
+      } catch (const std::logic_error &e) {
+        ++caught;
+        what = e.what();
+      }
+    }
+    CHECK(calls == 1, "message_incoming ran %d times", calls);
+    CHECK(caught == 1 && what == "thrown by message_incoming",
+          "dispatch() threw %d times, \"%s\"", caught, what.c_str());
+    CHECK(p.received.size() == 1 && p.received[0].data == want &&
+              !(p.received[0].flags & IBMSG_MSG_REGION),
+          "%zu received; the undecided message should come in a library buffer",
+          p.received.size());
+    CHECK(p.sent.size() == 1 && p.sent[0].status == IBMSG_OK, "the sender got %s",
+          p.sent.empty() ? "nothing" : code_name(p.sent[0].status));
+    p.close_all();
+  });
+}
+
+void memory_of_connections_and_loop(void **) {
+  guarded([] {
+    peers p;
+    ibmsg::socket none;
+    int code = error_code_of([&] { (void)none.memory(); });
+    CHECK(code == IBMSG_EINVAL, "memory() of an empty socket: %s, expected IBMSG_EINVAL",
+          code_name(code));
+    p.connect();
+    code = error_code_of([&] { (void)p.listener.memory(); });
+    CHECK(code == IBMSG_EINVAL, "memory() of a listener: %s, expected IBMSG_EINVAL",
+          code_name(code));
+    const ibmsg_memory c = p.client.memory(), s = p.server.memory();
+    CHECK(c.buffers > 0 && s.buffers > 0, "eager buffers: client %zu, server %zu bytes", c.buffers,
+          s.buffers);
+    CHECK(c.large == 0, "the client holds %zu bytes of large buffers before any", c.large);
+    const ibmsg_memory l = p.lp.memory();
+    CHECK(l.buffers >= c.buffers + s.buffers, "the loop's buffers %zu < client %zu + server %zu",
+          l.buffers, c.buffers, s.buffers);
+
+    const std::size_t n = 4 * std::size_t(p.lp.get_option(IBMSG_OPT_EAGER_SIZE));
+    ibmsg::message m;
+    CHECK(m.alloc(p.client, n), "alloc of %zu bytes would block", n);
+    const std::size_t held = p.client.memory().large;
+    CHECK(held >= n, "a %zu-byte message held: the client's large is %zu", n, held);
+    CHECK(p.lp.memory().large >= held, "the loop's large %zu < the client's %zu",
+          p.lp.memory().large, held);
+    m = ibmsg::message();
+    CHECK(p.client.memory().large == 0, "the client's large is %zu after the free",
+          p.client.memory().large);
+
+    p.client.disconnect();
+    CHECK(p.wait([&] { return !p.client.is_open(); }), "the client did not close");
+    code = error_code_of([&] { (void)p.client.memory(); });
+    CHECK(code == IBMSG_EINVAL, "memory() of a closed socket: %s, expected IBMSG_EINVAL",
+          code_name(code));
+    p.close_all();
+    code = error_code_of([&] { (void)p.lp.memory(); });
+    CHECK(code == IBMSG_EINVAL, "memory() of a closed loop: %s, expected IBMSG_EINVAL",
+          code_name(code));
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -1438,6 +1756,11 @@ int main() {
       cmocka_unit_test(loop_destructor_waits_for_a_region_still_in_use),
       cmocka_unit_test(moved_region_keeps_working),
       cmocka_unit_test(revoked_descriptor_fails_the_peers_operation),
+      cmocka_unit_test(wide_option_values_reach_max_msg_size),
+      cmocka_unit_test(message_from_region_arrives_byte_exact),
+      cmocka_unit_test(message_incoming_places_one_message_and_declines_another),
+      cmocka_unit_test(message_incoming_exception_leaves_the_message_to_the_library),
+      cmocka_unit_test(memory_of_connections_and_loop),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
