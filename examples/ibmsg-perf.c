@@ -17,6 +17,11 @@
  *              first timed post (once every connection's warm-up has drained) to the last
  *              message_sent of all. The server answers each connection's last message with a
  *              DONE message carrying its count, so no message goes unaccounted.
+ * Messages above the eager size (IBMSG_OPT_EAGER_SIZE) go by rendezvous: the receiver reads each
+ * one from the sender's buffer, and its message_sent comes once it has been read. Each such
+ * message in flight has a registered buffer of its own size on both sides, so without -W the
+ * bandwidth test's window holds at most MSG_WINDOW_BYTES (and at least 2 messages), and the
+ * client allocates the window's send buffers before the clock starts.
  * The one-sided RDMA tests (write_lat, read_lat, atomic_lat, write_bw, read_bw) use messages only
  * to set up: the server answers the HELLO with a DESC message carrying a descriptor of a region it
  * allocated for the test and, apart from answering write_lat's writes, only runs its loop; the
@@ -41,6 +46,7 @@
 
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -77,14 +83,15 @@ static const char usage_text[] =
     "                          send        lat and bw\n"
     "                          rdma        the five RDMA tests\n"
     "                          all         every test\n"
-    "  -s, --sizes SIZES     comma-separated message sizes in bytes (default\n"
-    "                        64,4096,65536)\n"
+    "  -s, --sizes SIZES     comma-separated message sizes in bytes, up to\n"
+    "                        4294967295 (default 64,4096,65536)\n"
     "  -n, --iters N         timed iterations per test (default 1000)\n"
     "  -w, --warmup N        untimed iterations before each test (default 32)\n"
     "  -W, --window N        RDMA operations in flight in write_bw and read_bw\n"
     "                        (1..4096, default 128, like perftest's tx depth);\n"
     "                        messages posted and not yet sent per connection in\n"
-    "                        bw (default 32, ibmsg's send depth)\n"
+    "                        bw (default 32, ibmsg's send depth, or as many as\n"
+    "                        256 MiB hold for larger messages, at least 2)\n"
     "  -c, --connections N   connections of the bw test, all on the client's one\n"
     "                        loop; it reports their aggregate rate (1..16,\n"
     "                        default 1)\n"
@@ -95,8 +102,15 @@ static const char usage_text[] =
     "                        connection's last activity, then sleep until the\n"
     "                        next completion event (0: events only, the default);\n"
     "                        give it to the server too\n"
-    "      --max-size BYTES  largest message size (default 65536, and at least\n"
-    "                        the largest of SIZES)\n"
+    "      --max-size BYTES  largest message size, up to 4294967295 (default: the\n"
+    "                        library's, 4294967295; the client takes at least\n"
+    "                        the largest of SIZES); give it to the server too\n"
+    "      --eager-size BYTES\n"
+    "                        largest message sent eagerly, through the\n"
+    "                        connection's buffers (1..1G, default: the library's,\n"
+    "                        65536); larger ones go by rendezvous: the receiver\n"
+    "                        reads them from the sender's buffer; give it to the\n"
+    "                        server too\n"
     "      --json            print the results as one JSON document\n"
     "  -q, --quiet           print only the results and errors\n"
     "  -h, --help            print this help and exit\n"
@@ -117,8 +131,15 @@ static const char usage_text[] =
 #define CLOSE_TIMEOUT_S 5.0
 /* Connections a server serves at once, and so the most a client opens for one test (-c). */
 #define MAX_CONNS 16
-/* The bandwidth test's window without -W: ibmsg's default send depth, which is left as it is. */
+/* The bandwidth test's window without -W: ibmsg's default send depth, which is left as it is,
+ * but for messages so large that fewer of them hold MSG_WINDOW_BYTES (each one in flight has a
+ * registered buffer of its size on either side), and at least MIN_MSG_WINDOW: 4 of 64 MiB. */
 #define DEFAULT_MSG_WINDOW 32
+#define MSG_WINDOW_BYTES (UINT64_C(256) << 20)
+#define MIN_MSG_WINDOW 2
+/* The largest IBMSG_OPT_MAX_MSG_SIZE (2^32 - 1) and IBMSG_OPT_EAGER_SIZE (2^30). */
+#define PERF_MAX_MSG_SIZE UINT64_C(4294967295)
+#define PERF_MAX_EAGER_SIZE (UINT64_C(1) << 30)
 
 /* The tests; the values are also their numbers in the HELLO message. */
 enum test {
@@ -240,7 +261,7 @@ struct conn {
   int established;
   int closed;
   int close_reason;
-  ibmsg_buffer *hello; /* the HELLO message, until its message_sent */
+  ibmsg_buffer hello; /* the HELLO message: a buffer of its own, freed at its message_sent */
   int hello_sent;
   uint64_t posted, sent, received;
   uint64_t server_count; /* bandwidth: from DONE */
@@ -255,6 +276,7 @@ static struct {
   int nconns;
   int test;
   uint64_t size, warmup, iters, total;
+  uint64_t window;      /* bandwidth: messages posted and not yet sent, per connection */
   double t_post;        /* latency: when the ping in flight was posted */
   double *rtt;          /* latency: the timed round trips, in seconds */
   double t_start, t_end;
@@ -296,8 +318,8 @@ static struct {
   int tests; /* enum test flags */
   uint64_t sizes[MAX_SIZES];
   int nsizes;
-  uint64_t iters, warmup, max_size, window, msg_window, conns;
-  int max_size_given, window_given;
+  uint64_t iters, warmup, max_size, eager_size, window, msg_window, conns;
+  int max_size_given, eager_size_given, window_given;
   int busy_poll; /* IBMSG_OPT_BUSY_POLL: 0, microseconds, or IBMSG_BUSY_POLL_ALWAYS */
   int busy_poll_given;
   int json, quiet;
@@ -651,9 +673,11 @@ static void client_pump_one(struct conn *c) {
       limit = cl.total;
   } else {
     limit = cl.t_start != 0 ? cl.total : cl.warmup;
+    /* The window: at most the send buffers (IBMSG_OPT_SEND_DEPTH is set to -W), fewer for
+     * large messages. A message_sent gives one back and calls us again. */
+    if (limit > c->sent + cl.window)
+      limit = c->sent + cl.window;
   }
-  /* The window is the send buffers (IBMSG_OPT_SEND_DEPTH is set to it): a message_sent gives
-   * one back and calls us again. */
   while (c->posted < limit) {
     rc = tool_sendpool_get(&c->ep.pool, (size_t)cl.size, &msg);
     if (rc == IBMSG_EAGAIN)
@@ -735,6 +759,24 @@ static int client_setup_rdma(struct conn *c, ibmsg_descriptor *desc) {
   return 0;
 }
 
+/* bw: allocates the window's send buffers before the clock starts, however short the warm-up: a
+ * rendezvous message's buffer is registered when it is allocated, and perftest registers its
+ * memory before it times anything too. As many as the send buffers allow (the HELLO holds one
+ * until it is sent) and the test sends; the pool keeps them for the test. */
+static void client_alloc_window(struct conn *c) {
+  uint64_t want = cl.window < cl.total ? cl.window : cl.total;
+  ibmsg_buffer **held = calloc((size_t)want, sizeof *held);
+  size_t n = 0;
+
+  if (held == NULL)
+    return; /* they are allocated as they are needed */
+  while (n < want && tool_sendpool_get(&c->ep.pool, (size_t)cl.size, &held[n]) == IBMSG_OK)
+    n++;
+  while (n > 0)
+    tool_sendpool_put(&c->ep.pool, held[--n]);
+  free(held);
+}
+
 static void client_established(struct conn *c) {
   ibmsg_descriptor desc;
   ibmsg_buffer *msg;
@@ -755,8 +797,11 @@ static void client_established(struct conn *c) {
   }
   if ((cl.test & TESTS_RDMA) && client_setup_rdma(c, &desc) != 0)
     return;
-  rc = tool_sendpool_get(&c->ep.pool, cl.test == TEST_WRITE_LAT ? HELLO_DESC_SIZE : HELLO_SIZE,
-                         &msg);
+  /* The HELLO's buffer is its own, freed once it is sent: the pool's buffers are for the
+   * test's messages, which may need buffers of their own size (rendezvous). */
+  msg = &c->hello;
+  rc = ibmsg_alloc_msg(msg, &c->ep.socket,
+                       cl.test == TEST_WRITE_LAT ? HELLO_DESC_SIZE : HELLO_SIZE);
   if (rc != IBMSG_OK) {
     client_fail("cannot allocate a message", rc);
     return;
@@ -764,26 +809,31 @@ static void client_established(struct conn *c) {
   encode_hello(msg->data, cl.test, cl.size, cl.total);
   if (cl.test == TEST_WRITE_LAT)
     memcpy((unsigned char *)msg->data + HELLO_SIZE, desc.bytes, IBMSG_DESCRIPTOR_SIZE);
-  c->hello = msg;
   rc = ibmsg_post_send(&c->ep.socket, msg);
   if (rc != IBMSG_OK) {
-    tool_sendpool_put(&c->ep.pool, msg);
+    ibmsg_free_msg(msg);
     client_fail("cannot send the test request", rc);
     return;
   }
+  if (cl.test == TEST_BW)
+    client_alloc_window(c);
   /* Messages arrive in order: the data may follow the request at once (the RDMA tests wait
    * for the server's descriptor). */
   client_pump(c);
 }
 
 static void client_sent(struct conn *c, ibmsg_buffer *msg, int status) {
-  tool_sendpool_put(&c->ep.pool, msg);
+  int hello = msg == &c->hello;
+  if (hello)
+    ibmsg_free_msg(msg);
+  else
+    tool_sendpool_put(&c->ep.pool, msg);
   if (status != IBMSG_OK) {
     if (status != IBMSG_ECANCELED) /* ECANCELED: connection_closed says why */
       client_fail("a message was not delivered", status);
     return;
   }
-  if (!c->hello_sent && msg == c->hello) {
+  if (hello) {
     c->hello_sent = 1;
     cl.hellos_sent++;
   } else {
@@ -1219,6 +1269,12 @@ static int run_test(int test, uint64_t size) {
   cl.warmup = g.warmup;
   cl.iters = g.iters;
   cl.total = g.warmup + g.iters;
+  cl.window = g.msg_window;
+  if (test == TEST_BW && !g.window_given && size * cl.window > MSG_WINDOW_BYTES) {
+    cl.window = MSG_WINDOW_BYTES / size;
+    if (cl.window < MIN_MSG_WINDOW)
+      cl.window = MIN_MSG_WINDOW;
+  }
   /* Only the message bandwidth test uses more than one connection. */
   cl.nconns = test == TEST_BW ? (int)g.conns : 1;
   if (test & TESTS_LATENCY) {
@@ -1293,7 +1349,7 @@ static int run_test(int test, uint64_t size) {
     r->test = test;
     r->size = size;
     r->iters = g.iters;
-    r->window = test & TESTS_RDMA ? g.window : g.msg_window;
+    r->window = test & TESTS_RDMA ? g.window : cl.window;
     r->conns = (uint64_t)cl.nconns;
     r->seconds = cl.t_end - cl.t_start;
     r->mbps = r->seconds > 0 ? (double)(size * n) / r->seconds / 1e6 : 0;
@@ -1321,7 +1377,7 @@ static int parse_sizes(const char *arg) {
       tool_usage_error("-s: at most %d sizes", MAX_SIZES);
       return -1;
     }
-    if (tool_parse_size("-s", tok, 0, INT32_MAX, &v) != 0)
+    if (tool_parse_size("-s", tok, 0, PERF_MAX_MSG_SIZE, &v) != 0)
       return -1;
     g.sizes[g.nsizes++] = v;
   }
@@ -1371,6 +1427,7 @@ static int parse_args(int argc, char **argv) {
     OPT_SERVER = 256,
     OPT_LOOPBACK,
     OPT_MAX_SIZE,
+    OPT_EAGER_SIZE,
     OPT_BUSY_POLL,
     OPT_POLL_US,
     OPT_JSON,
@@ -1389,6 +1446,7 @@ static int parse_args(int argc, char **argv) {
       {"busy-poll", no_argument, NULL, OPT_BUSY_POLL},
       {"poll-us", required_argument, NULL, OPT_POLL_US},
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
+      {"eager-size", required_argument, NULL, OPT_EAGER_SIZE},
       {"json", no_argument, NULL, OPT_JSON},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
@@ -1407,7 +1465,6 @@ static int parse_args(int argc, char **argv) {
   g.warmup = 32;
   g.window = 128;
   g.conns = 1;
-  g.max_size = TOOL_DEFAULT_MAX_SIZE;
   opterr = 0; /* we print our own one-line errors */
   while ((opt = getopt_long(argc, argv, ":p:t:s:n:w:W:c:qh", options, NULL)) != -1) {
     switch (opt) {
@@ -1461,9 +1518,15 @@ static int parse_args(int argc, char **argv) {
       }
       break;
     case OPT_MAX_SIZE:
-      if (tool_parse_size("--max-size", optarg, HELLO_DESC_SIZE, INT32_MAX, &g.max_size) != 0)
+      if (tool_parse_size("--max-size", optarg, HELLO_DESC_SIZE, PERF_MAX_MSG_SIZE,
+                          &g.max_size) != 0)
         return -1;
       g.max_size_given = 1;
+      break;
+    case OPT_EAGER_SIZE:
+      if (tool_parse_size("--eager-size", optarg, 1, PERF_MAX_EAGER_SIZE, &g.eager_size) != 0)
+        return -1;
+      g.eager_size_given = 1;
       break;
     case OPT_JSON: g.json = 1; break;
     case 'q': g.quiet = 1; break;
@@ -1493,9 +1556,10 @@ static int parse_args(int argc, char **argv) {
       return -1;
     }
   }
-  if (!g.server && (g.tests & TESTS_SEND)) {
+  if (g.max_size_given && !g.server && (g.tests & TESTS_SEND)) {
     /* The client side needs room for its largest message; the server has only --max-size. The
-     * RDMA tests send no messages of their size. */
+     * RDMA tests send no messages of their size. Without --max-size the library's maximum
+     * takes every size. */
     for (int i = 0; i < g.nsizes; i++)
       if (g.max_size < g.sizes[i])
         g.max_size = g.sizes[i];
@@ -1507,6 +1571,23 @@ static int parse_args(int argc, char **argv) {
 }
 
 /* ---- main ------------------------------------------------------------------------------------ */
+
+/* IBMSG_OPT_MAX_MSG_SIZE: an int up to INT_MAX, a uint64_t (told apart by its length) above. */
+static int set_max_size(uint64_t size) {
+  int rc;
+  if (size <= INT_MAX) {
+    int v = (int)size;
+    rc = ibmsg_setopt(&g.loop, IBMSG_OPT_MAX_MSG_SIZE, &v, sizeof v);
+  } else {
+    rc = ibmsg_setopt(&g.loop, IBMSG_OPT_MAX_MSG_SIZE, &size, sizeof size);
+  }
+  if (rc != IBMSG_OK) {
+    tool_error("cannot set the maximum message size to %" PRIu64 ": %s", size,
+               ibmsg_strerror(rc));
+    return -1;
+  }
+  return 0;
+}
 
 static int start_listener(void) {
   char addr[64], mode[64];
@@ -1562,8 +1643,9 @@ int main(int argc, char **argv) {
   /* The bandwidth window must fit in flight, or operations would wait in ibmsg's send queue.
    * The message window is the send buffers: with more than the send queue holds, posts would
    * fail with IBMSG_EAGAIN until some are sent. */
-  if (tool_setopt_int(&g.loop, IBMSG_OPT_MAX_MSG_SIZE, "the maximum message size",
-                      (int)g.max_size) != 0 ||
+  if ((g.max_size_given && set_max_size(g.max_size) != 0) ||
+      (g.eager_size_given && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
+                                             (int)g.eager_size) != 0) ||
       tool_setopt_int(&g.loop, IBMSG_OPT_BUSY_POLL, "busy polling", g.busy_poll) != 0 ||
       (!g.server && (g.tests & TESTS_RDMA) &&
        tool_setopt_int(&g.loop, IBMSG_OPT_RDMA_DEPTH, "the RDMA operations in flight",
