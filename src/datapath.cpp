@@ -1,5 +1,4 @@
-// The data path: the send queue and the in-flight list, credit-only messages, completions.
-// Nothing here allocates or registers memory.
+// The data path: send queue, in-flight list, credit-only messages, completions (no allocation).
 #include <initializer_list>
 
 #include "internal.hpp"
@@ -120,8 +119,7 @@ void maybe_send_ctrl(Socket *s) {
 void send_last_done(Socket *s) {
   // Closing: no control credit needs keeping for later, the last one may carry them.
   while (s->state == State::Connected && s->done_owed && s->credits.can_send_ctrl() &&
-         s->ctrl_in_flight < kCtrlDepth && post_ctrl(s)) {
-  }
+         s->ctrl_in_flight < kCtrlDepth && post_ctrl(s)) continue;
 }
 
 void repost_ctrl(Socket *s, Slot *slot) {
