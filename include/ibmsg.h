@@ -315,9 +315,11 @@ IBMSG_EXPORT int ibmsg_event_loop_timeout(ibmsg_event_loop *loop);
 
 /** Options for ibmsg_setopt() and ibmsg_getopt(); the defaults are in parentheses. */
 enum ibmsg_option {
-  IBMSG_OPT_RECV_DEPTH = 1,      /**< int: receive buffers per connection = credits the peer gets (32);
-                                      credits return as the application frees received messages,
-                                      at the latest when half of them are owed */
+  IBMSG_OPT_RECV_DEPTH = 1,      /**< int: the most data credits a peer gets (32): receive
+                                      buffers per connection, or with IBMSG_OPT_SHARED_RECV its
+                                      most from the shared ones; credits return as the
+                                      application frees received messages, at the latest when
+                                      half of them are owed */
   IBMSG_OPT_SEND_DEPTH = 2,      /**< int: send buffers per connection for ibmsg_alloc_msg (32) */
   IBMSG_OPT_SEND_QUEUE = 3,      /**< int: posted messages and operations queued waiting for credits
                                       or room in flight (32) */
@@ -344,10 +346,15 @@ enum ibmsg_option {
                                       polling for N microseconds after the connection's last
                                       activity, then sleeps (adaptive); IBMSG_BUSY_POLL_ALWAYS
                                       never sleeps (a dedicated core) */
-  IBMSG_OPT_EAGER_SIZE = 12      /**< int: largest message sent eagerly, through the
-                                      connection's registered buffers (65536); larger ones go by
-                                      rendezvous: the receiver reads them into a buffer of its
-                                      own (since 1.2; a 1.1 peer takes eager messages only) */
+  IBMSG_OPT_EAGER_SIZE = 12,     /**< int: largest message sent eagerly, through registered
+                                      receive buffers (16384 since 1.3, 65536 in 1.2); larger ones
+                                      go by rendezvous: the receiver reads them into a buffer of
+                                      its own (since 1.2; a 1.1 peer takes eager messages only) */
+  IBMSG_OPT_SHARED_RECV = 13     /**< int 0/1: receive buffers shared by the connections of a
+                                      device (1, since 1.3): each connection holds a base of 2
+                                      data credits and control buffers, and up to
+                                      IBMSG_OPT_RECV_DEPTH credits while its peer has more to
+                                      send; 0: IBMSG_OPT_RECV_DEPTH buffers of its own */
 };
 
 /** IBMSG_OPT_BUSY_POLL value: poll without ever sleeping while the connection is open. */
@@ -433,8 +440,9 @@ IBMSG_EXPORT size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket);
  *  ibmsg_loop_memory; since 1.2). See ibmsg(7), OPTIONS AND MEMORY. */
 typedef struct ibmsg_memory {
   size_t buffers;     /**< eager send and receive buffers (a connection's own; a loop's: all) */
-  size_t shared;      /**< buffers its connections share (a loop: also the free large buffers
-                           its devices keep for reuse) */
+  size_t shared;      /**< receive buffers shared by a device's connections (a connection:
+                           those reserved for its peer's messages or holding them; a loop: all,
+                           and the free large buffers its devices keep for reuse) */
   size_t large;       /**< large buffers of rendezvous messages, in use now */
   size_t reserved[5]; /**< zero: room for later versions */
 } ibmsg_memory;
@@ -652,7 +660,7 @@ IBMSG_EXPORT int ibmsg_atomic_fadd(ibmsg_socket *socket, ibmsg_op *op, ibmsg_reg
 /* ---------------------------------------------------------------------------------------------
  * Names of the original ibmsg, kept so that programs written for it compile unchanged.
  * ------------------------------------------------------------------------------------------ */
-/** The original's fixed message size limit; the default IBMSG_OPT_EAGER_SIZE since 1.2. */
+/** The original's fixed message size limit (the default IBMSG_OPT_EAGER_SIZE of 1.2). */
 #define IBMSG_MAX_MSGSIZE (65536)
 #define IBMSG_FCNTL_FAILED IBMSG_ESYS /**< the original ibmsg name of IBMSG_ESYS */
 #define IBMSG_GETADDRINFO_FAILED IBMSG_ENOADDR /**< the original ibmsg name of IBMSG_ENOADDR */

@@ -52,6 +52,7 @@ void socket_close(Socket *s, int reason) {
     // go first, so that the peer learns they arrived. Without a control credit for them now,
     // the close waits for one (a peer waiting for done counts returns them), at most kLingerS.
     send_last_done(s);
+    if (s->state != State::Connected) return;  // a failed post closed it meanwhile
     if (s->done_owed) {
       s->lingering = true;
       s->pub->status = IBMSG_DISCONNECTING;  // as the application sees it: closing

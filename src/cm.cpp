@@ -134,6 +134,9 @@ void establish(Socket *s, bool by_data) {
   poll_touch(s);
   if (auto cb = s->loop->pub->connection_established) cb(s->pub);
   rndv_pump(s);  // an RTS that came first waits for it
+  // Whatever waited for the connection to be up: queued messages, credits or a FIN it owes.
+  flush_sends(s);
+  maybe_send_ctrl(s);
 }
 
 void reject_id(tp::CmId *id, const char *text) {

@@ -8,13 +8,14 @@
 namespace ibmsg {
 namespace {
 
-// The connection a work request belongs to.
-Socket *socket_of(const tp::WorkCtx *ctx) {
+// The connection a completed work request belongs to.
+Socket *socket_of(const tp::Completion &wc) {
+  const tp::WorkCtx *ctx = wc.ctx;
   switch (ctx->op) {
-    case tp::Op::Recv:
-    case tp::Op::Send:
+    case tp::Op::Recv: return recv_route(static_cast<Slot *>(ctx->owner), wc.qp_num);
+    case tp::Op::Send: return static_cast<Slot *>(ctx->owner)->sock;
     case tp::Op::RndvRead:
-    case tp::Op::RndvFin: return static_cast<Slot *>(ctx->owner)->pool->user;
+    case tp::Op::RndvFin: return recv_owner(static_cast<Slot *>(ctx->owner));
     case tp::Op::Ctrl: return static_cast<Socket *>(ctx->owner);
     case tp::Op::RdmaWrite:
     case tp::Op::RdmaRead:
@@ -86,9 +87,10 @@ int drain_device(Device *dev) {
         break;
       }
       for (int i = 0; i < n; ++i) {
-        Socket *s = socket_of(wc[i].ctx);
+        Socket *s = socket_of(wc[i]);
         // A slot whose pool has no connection any more: cannot happen, since a teardown polls
-        // the CQ after destroying the QP and before giving the pools back.
+        // the CQ after destroying the QP and before giving the pools back (a shared receive
+        // buffer whose connection is gone went back into its queue).
         if (!s) continue;
         poll_touch(s);  // activity: a busy-polling connection polls (again)
         on_completion(s, wc[i]);

@@ -14,12 +14,20 @@
 // (ctrl_due); a peer that waits for us returns the control credits it owes from half of them. Each
 // message of the peer returns all it owes, so a control message never waits long (kCtrlDepth 4).
 //
+// Shared receive buffers (kFeatureShared, src/shared_credits.hpp): a receiver whose buffers are
+// shared by its device's connections starts its peer with a small base (the hello's recv_depth)
+// and grants more, up to the hello's cap, while the peer says it wants them; the data credits it
+// granted and owes are then the pool's book of the connection (ShareConn), which the pool moves.
+// The sender keeps the wants bit on while more waits behind a message, and gives back what it
+// holds above the base once it has nothing to send (a Return message: take_return).
+//
 // The receiver also counts the credits it granted: a peer that sends a data message without a
 // data credit (or a credit-only message without a control credit) breaks the protocol, and the
 // connection closes with IBMSG_EPROTO instead of the message taking a buffer it was not given.
 #pragma once
 #include <cstdint>
 
+#include "shared_credits.hpp"
 #include "wire.hpp"
 
 namespace ibmsg {
@@ -29,14 +37,22 @@ constexpr uint32_t kCtrlDepth = 4;
 class Credits {
  public:
   // peer_*: what the peer's hello said it posted; my_recv_depth: what we posted for data.
-  void init(uint32_t peer_recv_depth, uint32_t peer_ctrl_depth, uint32_t my_recv_depth) {
-    data_ = limit_ = peer_recv_depth;
+  // peer_cap: the most data credits the peer grants (its hello's cap: peer_recv_depth before
+  // protocol 1.3); shares: the pool's book of this connection when our receive buffers are
+  // shared (it starts with my_recv_depth granted), nullptr for buffers of its own; shared_wire:
+  // kFeatureShared agreed (the wants bit and Return messages).
+  void init(uint32_t peer_recv_depth, uint32_t peer_ctrl_depth, uint32_t my_recv_depth,
+            uint32_t peer_cap = 0, ShareConn *shares = nullptr, bool shared_wire = false) {
+    data_ = base_ = peer_recv_depth;
+    limit_ = peer_cap > peer_recv_depth ? peer_cap : peer_recv_depth;
     ctrl_ = ctrl_limit_ = peer_ctrl_depth;
     depth_ = my_recv_depth;
     threshold_ = my_recv_depth / 2 ? my_recv_depth / 2 : 1;
     owed_ = owed_ctrl_ = held_ = 0;
     granted_ = my_recv_depth;
     granted_ctrl_ = kCtrlDepth;
+    sc_ = shares;
+    wire_shared_ = shared_wire;
   }
 
   // --- sending ---
@@ -47,6 +63,21 @@ class Credits {
     --data_;
     return take_owed(false);
   }
+  // With kFeatureShared: data credits held above the peer's base (give them back when nothing
+  // waits for them), and the Return message that gives n of them back (a control credit).
+  uint32_t surplus() const { return wire_shared_ && data_ > base_ ? data_ - base_ : 0; }
+  wire::Imm take_return(uint32_t n) {
+    --ctrl_;
+    data_ -= n;
+    wire::Imm imm;  // the credits field says what is given back: owed data credits wait
+    imm.op = wire::Opcode::Return;
+    imm.credits = n;
+    imm.ctrl_credits = owed_ctrl_ > wire::kMaxCtrlCreditsPerMsg ? wire::kMaxCtrlCreditsPerMsg : owed_ctrl_;
+    owed_ctrl_ -= imm.ctrl_credits;
+    granted_ctrl_ += imm.ctrl_credits;
+    return imm;
+  }
+  bool shared_wire() const { return wire_shared_; }
   // Spends one data credit on something that returns no credits (an RDMA write with immediate:
   // its immediate is the application's).
   void spend_data() { --data_; }
@@ -66,10 +97,19 @@ class Credits {
 
   // --- receiving ---
   // A data message arrived: false if the peer had no data credit for it (a protocol violation).
+  // Shared buffers: the pool's on_arrival checks and counts the credit instead (data_lent).
   bool on_data_arrived() {
-    if (granted_ == 0) return false;
-    --granted_;
+    if (gr() == 0) return false;
+    --gr();
     ++held_;  // lent to the application
+    return true;
+  }
+  void data_lent() { ++held_; }
+  // The peer gave n data credits back (a Return message): false if it holds fewer above the base
+  // we always grant (a protocol violation). Shared buffers: the pool's on_given_back instead.
+  bool on_given_back(uint32_t n) {
+    if (n > granted_ || granted_ - n < depth_) return false;
+    granted_ -= n;
     return true;
   }
   // A credit-only message arrived: false if the peer had no control credit for it.
@@ -80,14 +120,16 @@ class Credits {
   }
   void on_data_freed() {                 // the application freed it; the buffer is re-posted
     --held_;
-    ++owed_;
+    ++owed_;  // (shared buffers: the pool decides whose credit it becomes, on_data_dropped)
   }
   void on_data_dropped() { --held_; }    // freed after the connection closed: nothing to return
   void on_ctrl_received() { ++owed_ctrl_; }  // control buffer re-posted at once
 
   // Whether to send a credit-only message now (when no data message can carry the credits).
+  // Shared buffers: when the peer holds no more than we owe it.
   bool ctrl_needed() const {
-    if (owed_ == 0) return false;
+    if (owed() == 0) return false;
+    if (sc_) return owed() >= granted();
     return owed_ >= threshold_ || held_ + owed_ >= depth_;
   }
 
@@ -105,26 +147,33 @@ class Credits {
 
   uint32_t data() const { return data_; }
   uint32_t ctrl() const { return ctrl_; }
-  uint32_t owed() const { return owed_; }
+  uint32_t owed() const { return sc_ ? sc_->owed : owed_; }
   uint32_t owed_ctrl() const { return owed_ctrl_; }
   uint32_t held() const { return held_; }
-  uint32_t granted() const { return granted_; }
+  uint32_t granted() const { return sc_ ? sc_->granted : granted_; }
   uint32_t granted_ctrl() const { return granted_ctrl_; }
 
  private:
+  uint32_t &ow() { return sc_ ? sc_->owed : owed_; }
+  uint32_t &gr() { return sc_ ? sc_->granted : granted_; }
+
   wire::Imm take_owed(bool ctrl) {
     wire::Imm imm;
     imm.op = ctrl ? wire::Opcode::Credit : wire::Opcode::Data;
-    imm.credits = owed_ > wire::kMaxCreditsPerMsg ? wire::kMaxCreditsPerMsg : owed_;
+    const uint32_t max = wire_shared_ ? wire::kMaxSharedCreditsPerMsg : wire::kMaxCreditsPerMsg;
+    imm.credits = ow() > max ? max : ow();
     imm.ctrl_credits = owed_ctrl_ > wire::kMaxCtrlCreditsPerMsg ? wire::kMaxCtrlCreditsPerMsg : owed_ctrl_;
-    owed_ -= imm.credits;
+    ow() -= imm.credits;
     owed_ctrl_ -= imm.ctrl_credits;
-    granted_ += imm.credits;
+    gr() += imm.credits;
     granted_ctrl_ += imm.ctrl_credits;
     return imm;
   }
 
-  uint32_t limit_ = 0;      // the peer's receive depth: we never hold more data credits
+  ShareConn *sc_ = nullptr;  // shared receive buffers: the pool's granted and owed
+  bool wire_shared_ = false;
+  uint32_t base_ = 0;       // the peer's hello's recv_depth: what it always grants us
+  uint32_t limit_ = 0;      // its cap: we never hold more data credits
   uint32_t ctrl_limit_ = 0;
   uint32_t data_ = 0;       // data messages we may send
   uint32_t ctrl_ = 0;       // control messages we may send

@@ -42,6 +42,9 @@ int send_now(Socket *s, Slot *slot) {
   const uint32_t done = s->done_owed;
   wire::Imm imm = s->credits.take_data();
   imm.done = rndv_take_done(s);
+  // More waits behind it: a peer that shares its buffers grants more.
+  imm.wants = s->credits.shared_wire() && !s->queue.empty();
+  s->wants_told = false;  // if it runs out again, it says so again
   int rc = post_data(s, slot, imm);
   if (rc) {
     s->credits = saved;
@@ -68,11 +71,13 @@ int post_work(Socket *s, Work *w) {
 // A credit-only message, when credits are owed and no data message can carry them.
 namespace {
 
-// Posts a credit-only message carrying what is owed; false if it failed (the socket closes).
-bool post_ctrl(Socket *s) {
+// Posts a credit-only message carrying what is owed (and whether data waits for credits), or a
+// Return giving back data credits; false if it failed (the socket closes).
+bool post_ctrl(Socket *s, uint32_t give_back = 0, bool wants = false) {
   Credits saved = s->credits;
   const uint32_t done = s->done_owed;
-  wire::Imm imm = s->credits.take_ctrl();
+  wire::Imm imm = give_back ? s->credits.take_return(give_back) : s->credits.take_ctrl();
+  imm.wants = wants;
   imm.done = rndv_take_done(s);
   if (tp::post_send_imm(s->id, &s->ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
     s->credits = saved;
@@ -107,12 +112,19 @@ void maybe_send_ctrl(Socket *s) {
                   !s->credits.can_send_data()) ||
                  !s->rndv_wait.empty();
     const bool fin = rndv_fin_due(s);
-    if (!s->credits.ctrl_due(waits, s->done_owed > 0 || fin)) return;
+    // Data credits above the peer's base that nothing waits for go back to its shared pool;
+    // data that waits for credits is told once (the peer's pool may have more for it).
+    const uint32_t surplus = head ? 0 : s->credits.surplus();
+    const bool tell = s->credits.shared_wire() && !s->wants_told && head &&
+                      (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
+                      !s->credits.can_send_data();
+    if (!s->credits.ctrl_due(waits, s->done_owed > 0 || fin || surplus || tell)) return;
     if (fin) {  // a FIN (with the done counts before it) in the place of a credit-only message
       if (!rndv_send_fin(s)) return;
       continue;
     }
-    if (!post_ctrl(s)) return;
+    if (tell) s->wants_told = true;
+    if (!post_ctrl(s, surplus, tell)) return;
   }
 }
 
@@ -120,19 +132,6 @@ void send_last_done(Socket *s) {
   // Closing: no control credit needs keeping for later, the last one may carry them.
   while (s->state == State::Connected && s->done_owed && s->credits.can_send_ctrl() &&
          s->ctrl_in_flight < kCtrlDepth && post_ctrl(s)) continue;
-}
-
-void repost_ctrl(Socket *s, Slot *slot) {
-  slot->state = SlotState::Free;
-  if (s->state == State::Closing) return;
-  if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
-                    slot->pool->mr) ||
-      posted(s, false)) {
-    socket_close(s, IBMSG_EIO);
-  } else {
-    slot->state = SlotState::Posted;
-    s->credits.on_ctrl_received();
-  }
 }
 
 int posted(Socket *s, bool send_queue) {
@@ -200,19 +199,21 @@ void on_send_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   work_done(s, &slot->work, st, ok ? IBMSG_OK : wc_error(wc.status));
 }
 
-// A protocol violation or a failed receive: the buffer stays unposted, the connection closes.
-void drop_recv(Socket *s, Slot *slot, int reason) {
-  slot->state = SlotState::Free;
-  socket_close(s, reason);
-}
-
-void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
-  if (wc.len != 0 || !s->credits.on_ctrl_arrived() || !s->credits.on_returned(imm)) {
-    // a payload on a credit-only message, no credit for it, or credits it never had
-    drop_recv(s, slot, IBMSG_EPROTO);
+void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, wire::Imm imm) {
+  const bool ret = imm.op == wire::Opcode::Return;
+  const uint32_t back = ret ? imm.credits : 0;
+  if (ret) imm.credits = 0;  // it returns none of ours
+  if (wc.len != 0 || (ret && imm.wants) || !s->credits.on_ctrl_arrived() ||
+      !s->credits.on_returned(imm) ||
+      (imm.op == wire::Opcode::Return &&
+       (!(s->features & wire::kFeatureShared) || !back || !recv_given_back(s, back)))) {
+    // a payload on a credit-only message, no credit for it, credits it never had, or a Return
+    // not agreed on or of more than it had
+    recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
-  repost_ctrl(s, slot);
+  recv_ctrl_back(s, slot);
+  if (imm.wants) recv_wants(s);  // data waits at the peer: more credits if the pool has them
   flush_sends(s);
   maybe_send_ctrl(s);
 }
@@ -222,22 +223,22 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   bool has_imm = imm.op == wire::Opcode::DataImm;
   if (has_imm) {
     if (!(s->features & wire::kFeatureImm) || len < wire::kImmTrailer) {
-      drop_recv(s, slot, IBMSG_EPROTO);  // not agreed on, or no room for the immediate
+      recv_drop(s, slot, IBMSG_EPROTO);  // not agreed on, or no room for the immediate
       return;
     }
     len -= wire::kImmTrailer;
   }
-  if (len > eager_recv_size(s) || !s->credits.on_data_arrived() ||
+  if (len > eager_recv_size(s) || !recv_arrived(s, slot, imm.wants) ||
       !s->credits.on_returned(imm)) {
     // larger than we take, more data messages than the credits we granted, or credits returned
     // that it never had
-    drop_recv(s, slot, IBMSG_EPROTO);
+    recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
   // Data can overtake the ESTABLISHED event on the accepting side: it proves the connection is up.
   if (s->state == State::Accepting) establish(s, true);
   slot->state = SlotState::Lent;
-  ++slot->pool->out;
+  recv_lent(slot);
   ibmsg_buffer *msg = &slot->own;
   msg->data = slot->buf;
   msg->size = len;
@@ -254,30 +255,18 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
 // The peer's RDMA write with immediate landed: its immediate is the application's, its data
 // credit returns at once (the buffer was not used).
 void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
-  if (!(s->features & wire::kFeatureRdma) || !s->credits.on_data_arrived()) {
-    drop_recv(s, slot, IBMSG_EPROTO);
+  if (!(s->features & wire::kFeatureRdma) || !recv_arrived(s, slot, false)) {
+    recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
   if (s->state == State::Accepting) establish(s, true);
-  slot->state = SlotState::Free;
-  if (s->state == State::Closing) {
-    s->credits.on_data_dropped();
-  } else if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
-                           slot->pool->mr) ||
-             posted(s, false)) {
-    s->credits.on_data_dropped();
-    socket_close(s, IBMSG_EIO);
-  } else {
-    slot->state = SlotState::Posted;
-    s->credits.on_data_freed();
-    maybe_send_ctrl(s);
-  }
+  recv_back(s, slot);
   if (auto cb = s->loop->pub->write_received) cb(s->pub, wc.imm, wc.len);
 }
 
 void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (wc.status != tp::WcStatus::Ok) {
-    drop_recv(s, slot, wc_error(wc.status));
+    recv_drop(s, slot, wc_error(wc.status));
     return;
   }
   if (wc.write_imm) {
@@ -286,20 +275,22 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   }
   wire::Imm imm;
   if (!wc.has_imm || !wire::decode_imm(wc.imm, &imm)) {
-    drop_recv(s, slot, IBMSG_EPROTO);
+    recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
+  if (s->features & wire::kFeatureShared) wire::split_wants(&imm);
   // The peer read rendezvous messages of ours: they are done (message_sent, in order).
   if (imm.done && (!(s->features & wire::kFeatureRndv) || !rndv_on_done(s, imm.done))) {
-    drop_recv(s, slot, IBMSG_EPROTO);
+    recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
   switch (imm.op) {
     case wire::Opcode::Data:
     case wire::Opcode::DataImm: on_data_msg(s, slot, wc, imm); break;
-    case wire::Opcode::Credit: on_credit_msg(s, slot, wc, imm); break;
+    case wire::Opcode::Credit:
+    case wire::Opcode::Return: on_credit_msg(s, slot, wc, imm); break;
     case wire::Opcode::Rendezvous: rndv_on_msg(s, slot, wc, imm); break;
-    default: drop_recv(s, slot, IBMSG_EPROTO); break;  // no feature agreed that uses it
+    default: recv_drop(s, slot, IBMSG_EPROTO); break;  // no feature agreed that uses it
   }
 }
 

@@ -9,6 +9,8 @@
 #include "largebuf.hpp"
 #include "list.hpp"
 #include "pool.hpp"
+#include "qpmap.hpp"
+#include "shared_credits.hpp"
 #include "transport/transport.hpp"
 
 struct ibmsg__loop;
@@ -19,6 +21,41 @@ using Loop = ::ibmsg__loop;
 constexpr size_t kLargeCacheBytes = size_t(64) << 20;  // free large buffers kept per device
 
 // --- device.cpp ------------------------------------------------------------------------------
+
+// A device's shared receive buffers of one size (recv.cpp): a shared receive queue that the
+// queue pairs of its connections take their receives from, the slabs of registered buffers
+// posted to it, and the data credits they back (SharedCredits). Each connection reserves its
+// control buffers and its base of data credits when it joins; the rest goes where the traffic
+// is. It lives while a connection uses it or a buffer of it is lent, and holds a device
+// reference meanwhile. A posted buffer cannot be taken back: it never shrinks while it lives.
+struct SharedRecv {
+  SharedRecv(uint32_t base, uint32_t cap) : credits(base, cap) {}
+  Device *dev = nullptr;
+  size_t slot_size = 0;  // of its buffers
+  uint32_t cap = 0;      // the most data credits a connection gets (IBMSG_OPT_RECV_DEPTH)
+  tp::Srq *srq = nullptr;
+  uint32_t max_wr = 0;   // its shared receive queue's size
+  uint32_t buffers = 0;  // in its slabs
+  uint32_t conns = 0;    // joined
+  uint32_t lent = 0;     // buffers holding a message (not posted)
+  SharedCredits credits;
+  QpMap<::ibmsg__socket> by_qp;  // its connections by queue pair number
+  List<Pool, &Pool::dev_node> slabs;
+  ListNode node;  // in the device's list
+};
+
+// A device's send buffers of one size (send_slots.cpp): slabs of registered slots, taken by its
+// connections' messages and given back when the application frees them.
+struct SharedSend {
+  Device *dev = nullptr;
+  size_t slot_size = 0;
+  uint32_t conns = 0;  // connections that take slots from it
+  uint32_t out = 0;    // slots allocated
+  size_t bytes = 0;    // of its slabs
+  List<Slot, &Slot::link> free;
+  List<Pool, &Pool::dev_node> slabs;
+  ListNode node;  // in the device's list
+};
 
 struct DevCq {  // a completion queue of a device's connections on one loop (cq.cpp)
   tp::Cq *cq;
@@ -37,6 +74,8 @@ struct Device {
   bool removed;  // the device went away (a CM event said so) or its channel failed
   ListNode node;                        // in the loop's devices
   List<Pool, &Pool::dev_node> pools;    // registered on this device
+  List<SharedRecv, &SharedRecv::node> shared;  // shared receive buffers, by size
+  List<SharedSend, &SharedSend::node> sends;   // send buffers, by size
   List<DevCq, &DevCq::node> cqs;  // shared by its connections; another when they are full
   int polling;  // its connections with poll_active: the CQs are polled, not armed
   bool rearm;   // polling stopped outside the poller: arm and drain from the loop
@@ -71,6 +110,9 @@ struct LargeMem : LargeBuf {
   tp::Mr *mr;
 };
 LargeMem *large_get(Device *dev, bool send, uint64_t peer, size_t size, int *err);
+// --- recv.cpp --------------------------------------------------------------------------------
+constexpr uint32_t kShareBase = 2;  // data credits a connection on shared buffers always has
+constexpr uint32_t kSlab = 64;      // shared buffers registered at once
 // ibmsg_socket_memory / ibmsg_loop_memory.
 void memory_of_socket(const Socket *s, ibmsg_memory *out);
 void memory_of_loop(const Loop *loop, ibmsg_memory *out);

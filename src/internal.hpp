@@ -8,7 +8,10 @@
 //                      timer.cpp     per-socket deadlines on the loop
 //                      options.cpp   option values, loop defaults and ibmsg_options sets
 //                      device.cpp    a loop's devices, reference-counted
-//                      memory.cpp    registered pools, owned by a device, lent to connections
+//                      memory.cpp    registered pools and large buffers, owned by a device
+//                      recv.cpp      receive buffers: a connection's own or its device's shared
+//                                    ones (an SRQ) and the credits they back
+//                      send_slots.cpp  send buffers: slots of the device's slabs
 //                      region.cpp    application memory regions, their registrations and grants
 //                      rdma.cpp      one-sided operations: checks, posting, completions
 //                      cq.cpp        a device's completion queue, shared by its connections
@@ -19,7 +22,7 @@
 //                      message.cpp   the application's messages: alloc / post / free
 //                      rndv.cpp      rendezvous: messages above the eager size, read by the peer
 //                      close.cpp     the one close path and the teardown
-//                      (pure: state, credits, wire, pool, list, largebuf; shared_credits: tests)
+//                      (pure: state, credits, shared_credits, wire, pool, list, largebuf, qpmap)
 //   ----------------------------------------------------------------------------------------
 //   transport/         the only code that calls rdma-core (transport.hpp); it knows no sockets.
 //                      test/fake/transport.cpp stands in for it in host-side tests.
@@ -57,7 +60,8 @@ struct Options {
   int send_depth = 32;
   int send_queue = 32;
   uint32_t max_msg_size = kMaxMsgSize;  // any path
-  int eager_size = 65536;  // through the pools; more by rendezvous
+  int eager_size = 16384;  // through the pools; more by rendezvous
+  int shared_recv = 1;     // receive buffers shared by the device's connections
   int connect_timeout_ms = 5000;
   int rnr_retry = 7;
   int rdma = 1;          // offer one-sided RDMA
@@ -89,6 +93,7 @@ double timers_next(Loop *loop);
 
 #include "device.hpp"    // Device, DevCq, pools and large buffers
 #include "onesided.hpp"  // ibmsg__region, ibmsg__op
+#include "buffers.hpp"   // receive and send buffers (recv.cpp, send_slots.cpp)
 
 struct ibmsg__socket {
   using Loop = ibmsg::Loop;
@@ -118,8 +123,13 @@ struct ibmsg__socket {
   ibmsg::tp::Cq *cq = nullptr;    // and its share of it
   uint32_t cq_need = 0;
   bool has_qp = false;
-  ibmsg::Pool *send_pool = nullptr;
-  ibmsg::Pool *recv_pool = nullptr;
+  ibmsg::SharedSend *ssend = nullptr;  // the device's send buffers it takes its messages from
+  uint32_t send_out = 0;               // and how many it holds (at most IBMSG_OPT_SEND_DEPTH)
+  ibmsg::Pool *recv_pool = nullptr;   // receive buffers of its own, or
+  ibmsg::SharedRecv *srecv = nullptr;  // the device's shared ones (recv.cpp), and its book there
+  ibmsg::ShareConn share;
+  uint32_t qp_num = 0;  // its queue pair's (shared receives name it)
+  bool wants_told = false;  // a credit-only message told the peer that data waits for credits
   uint32_t max_msg = 0;      // min of both sides' maximum, once have_peer
   uint32_t eager = 0;        // largest message sent through the pools (min of both sides')
   bool have_peer = false;    // the peer's hello is known
@@ -288,9 +298,6 @@ void maybe_send_ctrl(Socket *s);  // a credit-only message, if owed and nothing 
 // The application closes: the done counts it owes go now, so that the peer's messages it has
 // read (and delivered) are confirmed.
 void send_last_done(Socket *s);
-// A buffer that took a message spending a control credit is posted again at once (a closing
-// connection leaves it free).
-void repost_ctrl(Socket *s, Slot *slot);
 
 // --- message.cpp ---
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);

@@ -1,6 +1,7 @@
 // The application's messages: ibmsg_alloc_msg, ibmsg_post_send and ibmsg_free_msg. A message is
-// a slot of the connection's send pool; one above the eager size also has a large buffer for its
-// payload (rndv.cpp). A received message is a slot of the receive pool, lent until it is freed.
+// a slot of the device's send buffers (send_slots.cpp); one above the eager size also has a large
+// buffer for its payload (rndv.cpp). A received message is a receive buffer (recv.cpp), lent
+// until it is freed.
 #include <cstring>
 
 #include "internal.hpp"
@@ -18,16 +19,16 @@ int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
   if (!state_has_buffers(s->state)) return IBMSG_ENOTCONN;
   if (size > size_t(s->opts.max_msg_size) || (s->have_peer && size > s->max_msg))
     return IBMSG_EMSGSIZE;
-  Slot *slot = pool_get(s->send_pool);
-  if (!slot) return IBMSG_EAGAIN;
+  int err = IBMSG_OK;
+  Slot *slot = send_get(s, &err);
+  if (!slot) return err;
   slot->large = nullptr;
   slot->region = nullptr;
   if (size > send_eager(s)) {
     // Rendezvous: the payload in a large buffer the peer reads; the slot carries the RTS.
-    int err = IBMSG_OK;
     slot->large = large_get(s->dev, true, s->serial, size, &err);
     if (!slot->large) {
-      pool_put(s->send_pool, slot);
+      send_put(slot);
       return err;
     }
   }
@@ -48,8 +49,8 @@ int msg_from_region(Socket *s, ibmsg_buffer *msg, Region *r, size_t off, size_t 
   int err = IBMSG_OK;
   const tp::Mr *mr = region_mr(r, s->dev, &err);  // registered on the device once
   if (!mr) return err;
-  Slot *slot = pool_get(s->send_pool);
-  if (!slot) return IBMSG_EAGAIN;
+  Slot *slot = send_get(s, &err);
+  if (!slot) return err;
   slot->large = nullptr;
   slot->region = r;
   slot->region_off = off;
@@ -68,7 +69,7 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
   if (!state_can_post(s->state) || s->lingering) return IBMSG_ENOTCONN;
   Slot *slot = msg->impl;
   if (!slot_valid(slot) || slot->msg != msg) return IBMSG_ENOTALLOC;
-  if (slot->pool->recv || slot->pool->user != s) return IBMSG_EINVAL;
+  if (slot->pool->recv || slot->sock != s) return IBMSG_EINVAL;
   if (slot->state != SlotState::Allocated) return IBMSG_EBUSY;
   if (msg->size > s->max_msg) return IBMSG_EMSGSIZE;
   const bool rndv = msg->size > s->eager;
@@ -77,7 +78,7 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
         msg->size > slot->region->length - slot->region_off)
       return IBMSG_ERANGE;  // moved or grown beyond its region
   } else if (slot->large ? msg->size > slot->large->bytes
-                          : msg->size > s->send_pool->slot_size - wire::kImmTrailer) {
+                          : msg->size > slot->pool->slot_size - wire::kImmTrailer) {
     return IBMSG_EMSGSIZE;  // more than its buffer holds
   }
   if (has_imm && !(s->features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
@@ -142,11 +143,10 @@ int msg_free(ibmsg_buffer *msg) {
     if (slot->region) --slot->region->busy;
     slot->large = nullptr;
     slot->region = nullptr;
-    pool_put(p, slot);
+    send_put(slot);
     msg->impl = nullptr;
     msg->data = nullptr;
     msg->status = IBMSG_FREED;
-    pool_maybe_release(p);
     return IBMSG_OK;
   }
   if (slot->state != SlotState::Lent || slot->in.ready || slot->in.declined ||
@@ -157,22 +157,7 @@ int msg_free(ibmsg_buffer *msg) {
   slot->large = nullptr;
   if (slot->in.region) --slot->in.region->busy;  // the application's region, free again
   slot->in.region = nullptr;
-  --p->out;
-  Socket *s = p->user;
-  if (s && s->has_qp && s->state != State::Closing) {
-    if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(p->slot_size), p->mr) ==
-            IBMSG_OK &&
-        posted(s, false) == IBMSG_OK) {
-      slot->state = SlotState::Posted;
-      s->credits.on_data_freed();
-      maybe_send_ctrl(s);
-      return IBMSG_OK;
-    }
-    socket_close(s, IBMSG_EIO);
-  }
-  slot->state = SlotState::Free;
-  if (s) s->credits.on_data_dropped();
-  else pool_maybe_release(p);
+  recv_unlent(recv_owner(slot), slot);
   return IBMSG_OK;
 }
 

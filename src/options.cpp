@@ -19,6 +19,7 @@ int *int_option(Options *o, int option) {
     case IBMSG_OPT_RDMA: return &o->rdma;
     case IBMSG_OPT_RDMA_DEPTH: return &o->rdma_depth;
     case IBMSG_OPT_BUSY_POLL: return &o->busy_poll_us;
+    case IBMSG_OPT_SHARED_RECV: return &o->shared_recv;
     default: return nullptr;
   }
 }
@@ -42,6 +43,7 @@ bool int_option_valid(int option, int v) {
     case IBMSG_OPT_RDMA: return v == 0 || v == 1;
     case IBMSG_OPT_RDMA_DEPTH: return v >= 1 && v <= 4096;
     case IBMSG_OPT_BUSY_POLL: return v >= IBMSG_BUSY_POLL_ALWAYS && v <= 10 * 1000 * 1000;
+    case IBMSG_OPT_SHARED_RECV: return v == 0 || v == 1;
     default: return false;
   }
 }

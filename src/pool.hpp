@@ -21,6 +21,8 @@ using Slot = ::ibmsg__slot;
 struct Pool;
 struct Device;
 struct DevCq;
+struct SharedRecv;
+struct SharedSend;
 
 enum class SlotState : uint8_t {
   Free,      // send: in the pool;            recv: not posted (connection closing)
@@ -87,6 +89,13 @@ struct ibmsg__slot {
   uint32_t imm;
   ibmsg::LargeMem *large;  // the payload's large buffer (send) or destination (recv), if any
   ibmsg::RndvIn in;        // recv: a rendezvous message
+  // send: the connection that allocated it (nullptr once it closed).
+  // recv, shared (Pool::shared): the connection whose message it took (nullptr while posted and
+  // once that connection closed), and whether that message came with a data credit (not a
+  // control message, a peer's protocol violation or a receive flushed at a close): only then
+  // does a credit come of it when it is posted again.
+  ::ibmsg__socket *sock;
+  bool credited;
   // send: a payload in the application's region (ibmsg_msg_from_region), its registration on the
   // connection's device, and the exact-range registration a rendezvous from it lends the peer
   ibmsg__region *region;
@@ -110,6 +119,8 @@ struct Pool {
   Device *dev;         // owns the pool and its registration
   tp::Mr *mr;
   Socket *user;        // the connection that uses it; nullptr once it closed
+  SharedRecv *shared;  // a slab of a device's shared receive buffers (user unused), or nullptr
+  SharedSend *sends;   // a slab of a device's send buffers (user unused), or nullptr
   ListNode dev_node;   // in the device's list of pools
   // A failed accept's receive pool, whose flushed receives may still be in a CQ: held (one slot
   // counted out) with the connection's share of that CQ until the loop has polled it.

@@ -116,7 +116,10 @@ uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
   r.rkey = tp::mr_rkey(slot->large ? slot->large->mr : slot->xmr);
   r.has_imm = slot->has_imm;
   r.imm = slot->imm;
-  r.addr = reinterpret_cast<uintptr_t>(slot->msg->data);
+  // The large buffer itself, whatever the application did to msg->data (a region message's
+  // data was checked against its region when posted).
+  r.addr = slot->large ? reinterpret_cast<uintptr_t>(slot->large->mem)
+                       : reinterpret_cast<uintptr_t>(slot->msg->data);
   r.length = slot->msg->size;
   wire::encode_rts(r, slot->buf);
   s->rndv_wait.push_back(slot);  // popped when read, or when its posting fails (send_now)
@@ -136,18 +139,17 @@ namespace {
 // it, then it waits for its reads (or its FIN) in order.
 void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   wire::Rts r;
-  if (!s->credits.on_data_arrived() || !s->credits.on_returned(imm) ||
+  if (!recv_arrived(s, slot, imm.wants) || !s->credits.on_returned(imm) ||
       !wire::decode_rts(slot->buf, wc.len, &r) || r.length > s->opts.max_msg_size ||
       (r.has_imm && !(s->features & wire::kFeatureImm))) {
     // no credit for it, credits it never had, no RTS, larger than we take, or an immediate
     // not agreed on
-    slot->state = SlotState::Free;
-    socket_close(s, IBMSG_EPROTO);
+    recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
   if (s->state == State::Accepting) establish(s, true);
   slot->state = SlotState::Lent;
-  ++slot->pool->out;
+  recv_lent(slot);
   ibmsg_buffer *msg = &slot->own;
   msg->data = nullptr;  // the destination, once the reads are done
   msg->size = size_t(r.length);
@@ -192,11 +194,10 @@ void on_fin(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
   if (!s->credits.on_ctrl_arrived() || !s->credits.on_returned(imm) ||
       !wire::decode_fin(slot->buf, wc.len, &f) || f.status != wire::FinStatus::Declined ||
       !front || f.id != uint32_t(front - front->pool->slots)) {
-    slot->state = SlotState::Free;
-    socket_close(s, IBMSG_EPROTO);
+    recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
-  repost_ctrl(s, slot);
+  recv_ctrl_back(s, slot);
   read_done(s, &s->rndv_wait.pop_front()->work, IBMSG_EDECLINED);
   notify_front(s);
   flush_sends(s);
@@ -204,23 +205,13 @@ void on_fin(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
 }
 
 // A slot the rendezvous held (declined, or undelivered at a close) goes back to the pool.
-void drop_slot(Socket *s, Slot *slot, bool repost) {
+void drop_slot(Socket *s, Slot *slot) {
   if (slot->large) large_put(slot->large);
   slot->large = nullptr;
   if (slot->in.region) --slot->in.region->busy;
   slot->in.region = nullptr;
   slot->in.ready = slot->in.declined = false;
-  --slot->pool->out;
-  if (repost && tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
-                              slot->pool->mr) == IBMSG_OK &&
-      posted(s, false) == IBMSG_OK) {
-    slot->state = SlotState::Posted;
-    s->credits.on_data_freed();
-    return;
-  }
-  slot->state = SlotState::Free;
-  s->credits.on_data_dropped();
-  if (repost) socket_close(s, IBMSG_EIO);
+  recv_unlent(s, slot);
 }
 
 }  // namespace
@@ -280,7 +271,7 @@ void rndv_on_fin_sent(Socket *s, Slot *slot, const tp::Completion &wc) {
   const bool ok = wc.status == tp::WcStatus::Ok;
   if (!ok) socket_close(s, wc.status == tp::WcStatus::Flushed ? IBMSG_ECONNRESET : IBMSG_EIO);
   // The declined message's buffer and data credit come back now.
-  drop_slot(s, slot, ok && s->state != State::Closing && s->has_qp);
+  drop_slot(s, slot);
   maybe_send_ctrl(s);
 }
 
@@ -322,13 +313,13 @@ uint32_t rndv_take_done(Socket *s) {
 
 void rndv_release(Socket *s) {
   while (RndvIn *in = s->reading.pop_front())
-    if (in->declined) drop_slot(s, static_cast<Slot *>(in->wr.owner), false);
+    if (in->declined) drop_slot(s, static_cast<Slot *>(in->wr.owner));
   // FINs posted whose completion did not come (a failed flush; a device that drops a destroyed
   // QP's completions): their slots come back here.
-  while (RndvIn *in = s->fins.pop_front()) drop_slot(s, static_cast<Slot *>(in->wr.owner), false);
+  while (RndvIn *in = s->fins.pop_front()) drop_slot(s, static_cast<Slot *>(in->wr.owner));
   while (s->rndv_wait.pop_front()) {
   }
-  while (Slot *slot = s->deliver.pop_front()) drop_slot(s, slot, false);
+  while (Slot *slot = s->deliver.pop_front()) drop_slot(s, slot);
   s->rndv_reads = 0;
   s->done_owed = 0;
 }
@@ -336,7 +327,7 @@ void rndv_release(Socket *s) {
 int incoming_to_region(ibmsg_incoming *inc, Region *r, size_t off) {
   if (!inc || inc != g_incoming || !r) return IBMSG_EINVAL;  // outside its callback
   Slot *slot = inc->impl;
-  Socket *s = slot->pool->user;
+  Socket *s = recv_owner(slot);
   RndvIn &in = slot->in;
   if (in.declined || in.region) return IBMSG_ESTATE;
   if (r->loop != s->loop) return IBMSG_EINVAL;

@@ -75,12 +75,6 @@ void open_socket(Socket *s, Event ev) {
 }
 
 
-Pool *make_pool(Socket *s, bool recv, uint32_t count, int *err) {
-  // Room for the immediate that may follow a payload (wire::Opcode::DataImm).
-  // Room for an eager message and its immediate, or an RTS.
-  size_t size = eager_recv_size(s) > wire::kRtsSize ? eager_recv_size(s) : wire::kRtsSize;
-  return pool_acquire(s->dev, s, recv, count, size + wire::kImmTrailer, err);
-}
 
 }  // namespace
 
@@ -149,7 +143,9 @@ void socket_unregister(Socket *s) {
 
 wire::Hello my_hello(const Socket *s) {
   wire::Hello h;
-  h.recv_depth = uint32_t(s->opts.recv_depth);
+  // Shared receive buffers: a base the peer always gets, more while it wants them.
+  h.cap = uint32_t(s->opts.recv_depth);
+  h.recv_depth = s->srecv ? s->srecv->credits.base() : h.cap;
   h.ctrl_depth = kCtrlDepth;
   h.max_msg_size = eager_recv_size(s);
   h.features = wire::kFeatures & ~(s->opts.rdma ? 0 : wire::kFeatureRdma);
@@ -159,8 +155,10 @@ wire::Hello my_hello(const Socket *s) {
 }
 
 void set_peer(Socket *s, const wire::Hello &h) {
-  s->credits.init(h.recv_depth, h.ctrl_depth, uint32_t(s->opts.recv_depth));
-  s->features = h.features & my_hello(s).features;
+  const wire::Hello me = my_hello(s);
+  s->features = h.features & me.features;
+  s->credits.init(h.recv_depth, h.ctrl_depth, me.recv_depth, h.cap,
+                  s->srecv ? &s->share : nullptr, (s->features & wire::kFeatureShared) != 0);
   // Without rendezvous on both sides only eager messages go, either way.
   const bool rndv = (s->features & wire::kFeatureRndv) && h.rndv_max_size;
   const uint32_t mine = rndv ? s->opts.max_msg_size : eager_recv_size(s);
@@ -195,19 +193,14 @@ int conn_open(Socket *s) {
   s->ctrl_wr.owner = s;
   // Small messages go inline (no DMA read of the payload) where the device offers it.
   tp::QpCaps caps{send_wrs, recv_slots, 256};
+  recv_join(s, &caps);  // the device's shared receive buffers, if it can
   err = tp::qp_create(s->id, s->dev->tp, s->cq, &caps);
   if (!err) {
     s->has_qp = true;
     s->max_inline = caps.max_inline;
-    s->send_pool = make_pool(s, false, uint32_t(s->opts.send_depth), &err);
+    err = send_join(s);
   }
-  if (!err) s->recv_pool = make_pool(s, true, recv_slots, &err);
-  for (uint32_t i = 0; !err && i < recv_slots; ++i) {
-    Slot *slot = &s->recv_pool->slots[i];
-    err = tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(s->recv_pool->slot_size),
-                        s->recv_pool->mr);
-    if (!err) slot->state = SlotState::Posted;
-  }
+  if (!err) err = recv_open(s);
   // All of them before the connection can be established, also from inside a callback.
   if (!err) err = tp::post_flush(s->id);
   if (!err) return IBMSG_OK;
@@ -239,9 +232,8 @@ void conn_release(Socket *s, bool drain, bool park) {
   s->cq = nullptr;
   s->devcq = nullptr;
   rndv_release(s);
-  pool_disown(s->send_pool);
-  pool_disown(s->recv_pool);
-  s->send_pool = s->recv_pool = nullptr;
+  send_leave(s);
+  recv_leave(s);
 }
 
 int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
@@ -309,7 +301,7 @@ int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Option
     tp::ConnParam param;
     uint8_t hello[wire::kHelloSize];
     fill_conn_param(s, &param, hello);
-    if (s->opts.rdma) {
+    if (s->responder_resources || s->initiator_depth) {  // one-sided RDMA or rendezvous
       // Accepting: no more than the connecting side offered either (the transport takes the
       // smaller of its request and the device's limits).
       param.responder_resources = tp::kMaxRdAtomic;

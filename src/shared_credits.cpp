@@ -7,6 +7,7 @@ bool SharedCredits::join(ShareConn *c) {
   c->joined = true;
   c->granted = 0;
   c->owed = base_;
+  c->held = 0;
   c->wants = false;
   assigned_ += base_;
   return true;
@@ -16,7 +17,7 @@ void SharedCredits::leave(ShareConn *c) {
   if (!c->joined) return;
   unwait(c);
   assigned_ -= c->total();
-  c->granted = c->owed = 0;
+  c->granted = c->owed = c->held = 0;
   c->joined = false;
 }
 
@@ -25,8 +26,9 @@ bool SharedCredits::on_arrival(ShareConn *c, bool wants) {
   --c->granted;
   --assigned_;
   --free_;
+  ++c->held;
   c->wants = wants;
-  if (!wants || c->total() >= cap_) {
+  if (!wants || full(c)) {
     unwait(c);
   } else if (unassigned() > 0) {
     give(c);  // nobody waits while the pool has units (serve_waiting, on_freed)
@@ -34,6 +36,14 @@ bool SharedCredits::on_arrival(ShareConn *c, bool wants) {
     waiting_.push_back(c);
   }
   return true;
+}
+
+void SharedCredits::on_wants(ShareConn *c) {
+  if (!c->joined) return;
+  c->wants = true;
+  if (full(c)) return;
+  if (unassigned() > 0) give(c);
+  else if (!c->wait_node.linked()) waiting_.push_back(c);
 }
 
 bool SharedCredits::on_given_back(ShareConn *c, uint32_t n) {
@@ -48,6 +58,7 @@ bool SharedCredits::on_given_back(ShareConn *c, uint32_t n) {
 ShareConn *SharedCredits::on_freed(ShareConn *c) {
   ++free_;
   if (c && !c->joined) c = nullptr;
+  if (c && c->held) --c->held;
   // Its own connection back to its base first: every connection can always send again once the
   // application frees what it holds.
   if (c && c->total() < base_) {
@@ -56,7 +67,7 @@ ShareConn *SharedCredits::on_freed(ShareConn *c) {
   }
   if (ShareConn *w = serve_waiting()) return w;
   // Nobody waits: the credit stays where the traffic is.
-  if (c && c->wants && c->total() < cap_) {
+  if (c && c->wants && !full(c)) {
     give(c);
     return c;
   }
@@ -66,9 +77,10 @@ ShareConn *SharedCredits::on_freed(ShareConn *c) {
 ShareConn *SharedCredits::serve_waiting() {
   if (unassigned() == 0) return nullptr;
   ShareConn *w = waiting_.pop_front();
+  while (w && full(w)) w = waiting_.pop_front();  // (at its cap since: it waits no more)
   if (!w) return nullptr;
   give(w);
-  if (w->total() < cap_) waiting_.push_back(w);  // one unit each in turn
+  if (!full(w)) waiting_.push_back(w);  // one unit each in turn
   return w;
 }
 

@@ -13,7 +13,9 @@
 // - Each connection keeps a base of credits it always gets back; beyond that, up to its cap,
 //   credits go to connections that say they have more to send ("wants": a bit on each message),
 //   first-come first-served among those waiting, and otherwise stay with the connection that
-//   used them while it keeps wanting.
+//   used them while it keeps wanting. The cap counts the buffers of its messages that the
+//   application holds too: a peer whose messages are not consumed stops at the cap, as with
+//   buffers of its own, instead of taking the whole pool.
 // - A peer gives back credits above the base that it does not use (its send queue emptied): a
 //   return message. So an idle connection holds at most its base, and a connection that sent a
 //   burst once does not keep buffers from the others.
@@ -29,9 +31,11 @@ namespace ibmsg {
 struct ShareConn {
   uint32_t granted = 0;  // credits its peer holds: messages it may still send
   uint32_t owed = 0;     // reserved for it, sent with its next message (take_owed)
+  uint32_t held = 0;     // its messages the application holds (their buffers count to its cap)
   bool wants = false;    // its last message said more wait behind it
   bool joined = false;
   ListNode wait_node;    // in the pool's queue of connections waiting for credits
+  void *user = nullptr;  // the connection (the core's)
   uint32_t total() const { return granted + owed; }
 };
 
@@ -43,6 +47,13 @@ class SharedCredits {
 
   // Buffers added to the pool (posted): units to give.
   void add_buffers(uint32_t n) { free_ += n; }
+  // Takes n unassigned buffers out of the pool (for another use: control messages); false if it
+  // has fewer.
+  bool take_buffers(uint32_t n) {
+    if (unassigned() < n) return false;
+    free_ -= n;
+    return true;
+  }
   // A new connection: reserves its base (owed, sent in its hello). false if the pool has no
   // base left for it: add buffers first.
   bool join(ShareConn *c);
@@ -52,6 +63,9 @@ class SharedCredits {
   // A message of c's peer arrived, saying whether more wait behind it. false if the peer had no
   // credit (a protocol violation: the connection closes).
   bool on_arrival(ShareConn *c, bool wants);
+  // c's peer has data waiting and no credit to send it (a credit-only message with the wants bit):
+  // a unit now if the pool has one, else it waits for one.
+  void on_wants(ShareConn *c);
   // c's peer gave back n unused credits (at most those above the base it holds; false if more).
   bool on_given_back(ShareConn *c, uint32_t n);
   // The application freed a buffer that c's message used (c nullptr: its connection closed) and
@@ -78,6 +92,8 @@ class SharedCredits {
     ++assigned_;
   }
   void unwait(ShareConn *c) { waiting_.remove(c); }
+  // At its cap: its credits and the buffers its messages hold.
+  bool full(const ShareConn *c) const { return c->total() + c->held >= cap_; }
 
   uint32_t base_, cap_;
   uint64_t free_ = 0;

@@ -45,7 +45,9 @@ uint32_t fnv1a(const uint8_t *p, size_t n) {
 }  // namespace
 
 uint32_t encode_imm(const Imm &imm) {
-  uint32_t credits = imm.credits > kMaxCreditsPerMsg ? kMaxCreditsPerMsg : imm.credits;
+  const uint32_t max = imm.wants ? kMaxSharedCreditsPerMsg : kMaxCreditsPerMsg;
+  uint32_t credits = imm.credits > max ? max : imm.credits;
+  if (imm.wants) credits |= kWantsBit;
   uint32_t ctrl = imm.ctrl_credits > kMaxCtrlCreditsPerMsg ? kMaxCtrlCreditsPerMsg : imm.ctrl_credits;
   uint32_t done = imm.done > kMaxDonePerMsg ? kMaxDonePerMsg : imm.done;
   return credits | ctrl << 16 | done << 24 | uint32_t(imm.op) << 28;
@@ -68,6 +70,7 @@ void encode_hello(const Hello &h, uint8_t out[kHelloSize]) {
   put32(out + 16, h.ctrl_depth);
   put32(out + 20, h.max_msg_size);
   put32(out + 24, h.rndv_max_size);
+  put32(out + 28, h.cap);
 }
 
 HelloResult decode_hello(const void *data, size_t len, Hello *out) {
@@ -82,8 +85,11 @@ HelloResult decode_hello(const void *data, size_t len, Hello *out) {
   out->recv_depth = get32(p + 12);
   out->ctrl_depth = get32(p + 16);
   out->max_msg_size = get32(p + 20);
-  out->rndv_max_size = len >= kHelloSize ? get32(p + 24) : 0;
-  if (out->recv_depth == 0 || out->recv_depth > kMaxDepth) return HelloResult::Invalid;
+  out->rndv_max_size = len >= 28 ? get32(p + 24) : 0;
+  out->cap = len >= kHelloSize ? get32(p + 28) : 0;
+  if (out->cap < out->recv_depth) out->cap = out->recv_depth;  // 0: a hello before 1.3
+  if (out->recv_depth == 0 || out->recv_depth > kMaxDepth || out->cap > kMaxDepth)
+    return HelloResult::Invalid;
   if (out->ctrl_depth == 0 || out->ctrl_depth > kMaxCtrlDepth) return HelloResult::Invalid;
   if (out->max_msg_size == 0) return HelloResult::Invalid;
   if (out->rndv_max_size != 0 && out->rndv_max_size < out->max_msg_size) return HelloResult::Invalid;

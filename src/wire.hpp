@@ -3,15 +3,21 @@
 //
 // Every message is an RDMA SEND with immediate data. The 32-bit immediate carries the message's
 // opcode and the credits the sender returns, so the payload needs no header and stays aligned:
-//   bits  0..15  data credits returned (receive buffers the sender re-posted since its last message)
+//   bits  0..15  data credits returned (receive buffers the sender re-posted since its last message);
+//                with kFeatureShared, bits 0..14 (at most 32767 a message) and bit 15 "wants":
+//                more data messages wait behind this one at its sender (a receiver that shares
+//                its receive buffers among connections gives it more credits, up to the cap of
+//                its hello, while buffers are free)
 //   bits 16..23  control credits returned
 //   bits 24..27  rendezvous messages of the peer this side has read, in the order they came
 //                (kFeatureRndv; zero without it): they are done, the peer's buffers free again
 //   bits 28..31  opcode: 0 data, 1 credit-only, 3 rendezvous (an RTS or a FIN, below; needs
 //                kFeatureRndv), 5 data with an application immediate (the payload ends in 4
-//                more bytes: the immediate, little-endian; needs kFeatureImm); 2, 4 and 6..15
-//                reserved (2 keepalive, 4 RDMA notice are set aside for the features that will
-//                use them)
+//                more bytes: the immediate, little-endian; needs kFeatureImm), 6 return (a
+//                credit-only message, spending a control credit, whose bits 0..14 give data
+//                credits back: its sender held more than the peer's base and had nothing to send
+//                with them; needs kFeatureShared); 2, 4 and 7..15 reserved (2 keepalive, 4 RDMA
+//                notice are set aside for the features that will use them)
 // An RDMA write with immediate (kFeatureRdma) carries the application's immediate in all 32 bits:
 // the receiver tells it from a message by its completion (not a receive), and it spends one data
 // credit without returning any.
@@ -34,6 +40,7 @@ enum class Opcode : uint8_t {
   Rendezvous = 3,  // an RTS (a data credit) or a FIN (a control credit): kFeatureRndv
   RdmaNotice = 4,  // reserved
   DataImm = 5,     // a message whose payload ends in a 4-byte application immediate
+  Return = 6,      // credit-only, gives data credits back (credits field): kFeatureShared
 };
 constexpr uint32_t kImmTrailer = 4;  // bytes a DataImm message adds after the payload
 constexpr uint8_t kOpcodeCount = 16;  // the opcode field has 4 bits
@@ -43,8 +50,17 @@ struct Imm {
   uint32_t credits = 0;       // data credits returned
   uint32_t ctrl_credits = 0;  // control credits returned
   uint32_t done = 0;          // rendezvous messages read (at most kMaxDonePerMsg)
+  bool wants = false;         // kFeatureShared: bit 15 of the credits field (encode_imm sets it;
+                              // decode_imm leaves it in credits: split_wants takes it out)
 };
 constexpr uint32_t kMaxDonePerMsg = 15;
+constexpr uint32_t kMaxSharedCreditsPerMsg = 0x7fff;  // with kFeatureShared
+constexpr uint32_t kWantsBit = 0x8000;
+// With kFeatureShared: the wants bit out of the credits field.
+inline void split_wants(Imm *imm) {
+  imm->wants = (imm->credits & kWantsBit) != 0;
+  imm->credits &= kMaxSharedCreditsPerMsg;
+}
 
 // Host-order immediate value; the transport converts to network order.
 uint32_t encode_imm(const Imm &imm);
@@ -56,7 +72,7 @@ constexpr uint32_t kMagic = 0x49424d53;  // "IBMS"
 // The protocol version: peers with the same major connect, using the features both have; a
 // different major is refused with a reject text naming both versions.
 constexpr uint8_t kMajor = 1;
-constexpr uint8_t kMinor = 2;
+constexpr uint8_t kMinor = 3;
 // Feature bits of the hello: a connection uses a feature when both hellos have its bit.
 constexpr uint32_t kFeatureRdma = 1u << 0;  // one-sided RDMA: this side accepts RDMA reads,
                                             // writes, write-immediates and atomics on the regions
@@ -65,8 +81,13 @@ constexpr uint32_t kFeatureImm = 1u << 1;   // DataImm messages
 // Rendezvous messages (protocol 1.2): larger than the eager limit, pulled by the receiver with
 // RDMA reads, confirmed by the done count of the immediate.
 constexpr uint32_t kFeatureRndv = 1u << 2;
+// Shared receive buffers (protocol 1.3): the sender of the hello may grant more data credits than
+// its recv_depth, up to its cap, to a peer whose messages say it wants them (the wants bit), and
+// takes Return messages; its peer sets the wants bit and gives back what it holds above the
+// recv_depth of the hello once it has nothing to send.
+constexpr uint32_t kFeatureShared = 1u << 3;
 // every feature this version offers
-constexpr uint32_t kFeatures = kFeatureRdma | kFeatureImm | kFeatureRndv;
+constexpr uint32_t kFeatures = kFeatureRdma | kFeatureImm | kFeatureRndv | kFeatureShared;
 
 // Limits a hello must respect to make sense.
 constexpr uint32_t kMaxDepth = 65535;     // data credits fit 16 bits
@@ -87,8 +108,12 @@ struct Hello {
   // kFeatureRndv on both sides); 0: none above max_msg_size. Zero in a hello of protocol 1.1
   // (24 bytes, or padded with zeros by the transport).
   uint32_t rndv_max_size = 0;
+  // The most data credits the sender of this hello may grant (kFeatureShared; at least
+  // recv_depth, which is what it grants at first and always gives back). 0 in the hello of a
+  // peer before protocol 1.3 (28 bytes): recv_depth.
+  uint32_t cap = 0;
 };
-constexpr size_t kHelloSize = 28;
+constexpr size_t kHelloSize = 32;
 constexpr size_t kHelloMinSize = 24;  // protocol 1.1's hello, without rndv_max_size
 void encode_hello(const Hello &h, uint8_t out[kHelloSize]);
 

@@ -53,6 +53,7 @@ int device_open(DeviceKey key, Device **out) {
   d->info.max_rd_atom = uint32_t(attr.max_qp_rd_atom);
   d->info.max_init_rd_atom = uint32_t(attr.max_qp_init_rd_atom);
   d->info.atomics = attr.atomic_cap != IBV_ATOMIC_NONE;
+  d->info.max_srq_wr = attr.max_srq > 0 ? uint32_t(attr.max_srq_wr) : 0;
   // Every port of a device has the same limit on the devices ibmsg knows; port 1 is always there.
   ibv_port_attr port;
   d->info.max_msg_size = ibv_query_port(ctx, 1, &port) == 0 && port.max_msg_sz ? port.max_msg_sz
@@ -155,6 +156,7 @@ int cq_poll(Cq *c, Completion *out, int max) {
     o.has_imm = (wc[i].wc_flags & IBV_WC_WITH_IMM) != 0;
     o.imm = o.has_imm ? ntohl(wc[i].imm_data) : 0;
     o.len = wc[i].byte_len;
+    o.qp_num = wc[i].qp_num;
   }
   return n;
 }

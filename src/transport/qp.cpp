@@ -99,9 +99,10 @@ int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps) {
   attr.qp_type = IBV_QPT_RC;
   attr.sq_sig_all = 0;  // post_flush says which sends are signaled
   attr.cap.max_send_wr = caps->send_wrs;
-  attr.cap.max_recv_wr = caps->recv_wrs;
+  attr.cap.max_recv_wr = caps->srq ? 0 : caps->recv_wrs;
   attr.cap.max_send_sge = 2;
-  attr.cap.max_recv_sge = 1;
+  attr.cap.max_recv_sge = caps->srq ? 0 : 1;
+  attr.srq = caps->srq ? srq_verbs(caps->srq) : nullptr;
   attr.cap.max_inline_data = caps->max_inline;
   Chain *chain = new (std::nothrow) Chain;
   if (!chain) return IBMSG_ENOMEM;
@@ -125,6 +126,8 @@ void qp_destroy(CmId *id) {
   rdma_destroy_qp(raw(id));
   delete chain;
 }
+
+uint32_t qp_num(const CmId *id) { return id->qp ? id->qp->qp_num : 0; }
 
 int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr) {
   Chain *c = chain_of(id);

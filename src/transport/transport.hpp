@@ -54,6 +54,8 @@ struct Completion {
   uint32_t imm;   // host byte order
   uint32_t len;   // bytes received (receives only)
   bool write_imm; // a receive consumed by the peer's RDMA write with immediate (len: bytes written)
+  uint32_t qp_num;  // the queue pair it is of (a receive from a shared receive queue names no
+                    // connection of its own: qp_num says whose message it took)
 };
 
 // --- devices --------------------------------------------------------------------------------
@@ -70,6 +72,7 @@ struct DeviceInfo {
   uint32_t max_init_rd_atom;  // ... and issue at once
   bool atomics;               // compare-and-swap and fetch-and-add work
   uint64_t max_msg_size;      // largest single message or RDMA read (the port's max_msg_sz)
+  uint32_t max_srq_wr;        // largest shared receive queue (0: the device has none)
 };
 
 // A device as used by one loop: its protection domain and a completion channel (one fd) shared
@@ -106,6 +109,19 @@ int cq_resize(Cq *cq, uint32_t depth);
 int cq_arm(Cq *cq);
 // Up to max completions; returns their number, or a negative value on a device error.
 int cq_poll(Cq *cq, Completion *out, int max);
+
+struct Mr;
+
+// --- shared receive queues -----------------------------------------------------------------
+
+// One queue of receive buffers that every queue pair created with it (QpCaps::srq) takes its
+// receives from, in posting order. Destroying a queue pair leaves the buffers it did not take in
+// the shared queue; the ones it took complete (flushed if it went to the error state first).
+struct Srq;
+int srq_create(Device *dev, uint32_t max_wr, Srq **out);
+void srq_destroy(Srq *srq);  // no queue pair may still use it
+// Posted at once (not batched with a queue pair's post_flush).
+int srq_post_recv(Srq *srq, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr);
 
 // --- memory ---------------------------------------------------------------------------------
 
@@ -204,12 +220,14 @@ const sockaddr *cm_peer_addr(const CmId *id);
 
 struct QpCaps {
   uint32_t send_wrs;
-  uint32_t recv_wrs;
+  uint32_t recv_wrs;  // unused with srq
   uint32_t max_inline;  // requested; the transport stores what the device granted
+  Srq *srq = nullptr;   // receives from this shared queue (nullptr: a receive queue of its own)
 };
 // A reliable-connected QP on the id, both queues completing on cq.
 int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps);
 void qp_destroy(CmId *id);
+uint32_t qp_num(const CmId *id);  // its number (what Completion::qp_num says); 0 without a QP
 
 // Work requests are queued on the QP and go to the device together, one list for the receives
 // (post_recv), then one for the send queue (post_send_imm, post_rdma), at post_flush (or when a

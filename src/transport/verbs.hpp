@@ -32,6 +32,7 @@ inline CmId *wrap(rdma_cm_id *id) { return static_cast<CmId *>(id); }
 
 ibv_pd *device_pd(Device *d);
 ibv_cq *cq_verbs(Cq *c);
+ibv_srq *srq_verbs(Srq *s);
 
 inline int alloc_error() { return errno == ENOMEM ? IBMSG_ENOMEM : IBMSG_ESYS; }
 

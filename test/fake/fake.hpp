@@ -66,7 +66,7 @@ namespace ibmsg::fake {
 void reset();
 
 struct Counts {
-  int channels, ids, devices, cqs, qps, mrs;
+  int channels, ids, devices, cqs, qps, mrs, srqs;
 };
 Counts open_objects();
 // "" if everything is closed, else e.g. "2 CM ids, 1 device".
@@ -111,6 +111,11 @@ void set_max_cqe(uint32_t max_cqe);
 // The largest message or read of devices opened from now on (default 1 MiB; reset() restores it);
 // a longer one fails with a local length error (WcStatus::Failed).
 void set_max_msg_size(uint64_t bytes);
+// The largest shared receive queue of devices opened from now on (default 0: devices
+// without shared receive queues; reset() restores it). A shared receive queue (tp::srq_create)
+// gives its posted receives, in order, to whichever of its QPs gets a message; a QP in the error
+// state flushes only the receive it was taking, not the shared queue's.
+void set_max_srq_wr(uint32_t n);
 
 // One work request the core posted to a send queue (raw peers' posts are not recorded), in
 // posting order: the local port of its CM id (an accepted connection's is its listener's), what
@@ -157,6 +162,7 @@ enum class Call {
   PostRdma,
   PostFlush,  // the whole list is refused (none of it posted)
   CqArm,
+  SrqCreate,
 };
 // The call after the next `skip` successful ones returns code (once).
 void fail_call(Call call, int code, unsigned skip = 0);
@@ -283,6 +289,8 @@ inline wire::Hello hello(uint32_t recv_depth, uint32_t ctrl_depth = 4,
   h.recv_depth = recv_depth;
   h.ctrl_depth = ctrl_depth;
   h.max_msg_size = max_msg_size;
+  // Shared receive buffers (the wants bit, Return messages) only where a test turns them on.
+  h.features = wire::kFeatures & ~wire::kFeatureShared;
   return h;
 }
 

@@ -34,12 +34,15 @@ struct Device {
   std::vector<Cq *> *taking = nullptr;  // the list device_take_events is calling back for
   int cqs = 0;
   int mrs = 0;
+  int srqs = 0;
   bool gone = false;  // removed: its fd stays readable and reading it fails, as rdma-core's
 };
 
+struct Srq;
 struct Cqe {
   Completion wc;
   Qp *qp;
+  Srq *srq;  // a receive taken from a shared receive queue: its slot there is freed when polled
   bool send;
   uint32_t retire;  // send-queue slots it frees: itself and the unsignaled ones before it
 };
@@ -124,11 +127,22 @@ struct SendAck {
   bool signaled;
 };
 
+// A shared receive queue: its posted receives, taken in order by whichever QP gets a message.
+struct Srq {
+  Device *dev;
+  uint32_t max_wr;
+  std::deque<RecvWr> rq;
+  uint32_t unpolled = 0;  // taken receives whose completion is not polled yet
+  int qps = 0;
+};
+
 struct Qp {
   CmId *id;
   Device *dev;
   Cq *cq;
   QpCaps caps;
+  Srq *srq = nullptr;  // receives from it (caps.srq) instead of rq
+  uint32_t num = 0;
   bool rts = false;
   bool error = false;
   std::deque<RecvWr> rq;       // posted receives
@@ -149,7 +163,7 @@ constexpr size_t kReqPdata = 56;
 constexpr size_t kRepPdata = 196;
 constexpr size_t kRejPdata = 148;
 constexpr int kRejInvalidServiceId = 8;
-constexpr int kCalls = int(fake::Call::CqArm) + 1;
+constexpr int kCalls = int(fake::Call::SrqCreate) + 1;
 constexpr uint32_t kMaxRdAtom = 16;  // reads / atomics a QP serves and issues at once
 
 struct Injection {
@@ -184,6 +198,8 @@ struct Fabric {
   unsigned short next_port = 20000;
   unsigned short next_ephemeral = 50000;
   uint32_t next_key = 0x100;
+  uint32_t next_qpn = 0x11;
+  uint32_t max_srq_wr = 0;  // devices opened from now on (0: no shared receive queues)
 };
 
 Fabric g;
@@ -301,9 +317,12 @@ void reject_connector(CmId *c, int status, const void *pdata, size_t plen, size_
 
 // --- completions and the wire ---
 
-void cq_push(Cq *c, Qp *qp, bool send, const Completion &wc, uint32_t retire = 1) {
+void cq_push(Cq *c, Qp *qp, bool send, Completion wc, uint32_t retire = 1) {
   if (c->q.size() >= c->depth) misuse("CQ overrun: more than %u completions unpolled", c->depth);
-  c->q.push_back(Cqe{wc, qp, send, retire});
+  wc.qp_num = qp->num;
+  Srq *srq = send ? nullptr : qp->srq;
+  if (srq) ++srq->unpolled;
+  c->q.push_back(Cqe{wc, qp, srq, send, retire});
   if (!c->armed) return;
   c->armed = false;
   ++c->signals;
@@ -317,8 +336,8 @@ void cq_push(Cq *c, Qp *qp, bool send, const Completion &wc, uint32_t retire = 1
 
 void complete_recv(Qp *q, WorkCtx *ctx, WcStatus st, bool has_imm = false, uint32_t imm = 0,
                    uint32_t len = 0, bool write_imm = false) {
-  ++q->recv_unpolled;
-  cq_push(q->cq, q, false, Completion{ctx, st, has_imm, has_imm ? imm : 0, len, write_imm});
+  if (!q->srq) ++q->recv_unpolled;
+  cq_push(q->cq, q, false, Completion{ctx, st, has_imm, has_imm ? imm : 0, len, write_imm, 0});
 }
 
 // An unsignaled send that succeeded makes no completion: its slot in the send queue is freed
@@ -332,7 +351,7 @@ void complete_send(Qp *q, WorkCtx *ctx, WcStatus st, bool signaled = true) {
   if (st == WcStatus::Ok && ctx->op == Op::Ctrl) ++g.stats.ctrl_cqes;
   uint32_t retire = 1 + q->unsignaled_done;
   q->unsignaled_done = 0;
-  cq_push(q->cq, q, true, Completion{ctx, st, false, 0, 0, false}, retire);
+  cq_push(q->cq, q, true, Completion{ctx, st, false, 0, 0, false, 0}, retire);
 }
 
 // Moves a QP to the error state: everything posted completes as flushed, in order.
@@ -355,6 +374,9 @@ void qp_error(Qp *q) {
     complete_send(q, ctx, WcStatus::Flushed);
   }
 }
+
+// Where q's incoming messages and writes with immediate take their receives from.
+std::deque<RecvWr> &recvq(Qp *q) { return q->srq ? q->srq->rq : q->rq; }
 
 Qp *peer_qp(const Qp *q) { return q->id && q->id->remote ? q->id->remote->qp : nullptr; }
 
@@ -426,8 +448,8 @@ bool execute_rdma(Qp *s, Qp *d, SendWr &w) {
     case Op::WriteImm:
       if (!w.data.empty()) memcpy(target, w.data.data(), w.data.size());
       if (op == Op::WriteImm) {
-        RecvWr r = d->rq.front();
-        d->rq.pop_front();
+        RecvWr r = recvq(d).front();
+        recvq(d).pop_front();
         complete_recv(d, r.ctx, WcStatus::Ok, true, rw.imm, rw.len, true);
       }
       break;
@@ -461,7 +483,7 @@ void deliver(Qp *s) {
     if (!d || d->error || !d->rts) return;  // nobody answers: stays in flight
     SendWr &w = s->sq.front();
     const bool needs_recv = !w.rdma || w.ctx->op == Op::WriteImm;
-    if (needs_recv && d->rq.empty()) {
+    if (needs_recv && recvq(d).empty()) {
       ++g.stats.rnr_errors;
       fprintf(stderr, "fake transport: RNR: a %s found no posted receive\n",
               w.rdma ? "write with immediate" : "send");
@@ -471,8 +493,8 @@ void deliver(Qp *s) {
     if (w.rdma) {
       if (!execute_rdma(s, d, w)) return;
     } else {
-      RecvWr r = d->rq.front();
-      d->rq.pop_front();
+      RecvWr r = recvq(d).front();
+      recvq(d).pop_front();
       if (w.data.size() > r.len) {
         ++g.stats.length_errors;
         fprintf(stderr, "fake transport: a %zu-byte send into a %u-byte receive buffer\n",
@@ -570,6 +592,7 @@ void destroy_qp(Qp *q) {
   for (Cqe &e : c->q)
     if (e.qp == q) e.qp = nullptr;
   --c->qps;
+  if (q->srq) --q->srq->qps;
   g.qps.erase(std::remove(g.qps.begin(), g.qps.end(), q), g.qps.end());
   --g.counts.qps;
   delete q;
@@ -594,6 +617,7 @@ int device_open(DeviceKey key, Device **out) {
   d->info.max_init_rd_atom = kMaxRdAtom;
   d->info.atomics = g.atomics;
   d->info.max_msg_size = g.max_msg;
+  d->info.max_srq_wr = g.max_srq_wr;
   ++g.counts.devices;
   g.devices.push_back(d);
   *out = d;
@@ -601,8 +625,9 @@ int device_open(DeviceKey key, Device **out) {
 }
 
 void device_close(Device *d) {
-  if (d->cqs || d->mrs)
-    misuse("device_close with %d CQs and %d memory registrations still there", d->cqs, d->mrs);
+  if (d->cqs || d->mrs || d->srqs)
+    misuse("device_close with %d CQs, %d memory registrations and %d shared receive queues "
+           "still there", d->cqs, d->mrs, d->srqs);
   close(d->fd);
   --g.counts.devices;
   g.devices.erase(std::find(g.devices.begin(), g.devices.end(), d));
@@ -692,11 +717,12 @@ int cq_poll(Cq *c, Completion *out, int max) {
   while (n < max && !c->q.empty()) {
     Cqe e = c->q.front();
     c->q.pop_front();
+    if (e.srq) --e.srq->unpolled;
     if (!e.qp) {
       ++g.stats.orphan_cqes;
     } else if (e.send) {
       e.qp->send_unpolled -= e.retire;
-    } else {
+    } else if (!e.srq) {
       --e.qp->recv_unpolled;
     }
     out[n++] = e.wc;
@@ -1047,8 +1073,12 @@ int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps) {
     misuse("qp_create with a CQ of another device");
     return IBMSG_EINVAL;
   }
-  if (caps->send_wrs == 0 || caps->recv_wrs == 0 || caps->send_wrs > dev->info.max_qp_wr ||
-      caps->recv_wrs > dev->info.max_qp_wr)
+  if (caps->srq && caps->srq->dev != dev) {
+    misuse("qp_create with a shared receive queue of another device");
+    return IBMSG_EINVAL;
+  }
+  if (caps->send_wrs == 0 || caps->send_wrs > dev->info.max_qp_wr ||
+      (!caps->srq && (caps->recv_wrs == 0 || caps->recv_wrs > dev->info.max_qp_wr)))
     return IBMSG_EINVAL;
   if (caps->max_inline > kMaxInline) caps->max_inline = kMaxInline;
   Qp *q = new Qp();
@@ -1056,6 +1086,9 @@ int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps) {
   q->dev = dev;
   q->cq = cq;
   q->caps = *caps;
+  q->srq = caps->srq;
+  if (q->srq) ++q->srq->qps;
+  q->num = g.next_qpn++;
   q->rts = id->state == IdState::Connected;
   ++cq->qps;
   g.qps.push_back(q);
@@ -1068,6 +1101,54 @@ void qp_destroy(CmId *id) {
   if (!id->qp) return;
   destroy_qp(id->qp);
   id->qp = nullptr;
+}
+
+uint32_t qp_num(const CmId *id) { return id->qp ? id->qp->num : 0; }
+
+// --- shared receive queues ---
+
+int srq_create(Device *dev, uint32_t max_wr, Srq **out) {
+  if (int err = injected(fake::Call::SrqCreate)) return err;
+  if (max_wr == 0 || max_wr > dev->info.max_srq_wr) return IBMSG_EINVAL;
+  Srq *q = new Srq();
+  q->dev = dev;
+  q->max_wr = max_wr;
+  ++dev->srqs;
+  ++g.counts.srqs;
+  *out = q;
+  return IBMSG_OK;
+}
+
+void srq_destroy(Srq *q) {
+  if (!q) return;
+  if (q->qps) misuse("srq_destroy while %d QPs use it", q->qps);
+  --q->dev->srqs;
+  --g.counts.srqs;
+  // Completions of its receives still in a CQ no longer count against it.
+  for (Qp *qp : g.qps)
+    if (qp->srq == q) qp->srq = nullptr;
+  delete q;
+}
+
+int srq_post_recv(Srq *q, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr) {
+  if (int err = injected(fake::Call::PostRecv)) return err;
+  if (!ctx) {
+    misuse("srq_post_recv without a work request context");
+    return IBMSG_EINVAL;
+  }
+  if (!mr || mr->magic != kMrMagic || static_cast<uint8_t *>(buf) < mr->addr ||
+      static_cast<uint8_t *>(buf) + len > mr->addr + mr->len) {
+    misuse("srq_post_recv of a buffer outside its memory registration");
+    return IBMSG_EIO;
+  }
+  if (q->rq.size() + q->unpolled >= q->max_wr) {
+    misuse("shared receive queue overflow: %zu work requests outstanding",
+           q->rq.size() + q->unpolled);
+    return IBMSG_EIO;
+  }
+  q->rq.push_back(RecvWr{ctx, static_cast<uint8_t *>(buf), len});
+  // Senders waiting for a receive (none wait: the fake fails them with RNR) need nothing here.
+  return IBMSG_OK;
 }
 
 int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr) {
@@ -1245,6 +1326,7 @@ void reset() {
   tp::g.atomics = true;
   tp::g.max_cqe = 4194303;
   tp::g.max_msg = uint64_t(1) << 20;
+  tp::g.max_srq_wr = 0;
   tp::g.ids.clear();
   tp::g.rkeys.clear();
   tp::g.posts.clear();
@@ -1273,6 +1355,7 @@ std::string open_objects_text() {
   add(c.cqs, "CQ(s)");
   add(c.qps, "QP(s)");
   add(c.mrs, "memory registration(s)");
+  add(c.srqs, "shared receive queue(s)");
   return s;
 }
 
@@ -1283,6 +1366,7 @@ void set_iwarp(bool iwarp) { tp::g.iwarp = iwarp; }
 void set_atomics(bool atomics) { tp::g.atomics = atomics; }
 void set_max_cqe(uint32_t max_cqe) { tp::g.max_cqe = max_cqe; }
 void set_max_msg_size(uint64_t bytes) { tp::g.max_msg = bytes; }
+void set_max_srq_wr(uint32_t n) { tp::g.max_srq_wr = n; }
 
 const std::vector<Post> &posts() { return tp::g.posts; }
 

@@ -394,7 +394,8 @@ static void setopt_rejects_unknown_options_wrong_lengths_and_bad_values(void **s
   size_t len;
   /* IBMSG_OPT_MAX_MSG_SIZE also takes a uint64_t (below). */
   const int int_options[] = {IBMSG_OPT_RECV_DEPTH, IBMSG_OPT_SEND_DEPTH, IBMSG_OPT_SEND_QUEUE,
-                             IBMSG_OPT_EAGER_SIZE, IBMSG_OPT_CONNECT_TIMEOUT, IBMSG_OPT_RNR_RETRY};
+                             IBMSG_OPT_EAGER_SIZE, IBMSG_OPT_CONNECT_TIMEOUT, IBMSG_OPT_RNR_RETRY,
+                             IBMSG_OPT_SHARED_RECV};
   uint64_t wide64;
   size_t i;
 
@@ -425,6 +426,8 @@ static void setopt_rejects_unknown_options_wrong_lengths_and_bad_values(void **s
   H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_EAGER_SIZE, &bad, sizeof bad), IBMSG_EINVAL);
   bad = 8;
   H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_RNR_RETRY, &bad, sizeof bad), IBMSG_EINVAL);
+  bad = 2;
+  H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_SHARED_RECV, &bad, sizeof bad), IBMSG_EINVAL);
   bad = 0;
   H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_RECV_DEPTH, &bad, sizeof bad), IBMSG_EINVAL);
   H_ASSERT_CODE(ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &bad, sizeof bad), IBMSG_EINVAL);
@@ -516,7 +519,8 @@ static void options_have_documented_defaults(void **state) {
   H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_SEND_QUEUE), 32, "default IBMSG_OPT_SEND_QUEUE");
   /* 2^32 - 1, which an int reads as INT_MAX */
   H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_MAX_MSG_SIZE), 0x7fffffff, "default IBMSG_OPT_MAX_MSG_SIZE");
-  H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_EAGER_SIZE), 65536, "default IBMSG_OPT_EAGER_SIZE");
+  H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_EAGER_SIZE), 16384, "default IBMSG_OPT_EAGER_SIZE");
+  H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_SHARED_RECV), 1, "default IBMSG_OPT_SHARED_RECV");
   H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_CONNECT_TIMEOUT), 5000, "default IBMSG_OPT_CONNECT_TIMEOUT");
   H_ASSERT_EQ(get_int(&loop, IBMSG_OPT_RNR_RETRY), 7, "default IBMSG_OPT_RNR_RETRY");
   get_str(&loop, IBMSG_OPT_SOURCE_ADDR, buf, sizeof buf);

@@ -1679,12 +1679,16 @@ void memory_of_connections_and_loop(void **) {
     CHECK(code == IBMSG_EINVAL, "memory() of a listener: %s, expected IBMSG_EINVAL",
           code_name(code));
     const ibmsg_memory c = p.client.memory(), s = p.server.memory();
-    CHECK(c.buffers > 0 && s.buffers > 0, "eager buffers: client %zu, server %zu bytes", c.buffers,
+    // Shared receive buffers (the default): each holds its part of them, no buffers of its own
+    // while it has no message.
+    CHECK(c.shared > 0 && s.shared > 0, "shared buffers: client %zu, server %zu bytes", c.shared,
+          s.shared);
+    CHECK(c.buffers == 0 && s.buffers == 0, "own buffers: client %zu, server %zu bytes", c.buffers,
           s.buffers);
     CHECK(c.large == 0, "the client holds %zu bytes of large buffers before any", c.large);
     const ibmsg_memory l = p.lp.memory();
-    CHECK(l.buffers >= c.buffers + s.buffers, "the loop's buffers %zu < client %zu + server %zu",
-          l.buffers, c.buffers, s.buffers);
+    CHECK(l.shared >= c.shared + s.shared, "the loop's shared %zu < client %zu + server %zu",
+          l.shared, c.shared, s.shared);
 
     const std::size_t n = 4 * std::size_t(p.lp.get_option(IBMSG_OPT_EAGER_SIZE));
     ibmsg::message m;

@@ -12,6 +12,9 @@
 #define MSG_SIZE 256
 
 static void flow_pair(h_ctx *ctx, h_conn **client, h_conn **server) {
+  /* Receive buffers of each connection's own: these tests count its credits exactly
+   * (test_shared_recv covers the shared ones). */
+  h_setopt_int(ctx, IBMSG_OPT_SHARED_RECV, 0);
   h_setopt_int(ctx, IBMSG_OPT_RECV_DEPTH, RECV_DEPTH);
   h_setopt_int(ctx, IBMSG_OPT_SEND_QUEUE, SEND_QUEUE);
   h_setopt_int(ctx, IBMSG_OPT_SEND_DEPTH, SEND_DEPTH);

@@ -13,7 +13,7 @@
 
 #define KiB ((size_t)1024)
 #define MiB (1024 * KiB)
-#define EAGER ((size_t)65536) /* the default IBMSG_OPT_EAGER_SIZE */
+#define EAGER ((size_t)16384) /* the default IBMSG_OPT_EAGER_SIZE */
 
 /* Received sizes, in order (on_received hook). */
 #define MAX_SIZES 512
@@ -180,6 +180,7 @@ static void held_rendezvous_messages_hold_credits_until_freed(void **state) {
   int i;
 
   for (i = 0; i < total; i++) sizes[i] = i % 2 ? EAGER + 100 : 300 * KiB;
+  h_setopt_int(ctx, IBMSG_OPT_SHARED_RECV, 0); /* exactly depth credits */
   h_setopt_int(ctx, IBMSG_OPT_RECV_DEPTH, depth);
   h_pair(ctx, &client, &server);
   server->verify = 1;

@@ -1271,7 +1271,7 @@ void operations_to_a_peer_without_rdma_are_eopnotsupp(void **state) {
 void rdma_off_on_either_side_turns_operations_off_and_offers_no_read_resources(void **state) {
   H *h = h_of(state);
   // Without rendezvous too (the maximum size is the eager size): the peer reads nothing.
-  ibmsg_options *off = options(h, {{IBMSG_OPT_RDMA, 0}, {IBMSG_OPT_MAX_MSG_SIZE, 65536}});
+  ibmsg_options *off = options(h, {{IBMSG_OPT_RDMA, 0}, {IBMSG_OPT_MAX_MSG_SIZE, 16384}});
   Reg &dst = alloc_region(h, 64, kW);
   Reg &src = alloc_region(h, 64, 0);
   OpRec &o = new_op(h);

@@ -53,6 +53,36 @@ void join_reserves_the_base_and_fails_without_it(void **) {
   assert_null(pool.on_freed(nullptr));  // not a connection any more: nothing happens
 }
 
+void wants_without_a_message_gets_a_unit_or_waits(void **) {
+  SharedCredits pool(1, 3);
+  ShareConn a, b;
+  pool.add_buffers(3);
+  assert_true(pool.join(&a));
+  assert_true(pool.join(&b));
+  pool.take_owed(&a);
+  pool.take_owed(&b);
+  // a's peer used its credit and says (a credit-only message) that more waits: a free unit.
+  assert_true(pool.on_arrival(&a, false));
+  pool.on_wants(&a);
+  assert_int_equal(a.owed, 1);
+  assert_int_equal(pool.unassigned(), 0);
+  // b's the same, with the pool empty: b waits, and gets the next unit that is free.
+  assert_true(pool.on_arrival(&b, false));
+  pool.on_wants(&b);
+  assert_int_equal(b.owed, 0);
+  assert_int_equal(pool.waiting(), 1);
+  // a's buffer comes back: a holds its base (the unit it got), so the unit goes to b.
+  assert_ptr_equal(pool.on_freed(&a), &b);
+  assert_int_equal(b.owed, 1);
+  assert_int_equal(pool.waiting(), 1);  // b still wants more: in turn, up to its cap
+  // Up to the cap and no further.
+  pool.take_owed(&a);
+  pool.add_buffers(5);
+  for (int i = 0; i < 4; ++i) pool.on_wants(&a);
+  assert_int_equal(a.total(), pool.cap());
+  assert_int_equal(pool.unassigned(), 3);
+}
+
 void waiting_connections_are_served_in_turn(void **) {
   SharedCredits pool(1, 4);
   ShareConn a, b, c;
@@ -302,6 +332,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(join_reserves_the_base_and_fails_without_it),
       cmocka_unit_test(waiting_connections_are_served_in_turn),
+      cmocka_unit_test(wants_without_a_message_gets_a_unit_or_waits),
       cmocka_unit_test(give_back_beyond_what_was_granted_is_refused),
       cmocka_unit_test(simulation_many_peers_small_pool),
       cmocka_unit_test(simulation_application_holds_much),

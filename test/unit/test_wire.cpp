@@ -271,6 +271,7 @@ void hello_layout_is_little_endian_byte_by_byte(void **) {
   wire::Hello h = make_hello(0x01020304u, 0x0a0b0c0du, 0x00010000u);
   h.features = 0x11223344u;
   h.rndv_max_size = 0x40000000u;
+  h.cap = 0x0000fedcu;
   wire::encode_hello(h, buf);
   const uint8_t expected[wire::kHelloSize] = {
       0x53, 0x4d, 0x42, 0x49,  // magic 0x49424d53 ("IBMS" read as a big-endian word)
@@ -283,12 +284,56 @@ void hello_layout_is_little_endian_byte_by_byte(void **) {
       0x0d, 0x0c, 0x0b, 0x0a,  // ctrl_depth
       0x00, 0x00, 0x01, 0x00,  // max_msg_size
       0x00, 0x00, 0x00, 0x40,  // rndv_max_size
+      0xdc, 0xfe, 0x00, 0x00,  // cap
   };
   for (size_t i = 0; i < sizeof expected; ++i)
     if (buf[i] != expected[i])
       fail_msg("hello byte %zu is 0x%02x, expected 0x%02x", i, buf[i], expected[i]);
   for (size_t i = wire::kHelloSize; i < sizeof buf; ++i)
     if (buf[i] != 0xee) fail_msg("encode_hello wrote byte %zu, past kHelloSize", i);
+}
+
+void hello_cap_is_at_least_the_depth_and_absent_before_1_3(void **) {
+  wire::Hello h = make_hello(8, 4, 1024);
+  h.cap = 100;
+  wire::Hello out = assert_hello_decodes_as(h, wire::HelloResult::Ok, "a hello with a cap");
+  assert_int_equal(out.cap, 100);
+  h.cap = 0;  // none said: the depth
+  assert_int_equal(assert_hello_decodes_as(h, wire::HelloResult::Ok, "cap 0").cap, 8);
+  h.cap = 3;  // below the depth: the depth
+  assert_int_equal(assert_hello_decodes_as(h, wire::HelloResult::Ok, "cap 3").cap, 8);
+  h.cap = wire::kMaxDepth + 1;
+  assert_hello_decodes_as(h, wire::HelloResult::Invalid, "a cap beyond the credit field");
+  // A 1.2 hello (28 bytes) has no cap: the depth.
+  h.cap = 100;
+  uint8_t buf[wire::kHelloSize];
+  wire::encode_hello(h, buf);
+  assert_hello_result(buf, 28, wire::HelloResult::Ok, &out, "a 28-byte hello");
+  assert_int_equal(out.cap, 8);
+}
+
+void wants_bit_is_bit_15_of_the_credits(void **) {
+  wire::Imm imm;
+  imm.op = wire::Opcode::Data;
+  imm.credits = 5;
+  imm.wants = true;
+  const uint32_t v = wire::encode_imm(imm);
+  assert_int_equal(v, 0x00008005u);
+  wire::Imm out;
+  assert_true(wire::decode_imm(v, &out));
+  assert_int_equal(out.credits, 0x8005);  // as a peer without the feature would read it
+  wire::split_wants(&out);
+  assert_true(out.wants);
+  assert_int_equal(out.credits, 5);
+  // With the bit, at most 32767 credits a message: more are cut, never spilling into it.
+  imm.credits = 0x9000;
+  assert_int_equal(wire::encode_imm(imm), 0x0000ffffu);
+  imm.wants = false;
+  assert_int_equal(wire::encode_imm(imm), 0x00009000u);
+  // Return is opcode 6.
+  imm.op = wire::Opcode::Return;
+  imm.credits = 3;
+  assert_int_equal(wire::encode_imm(imm), 0x60000003u);
 }
 
 void hello_carries_the_version_of_the_struct(void **) {
@@ -681,11 +726,14 @@ void feature_bits_have_their_documented_values(void **) {
   assert_int_equal(wire::kFeatureRdma, 1u << 0);
   assert_int_equal(wire::kFeatureImm, 1u << 1);
   assert_int_equal(wire::kFeatureRndv, 1u << 2);
-  assert_int_equal(wire::kFeatures, wire::kFeatureRdma | wire::kFeatureImm | wire::kFeatureRndv);
+  assert_int_equal(wire::kFeatureShared, 1u << 3);
+  assert_int_equal(wire::kFeatures,
+                   wire::kFeatureRdma | wire::kFeatureImm | wire::kFeatureRndv | wire::kFeatureShared);
   assert_int_equal(wire::kFeatureRdma & wire::kFeatureImm, 0);
-  // The features came with protocol 1.1 (a 1.0 peer sends features 0), rendezvous with 1.2.
+  // The features came with protocol 1.1 (a 1.0 peer sends features 0), rendezvous with 1.2,
+  // shared receive buffers with 1.3.
   assert_int_equal(wire::kMajor, 1);
-  assert_int_equal(wire::kMinor, 2);
+  assert_int_equal(wire::kMinor, 3);
   wire::Hello h;
   assert_int_equal(h.features, wire::kFeatures);  // a hello offers everything by default
 }
@@ -1089,6 +1137,8 @@ int main(void) {
       cmocka_unit_test(hello_round_trips_the_smallest_values),
       cmocka_unit_test(hello_limits_fit_the_credit_fields_of_the_immediate),
       cmocka_unit_test(hello_layout_is_little_endian_byte_by_byte),
+      cmocka_unit_test(hello_cap_is_at_least_the_depth_and_absent_before_1_3),
+      cmocka_unit_test(wants_bit_is_bit_15_of_the_credits),
       cmocka_unit_test(hello_carries_the_version_of_the_struct),
       cmocka_unit_test(hello_fits_the_private_data_of_a_connect_request),
       cmocka_unit_test(hello_decodes_when_padded_by_the_transport),

@@ -1,0 +1,47 @@
+// A connection's receive and send buffers (recv.cpp, send_slots.cpp): of its own, or shared by
+// its device's connections (device.hpp: SharedRecv, SharedSend).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "device.hpp"
+#include "ibmsg.h"
+#include "pool.hpp"
+#include "transport/transport.hpp"
+
+namespace ibmsg {
+
+// --- recv.cpp ---
+// Receive buffers of a connection's own or shared by its device (device.hpp, SharedRecv).
+size_t msg_slot_size(const Socket *s);  // bytes of a message buffer (eager size, immediate, RTS)
+// Before its QP is created: joins the device's shared buffers if it can (caps->srq set), else it
+// gets buffers of its own in recv_open, after the QP was created.
+void recv_join(Socket *s, tp::QpCaps *caps);
+int recv_open(Socket *s);
+void recv_leave(Socket *s);  // conn_release, once the CQ was polled
+Socket *recv_owner(const Slot *slot);  // the connection of a received message (nullptr: closed)
+// The connection a receive completion of slot is for (a shared buffer: by the QP number; one
+// whose connection is gone goes back into the shared queue: nullptr).
+Socket *recv_route(Slot *slot, uint32_t qp_num);
+// A data message took slot: false if the peer had no data credit for it (a protocol violation).
+bool recv_arrived(Socket *s, Slot *slot, bool wants);
+void recv_lent(Slot *slot);  // it goes to the application (or waits for its rendezvous reads)
+// The buffer of a data message is free again (s: its connection, nullptr once closed): posted
+// again, its credit to the peer that the pool chooses (a connection's own: to its peer).
+void recv_back(Socket *s, Slot *slot);
+void recv_unlent(Socket *s, Slot *slot);  // the same for a lent one (freed by the application)
+void recv_ctrl_back(Socket *s, Slot *slot);  // a control message's buffer: posted again at once
+// A message that breaks the protocol, or a failed receive: the buffer is not used, s closes.
+void recv_drop(Socket *s, Slot *slot, int reason);
+bool recv_given_back(Socket *s, uint32_t n);  // a Return message: false if it had fewer
+void recv_wants(Socket *s);  // a credit-only message with the wants bit
+void recv_memory(const Device *dev, ibmsg_memory *out);  // its shared buffers
+
+// --- send_slots.cpp ---
+int send_join(Socket *s);   // conn_open: the device's send buffers of its size
+void send_leave(Socket *s);  // conn_release: its messages still allocated belong to none now
+Slot *send_get(Socket *s, int *err);  // a slot for a message (IBMSG_EAGAIN at the send depth)
+void send_put(Slot *slot);            // the application freed it (or an allocation failed)
+void send_memory(const Device *dev, ibmsg_memory *out);
+
+}  // namespace ibmsg

@@ -1,0 +1,283 @@
+// Receive buffers and the data credits they back: a connection's own (its receive pool, posted
+// to its queue pair) or its device's shared ones (SharedRecv: slabs posted to one shared receive
+// queue, credits moved by SharedCredits). Every path that takes or gives back a receive buffer
+// comes through here, so the two kinds differ in this file only.
+//
+// Shared buffers: a connection joins with its control buffers and a base of data credits
+// reserved; more come from the pool while its peer says it wants them (the wants bit), up to
+// IBMSG_OPT_RECV_DEPTH. The pool grows by a slab when connections wait for credits, up to what
+// its connections reserve plus a spare of eight connections' worth; it never shrinks while it
+// lives (a posted receive cannot be taken back), and goes with its last connection and lent
+// buffer.
+#include <new>
+
+#include "internal.hpp"
+
+namespace ibmsg {
+namespace {
+
+constexpr uint32_t kSrqMax = 32768;  // receives one shared queue holds at most
+
+uint32_t share_base(uint32_t cap) { return cap < kShareBase ? cap : kShareBase; }
+
+SharedRecv *shared_create(Device *dev, size_t slot_size, uint32_t cap) {
+  const uint32_t max = tp::device_info(dev->tp).max_srq_wr;
+  SharedRecv *r = new (std::nothrow) SharedRecv(share_base(cap), cap);
+  if (!r) return nullptr;
+  r->max_wr = max < kSrqMax ? max : kSrqMax;
+  if (tp::srq_create(dev->tp, r->max_wr, &r->srq)) {
+    delete r;
+    return nullptr;
+  }
+  r->dev = dev;
+  r->slot_size = slot_size;
+  r->cap = cap;
+  ++dev->refs;
+  dev->shared.push_back(r);
+  return r;
+}
+
+void shared_maybe_destroy(SharedRecv *r) {
+  if (r->conns || r->lent) return;
+  Device *dev = r->dev;
+  dev->shared.remove(r);
+  tp::srq_destroy(r->srq);  // no queue pair uses it any more
+  while (Pool *p = r->slabs.pop_front()) {
+    tp::mr_deregister(p->mr);
+    pool_destroy(p);
+  }
+  delete r;
+  device_put(dev);
+}
+
+// Another slab of buffers, registered and posted; false if the queue is full or it failed.
+bool shared_grow(SharedRecv *r) {
+  if (r->buffers + kSlab > r->max_wr) return false;
+  Pool *p = pool_create(true, kSlab, r->slot_size);
+  if (!p) return false;
+  if (tp::mr_register(r->dev->tp, p->mem, p->bytes, tp::kLocal, &p->mr)) {
+    pool_destroy(p);
+    return false;
+  }
+  p->dev = r->dev;
+  p->shared = r;
+  r->slabs.push_back(p);
+  uint32_t n = 0;
+  for (; n < p->count; ++n) {
+    Slot *slot = &p->slots[n];
+    if (tp::srq_post_recv(r->srq, &slot->work.wr, slot->buf, uint32_t(p->slot_size), p->mr)) break;
+    slot->state = SlotState::Posted;
+  }
+  r->buffers += n;
+  r->credits.add_buffers(n);
+  return n == p->count;
+}
+
+// The connections waiting for credits get what the pool has free, in turn.
+void shared_serve(SharedRecv *r) {
+  while (ShareConn *w = r->credits.serve_waiting()) maybe_send_ctrl(static_cast<Socket *>(w->user));
+}
+
+// What the pool may grow to: what its connections reserve, and a spare of eight connections'
+// most, to move where the traffic is.
+uint64_t shared_limit(const SharedRecv *r) {
+  return uint64_t(r->conns) * (r->credits.base() + kCtrlDepth) + 8 * uint64_t(r->cap);
+}
+
+// A buffer back into the shared queue; false if the device refused it (it is lost to the pool).
+bool shared_post(SharedRecv *r, Slot *slot) {
+  slot->sock = nullptr;
+  slot->credited = false;
+  if (tp::srq_post_recv(r->srq, &slot->work.wr, slot->buf, uint32_t(r->slot_size),
+                        slot->pool->mr)) {
+    slot->state = SlotState::Free;
+    return false;
+  }
+  slot->state = SlotState::Posted;
+  return true;
+}
+
+}  // namespace
+
+size_t msg_slot_size(const Socket *s) {
+  // Room for an eager message and the immediate that may follow it (DataImm), or an RTS.
+  const size_t size = eager_recv_size(s) > wire::kRtsSize ? eager_recv_size(s) : wire::kRtsSize;
+  return size + wire::kImmTrailer;
+}
+
+void recv_join(Socket *s, tp::QpCaps *caps) {
+  Device *dev = s->dev;
+  if (!s->opts.shared_recv || !tp::device_info(dev->tp).max_srq_wr) return;
+  const size_t size = (msg_slot_size(s) + 63) & ~size_t(63);
+  const uint32_t cap = uint32_t(s->opts.recv_depth);
+  SharedRecv *r = dev->shared.front();
+  while (r && (r->slot_size != size || r->cap != cap)) r = dev->shared.next(r);
+  if (!r && !(r = shared_create(dev, size, cap))) return;  // buffers of its own, then
+  const uint32_t need = r->credits.base() + kCtrlDepth;
+  while (r->credits.unassigned() < need && shared_grow(r)) continue;
+  if (r->credits.unassigned() < need) {
+    shared_maybe_destroy(r);
+    return;
+  }
+  r->credits.take_buffers(kCtrlDepth);  // its control buffers: re-posted as soon as used
+  r->credits.join(&s->share);
+  r->credits.take_owed(&s->share);  // the hello grants the base
+  s->share.user = s;
+  ++r->conns;
+  s->srecv = r;
+  caps->srq = r->srq;
+}
+
+int recv_open(Socket *s) {
+  if (SharedRecv *r = s->srecv) {
+    s->qp_num = tp::qp_num(s->id);
+    return r->by_qp.put(s->qp_num, s) ? IBMSG_OK : IBMSG_ENOMEM;
+  }
+  int err = IBMSG_OK;
+  const uint32_t n = uint32_t(s->opts.recv_depth) + kCtrlDepth;
+  s->recv_pool = pool_acquire(s->dev, s, true, n, msg_slot_size(s), &err);
+  for (uint32_t i = 0; !err && i < n; ++i) {
+    Slot *slot = &s->recv_pool->slots[i];
+    err = tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(s->recv_pool->slot_size),
+                        s->recv_pool->mr);
+    if (!err) slot->state = SlotState::Posted;
+  }
+  return err;
+}
+
+void recv_leave(Socket *s) {
+  SharedRecv *r = s->srecv;
+  if (!r) {
+    pool_disown(s->recv_pool);
+    s->recv_pool = nullptr;
+    return;
+  }
+  // Its queue pair is gone and the CQ polled: nothing of it takes a buffer any more. A queue
+  // pair that never connected (a failed accept) took none: destroying it flushes nothing of the
+  // shared queue.
+  if (s->qp_num && r->by_qp.get(s->qp_num) == s) r->by_qp.erase(s->qp_num);
+  r->credits.leave(&s->share);
+  r->credits.add_buffers(kCtrlDepth);
+  // Messages of it the application still holds: their buffers go to the pool when freed.
+  for (Pool *p = r->slabs.front(); p; p = r->slabs.next(p))
+    for (uint32_t i = 0; i < p->count; ++i)
+      if (p->slots[i].sock == s) p->slots[i].sock = nullptr;
+  --r->conns;
+  s->srecv = nullptr;
+  shared_serve(r);
+  shared_maybe_destroy(r);
+}
+
+Socket *recv_owner(const Slot *slot) { return slot->pool->shared ? slot->sock : slot->pool->user; }
+
+Socket *recv_route(Slot *slot, uint32_t qp_num) {
+  SharedRecv *r = slot->pool->shared;
+  if (!r) return slot->pool->user;
+  slot->sock = r->by_qp.get(qp_num);
+  if (!slot->sock) shared_post(r, slot);  // its connection is gone: back into the queue
+  return slot->sock;
+}
+
+bool recv_arrived(Socket *s, Slot *slot, bool wants) {
+  SharedRecv *r = s->srecv;
+  if (!r) return s->credits.on_data_arrived();
+  if (!r->credits.on_arrival(&s->share, wants)) return false;
+  slot->credited = true;
+  s->credits.data_lent();
+  // It waits for more: a slab more, if the pool may grow (its turn comes in shared_serve).
+  if (s->share.wait_node.linked() && r->buffers < shared_limit(r) && shared_grow(r))
+    shared_serve(r);
+  return true;
+}
+
+void recv_lent(Slot *slot) {
+  if (SharedRecv *r = slot->pool->shared) ++r->lent;
+  else ++slot->pool->out;
+}
+
+void recv_back(Socket *s, Slot *slot) {
+  Pool *p = slot->pool;
+  if (SharedRecv *r = p->shared) {
+    const bool credited = slot->credited;
+    if (credited && s) s->credits.on_data_dropped();
+    // Its credit (unless it came without one) goes where the pool says.
+    if (shared_post(r, slot) && credited) {
+      ShareConn *c = s && s->srecv == r ? &s->share : nullptr;
+      if (ShareConn *to = r->credits.on_freed(c)) maybe_send_ctrl(static_cast<Socket *>(to->user));
+    }
+    return;
+  }
+  if (s && s->has_qp && s->state != State::Closing) {
+    if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(p->slot_size), p->mr) ==
+            IBMSG_OK &&
+        posted(s, false) == IBMSG_OK) {
+      slot->state = SlotState::Posted;
+      s->credits.on_data_freed();
+      maybe_send_ctrl(s);
+      return;
+    }
+    socket_close(s, IBMSG_EIO);
+  }
+  slot->state = SlotState::Free;
+  if (s) s->credits.on_data_dropped();
+  else pool_maybe_release(p);
+}
+
+void recv_unlent(Socket *s, Slot *slot) {
+  Pool *p = slot->pool;
+  if (SharedRecv *r = p->shared) {
+    recv_back(s, slot);
+    --r->lent;
+    shared_maybe_destroy(r);
+    return;
+  }
+  --p->out;
+  recv_back(s, slot);
+}
+
+void recv_ctrl_back(Socket *s, Slot *slot) {
+  if (SharedRecv *r = slot->pool->shared) {
+    if (!shared_post(r, slot)) socket_close(s, IBMSG_EIO);
+    else if (s->state != State::Closing) s->credits.on_ctrl_received();
+    return;
+  }
+  slot->state = SlotState::Free;
+  if (s->state == State::Closing) return;
+  if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(slot->pool->slot_size),
+                    slot->pool->mr) ||
+      posted(s, false)) {
+    socket_close(s, IBMSG_EIO);
+  } else {
+    slot->state = SlotState::Posted;
+    s->credits.on_ctrl_received();
+  }
+}
+
+void recv_drop(Socket *s, Slot *slot, int reason) {
+  if (slot->pool->shared) recv_back(s, slot);  // the shared queue needs it back
+  else slot->state = SlotState::Free;
+  socket_close(s, reason);
+}
+
+void recv_wants(Socket *s) {
+  SharedRecv *r = s->srecv;
+  if (!r) return;  // buffers of its own: it has all its credits already
+  r->credits.on_wants(&s->share);
+  if (s->share.wait_node.linked() && r->buffers < shared_limit(r) && shared_grow(r))
+    shared_serve(r);
+}
+
+bool recv_given_back(Socket *s, uint32_t n) {
+  SharedRecv *r = s->srecv;
+  if (!r) return s->credits.on_given_back(n);
+  if (!r->credits.on_given_back(&s->share, n)) return false;
+  shared_serve(r);
+  return true;
+}
+
+void recv_memory(const Device *dev, ibmsg_memory *out) {
+  for (const SharedRecv *r = dev->shared.front(); r; r = dev->shared.next(r))
+    for (const Pool *p = r->slabs.front(); p; p = r->slabs.next(p)) out->shared += p->bytes;
+}
+
+}  // namespace ibmsg
