@@ -63,7 +63,7 @@ extern "C" {
  * ------------------------------------------------------------------------------------------ */
 
 #define IBMSG_VERSION_MAJOR 1 /**< major version: changes break compatibility */
-#define IBMSG_VERSION_MINOR 2 /**< minor version: compatible additions */
+#define IBMSG_VERSION_MINOR 3 /**< minor version: compatible additions */
 #define IBMSG_VERSION_PATCH 0 /**< patch level: fixes only */
 /** The version as one number, for compile-time checks: 10000 * major + 100 * minor + patch. */
 #define IBMSG_VERSION (IBMSG_VERSION_MAJOR * 10000 + IBMSG_VERSION_MINOR * 100 + IBMSG_VERSION_PATCH)

@@ -142,6 +142,12 @@ class Credits {
   bool ctrl_due(bool waiting, bool news) const {
     if (ctrl_ == 0) return false;
     if (waiting && owed_ctrl_ >= kCtrlDepth / 2) return true;
+    // Shared buffers: a peer that holds data credits above its base is down to the control
+    // credit it keeps for returning ours, so it cannot give them back (a Return) until we return
+    // the control credits we owe.
+    if (sc_ && wire_shared_ && sc_->granted > depth_ && owed_ctrl_ && granted_ctrl_ <= 1 &&
+        ctrl_ >= 2)
+      return true;
     return (ctrl_needed() || news) && ctrl_ >= 2;
   }
 

@@ -182,6 +182,7 @@ bool recv_arrived(Socket *s, Slot *slot, bool wants) {
   SharedRecv *r = s->srecv;
   if (!r) return s->credits.on_data_arrived();
   if (!r->credits.on_arrival(&s->share, wants)) return false;
+  if (!wants) shared_serve(r);  // what it was owed above its base goes to those waiting
   slot->credited = true;
   s->credits.data_lent();
   // It waits for more: a slab more, if the pool may grow (its turn comes in shared_serve).

@@ -30,6 +30,14 @@ bool SharedCredits::on_arrival(ShareConn *c, bool wants) {
   c->wants = wants;
   if (!wants || full(c)) {
     unwait(c);
+    if (!wants) {
+      // Nothing more waits at its peer: what it is owed above the base stays in the pool.
+      const uint32_t keep = c->granted < base_ ? base_ - c->granted : 0;
+      if (c->owed > keep) {
+        assigned_ -= c->owed - keep;
+        c->owed = keep;
+      }
+    }
   } else if (unassigned() > 0) {
     give(c);  // nobody waits while the pool has units (serve_waiting, on_freed)
   } else if (!c->wait_node.linked()) {

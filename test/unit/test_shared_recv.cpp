@@ -1,0 +1,935 @@
+// test_shared_recv.cpp - receive buffers shared by a device's connections (protocol 1.3) over
+// the fake transport with shared receive queues (set_max_srq_wr): the hello (base 2, cap
+// IBMSG_OPT_RECV_DEPTH), ibmsg_socket_memory, streams, the cap counting held messages, credits
+// moving to a busy connection and given back (Return), hostile and older raw peers, buffers of
+// its own, closing while messages are held. The harness is test_rndv.cpp's, trimmed; raw peers
+// keep a book of their credits (RawBook); some checks read the core's book through
+// ibmsg_socket.impl. The teardown checks: each socket closed once, one message_sent per post
+// before its closed callback, received messages intact, loops destroyed, nothing left open in
+// the fake, no RNR, length error, misuse or invalid state transition.
+#include <csetjmp>
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
+#include <cmocka.h>
+}
+
+#include <algorithm>
+#include <cstdio>
+#include <deque>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fake.hpp"
+#include "ibmsg.h"
+#include "internal.hpp"  // the core's book: Socket::share, SharedRecv, invalid_transitions
+#include "wire.hpp"
+
+namespace fake = ibmsg::fake;
+namespace wire = ibmsg::wire;
+using Raw = fake::RawPeer;
+
+namespace {
+
+constexpr size_t kSlot = 16448;  // a shared buffer: the eager size 16384 + 4, rounded up to 64
+constexpr size_t kIdle = (2 + 4) * kSlot;  // an idle connection: its base and control buffers
+constexpr uint32_t kOpData = 0, kOpCredit = 1, kOpReturn = 6;
+constexpr uint32_t kWants = wire::kWantsBit;
+
+// --- the harness ------------------------------------------------------------------------------
+
+// Message k of a stream: sizes from 1 byte to the eager size, bytes that depend on k.
+size_t size_of(uint64_t k) { return k % 50 == 49 ? 16384 : 1 + (k * 977) % 3000; }
+uint8_t pattern_byte(uint64_t k, size_t i) { return uint8_t((k * 131 + i * 7 + (i >> 8)) ^ 0x5a); }
+
+#define expect_code(actual, expected)                                           \
+  do {                                                                          \
+    int a_ = (actual), e_ = (expected);                                         \
+    if (a_ != e_)                                                               \
+      fail_msg("%s: got %s (%d), expected %s", #actual, ibmsg_err_name(a_), a_, \
+               ibmsg_err_name(e_));                                             \
+  } while (0)
+
+struct Out {
+  ibmsg_buffer m{};
+  bool allocated = false;
+  int posts = 0, sent_cbs = 0;
+};
+struct Held { ibmsg_buffer *m; uint64_t k; };
+
+struct Conn {
+  ibmsg_socket s{};
+  const char *name = "";
+  bool opened = false;
+  int established = 0, closed = 0, close_reason = -1, after_close = 0;
+  int msgs_posted = 0, msgs_done = 0, sent_ok = 0, msgs_done_at_close = -1;
+  std::deque<Out> outs;
+  uint64_t next_send_seq = 0;
+  bool verify = true;  // received messages carry the pattern (not from a raw peer)
+  bool hold = false;
+  std::deque<Held> held;
+  uint64_t received = 0;
+  int bad_payload = 0;
+  std::string first_bad;
+  std::vector<size_t> rx_sizes;
+  std::function<void(ibmsg_buffer *)> on_msg;
+};
+
+struct H {
+  ibmsg_event_loop loops[2];  // the second when a test needs a second device
+  bool alive[2] = {false, false};
+  std::deque<Conn> conns;
+  std::vector<std::unique_ptr<Raw>> raws;
+  std::vector<ibmsg_options *> opts;
+  bool hold_accepted = false;
+  std::vector<Conn *> accepted;
+  unsigned long transitions_before = 0;
+};
+
+H *h_of(void **state) { return static_cast<H *>(*state); }
+
+Conn &new_conn(H *h, const char *name) {
+  Conn &c = h->conns.emplace_back();
+  c.name = name;
+  c.s.user_data = &c;
+  return c;
+}
+
+Raw *new_raw(H *h) { return h->raws.emplace_back(std::make_unique<Raw>(40, 4096)).get(); }
+
+ibmsg_options *options(H *h, std::initializer_list<std::pair<int, int>> values) {
+  ibmsg_options *o = h->opts.emplace_back(ibmsg_options_new(&h->loops[0]));
+  for (auto &v : values)
+    expect_code(ibmsg_options_set(o, v.first, &v.second, sizeof(int)), IBMSG_OK);
+  return o;
+}
+
+void check_payload(Conn *c, const ibmsg_buffer *m, uint64_t k, const char *when) {
+  if (!c->verify) return;
+  bool ok = m->size == size_of(k);
+  auto *d = static_cast<const uint8_t *>(m->data);
+  for (size_t i = 0; ok && i < m->size; ++i) ok = d[i] == pattern_byte(k, i);
+  if (!ok && c->bad_payload++ == 0)
+    c->first_bad = "message " + std::to_string(k) + " of " + std::to_string(m->size) +
+                   " bytes wrong " + when;
+}
+
+void on_request(ibmsg_connection_request *req) {
+  H *h = static_cast<H *>(req->loop->user_data);
+  Conn &c = new_conn(h, "accepted");
+  c.hold = h->hold_accepted;
+  if (ibmsg_accept(req, &c.s) == IBMSG_OK) {
+    c.opened = true;
+    h->accepted.push_back(&c);
+  }
+}
+
+void on_established(ibmsg_socket *s) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  c->after_close += c->closed;
+  ++c->established;
+}
+
+void on_received(ibmsg_socket *s, ibmsg_buffer *m) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  c->after_close += c->closed;
+  const uint64_t k = c->received++;
+  c->rx_sizes.push_back(m->size);
+  check_payload(c, m, k, "on arrival");
+  if (c->on_msg) c->on_msg(m);
+  if (c->hold) c->held.push_back(Held{m, k});
+  else expect_code(ibmsg_free_msg(m), IBMSG_OK);
+}
+
+void on_sent(ibmsg_socket *s, ibmsg_buffer *m, int status) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  c->after_close += c->closed;
+  Out *o = static_cast<Out *>(m->user_data);
+  ++o->sent_cbs;
+  ++c->msgs_done;
+  if (status == IBMSG_OK) ++c->sent_ok;
+  if (ibmsg_free_msg(m) == IBMSG_OK) o->allocated = false;
+}
+
+void on_closed(ibmsg_socket *s, int reason) {
+  Conn *c = static_cast<Conn *>(s->user_data);
+  ++c->closed;
+  c->close_reason = reason;
+  c->msgs_done_at_close = c->msgs_done;
+}
+
+void init_loop(H *h, int i) {
+  ibmsg_event_loop *l = &h->loops[i];
+  if (ibmsg_init_event_loop(l) != IBMSG_OK) fail_msg("ibmsg_init_event_loop failed");
+  h->alive[i] = true;
+  l->user_data = h;
+  l->connection_request = on_request;
+  l->connection_established = on_established;
+  l->message_received = on_received;
+  l->message_sent = on_sent;
+  l->connection_closed = on_closed;
+}
+
+template <class F>
+bool run_until(H *h, F done, int max_rounds = 2000) {
+  for (int i = 0; i < max_rounds; ++i) {
+    for (auto &r : h->raws) r->pump();
+    if (done()) return true;
+    ibmsg_dispatch_event_loop_timeout(&h->loops[0], 1);
+    if (h->alive[1]) ibmsg_dispatch_event_loop_timeout(&h->loops[1], 0);
+  }
+  for (auto &r : h->raws) r->pump();
+  return done();
+}
+
+std::string state_text(H *h) {
+  std::string s;
+  char buf[160];
+  for (Conn &c : h->conns)
+    if (c.opened) {
+      snprintf(buf, sizeof buf, "\n  %s (status %d): posted %d, sent_ok %d, received %llu",
+               c.name, int(c.s.status), c.msgs_posted, c.sent_ok, (unsigned long long)c.received);
+      s += buf;
+    }
+  return s;
+}
+
+#define RUN_UNTIL(h, cond)                                                \
+  do {                                                                    \
+    if (!run_until(h, [&] { return bool(cond); }))                        \
+      fail_msg("never happened: %s%s", #cond, state_text(h).c_str());     \
+  } while (0)
+
+void settle(H *h, int rounds = 30) { run_until(h, [] { return false; }, rounds); }
+
+// --- sockets and messages ---
+
+unsigned short port_of(Conn &l) {
+  unsigned short p = 0;
+  expect_code(ibmsg_socket_local_address(&l.s, nullptr, 0, &p), IBMSG_OK);
+  return p;
+}
+
+Conn &listener(H *h, const ibmsg_options *o = nullptr) {
+  Conn &l = new_conn(h, "listener");
+  expect_code(ibmsg_listen_opts(&h->loops[0], &l.s, nullptr, 0, 32, o), IBMSG_OK);
+  l.opened = true;
+  return l;
+}
+
+Conn &client(H *h, unsigned short port, const ibmsg_options *o = nullptr, int loop = 0) {
+  Conn &c = new_conn(h, "client");
+  expect_code(ibmsg_connect_opts(&h->loops[loop], &c.s, "127.0.0.1", port, o), IBMSG_OK);
+  c.opened = true;
+  return c;
+}
+
+struct Pair { Conn *c, *a; };  // client, accepted
+
+Pair connect_to(H *h, Conn &l, const ibmsg_options *co = nullptr, int loop = 0) {
+  const size_t before = h->accepted.size();
+  Conn &c = client(h, port_of(l), co, loop);
+  RUN_UNTIL(h, c.established && h->accepted.size() > before && h->accepted.back()->established);
+  return Pair{&c, h->accepted.back()};
+}
+
+Pair connected(H *h, const ibmsg_options *lo = nullptr, const ibmsg_options *co = nullptr) {
+  return connect_to(h, listener(h, lo), co);
+}
+
+// Allocates and posts the connection's next message; the code of the call that failed.
+int send_next(Conn &c) {
+  Out *o = nullptr;
+  for (Out &x : c.outs)
+    if (!x.allocated && !o) o = &x;
+  if (!o) o = &c.outs.emplace_back();
+  const uint64_t k = c.next_send_seq;
+  if (int rc = ibmsg_alloc_msg(&o->m, &c.s, size_of(k))) return rc;
+  o->allocated = true;
+  o->m.user_data = o;
+  auto *d = static_cast<uint8_t *>(o->m.data);
+  for (size_t i = 0; i < size_of(k); ++i) d[i] = pattern_byte(k, i);
+  if (int rc = ibmsg_post_send(&c.s, &o->m)) {
+    expect_code(ibmsg_free_msg(&o->m), IBMSG_OK);
+    o->allocated = false;
+    return rc;
+  }
+  ++o->posts;
+  ++c.msgs_posted;
+  ++c.next_send_seq;
+  return IBMSG_OK;
+}
+
+// Posts messages until the connection posted total of them or has no room now (IBMSG_EAGAIN).
+void top_up(Conn &c, uint64_t total) {
+  while (c.next_send_seq < total) {
+    int rc = send_next(c);
+    if (rc == IBMSG_EAGAIN) return;
+    if (rc) fail_msg("%s: posting: %s", c.name, ibmsg_err_name(rc));
+  }
+}
+
+// Streams n more messages from one side (to a peer that frees them) until all went and arrived.
+void stream(H *h, Conn &from, Conn &to, uint64_t n) {
+  const uint64_t total = from.next_send_seq + n, want = to.received + n;
+  RUN_UNTIL(h, (top_up(from, total), to.received == want && from.sent_ok == from.msgs_posted));
+  if (to.bad_payload) fail_msg("%s: %s", to.name, to.first_bad.c_str());
+}
+
+// n more messages each way at the same time.
+void stream_both(H *h, Pair p, uint64_t n) {
+  const uint64_t tc = p.c->next_send_seq + n, ta = p.a->next_send_seq + n;
+  const uint64_t rc = p.c->received + n, ra = p.a->received + n;
+  RUN_UNTIL(h, (top_up(*p.c, tc), top_up(*p.a, ta),
+                p.a->received == ra && p.c->received == rc &&
+                    p.c->sent_ok == p.c->msgs_posted && p.a->sent_ok == p.a->msgs_posted));
+  assert_int_equal(p.a->bad_payload + p.c->bad_payload, 0);
+}
+
+void free_held(Conn &c, size_t n = SIZE_MAX) {
+  for (; n && !c.held.empty(); --n) {
+    Held x = c.held.front();
+    c.held.pop_front();
+    check_payload(&c, x.m, x.k, "when freed");
+    expect_code(ibmsg_free_msg(x.m), IBMSG_OK);
+  }
+}
+
+size_t shared_mem(Conn &c) {
+  ibmsg_memory m;
+  expect_code(ibmsg_socket_memory(&c.s, &m), IBMSG_OK);
+  return m.shared;
+}
+
+ibmsg__socket *core(Conn &c) { return c.s.impl; }
+
+// The pool's book adds up (nothing in transit): its buffers are the free ones, the control
+// buffers its connections reserve and the ones the application holds; its credits are exactly
+// what its connected sockets hold and are owed, no more than the free buffers.
+void expect_pool_balanced(H *h, Conn &any, uint32_t lent) {
+  ibmsg::SharedRecv *r = core(any)->srecv;
+  if (!r) fail_msg("%s has no shared receive buffers", any.name);
+  uint64_t total = 0;
+  uint32_t conns = 0;
+  for (Conn &c : h->conns)
+    if (c.opened && !c.closed && c.s.status == IBMSG_CONNECTED && core(c)->srecv == r) {
+      total += core(c)->share.total();
+      ++conns;
+    }
+  assert_int_equal(r->conns, conns);
+  assert_int_equal(r->lent, lent);
+  assert_int_equal(r->credits.assigned(), total);
+  assert_int_equal(r->credits.free_buffers() + ibmsg::kCtrlDepth * r->conns + lent, r->buffers);
+  assert_true(r->credits.assigned() <= r->credits.free_buffers());
+}
+
+// --- raw peers ---
+
+wire::Hello decode(const std::vector<uint8_t> &pdata) {
+  wire::Hello hh;
+  if (wire::decode_hello(pdata.data(), pdata.size(), &hh) != wire::HelloResult::Ok)
+    fail_msg("the private data is no valid hello");
+  return hh;
+}
+
+// The hello an ibmsg connect sends a raw listener.
+wire::Hello hello_of_client(H *h, const ibmsg_options *o, int loop = 0) {
+  Raw *r = new_raw(h);
+  expect_code(r->listen(), IBMSG_OK);
+  client(h, r->port(), o, loop);
+  RUN_UNTIL(h, r->state() == Raw::State::Requested);
+  return decode(r->event_pdata());
+}
+
+// A 1.3 hello offering shared buffers (the raw peer takes the wants bit and Return messages).
+wire::Hello hello13(uint32_t recv_depth, uint32_t cap) {
+  wire::Hello hh = fake::hello(recv_depth);
+  hh.features = wire::kFeatures;
+  hh.cap = cap;
+  return hh;
+}
+
+// What a raw peer connected to an ibmsg socket holds and owes: data and control credits (from
+// the ibmsg side's hello and its messages), the credits to return for the ibmsg side's messages
+// (the raw peer re-posts its buffers at once), and what it saw.
+struct RawBook {
+  Raw *r;
+  bool shared;      // kFeatureShared agreed: bit 15 of the credits field is the wants bit
+  size_t seen = 0;  // of r->received
+  int64_t data = 0, ctrl = 0, max_data = 0;
+  uint32_t owe_data = 0, owe_ctrl = 0;
+  int wants_seen = 0, returns_seen = 0;
+  uint32_t last_return = 0;
+
+  void take() {
+    r->pump();
+    for (; seen < r->received.size(); ++seen) {
+      const uint32_t imm = r->received[seen].imm, op = imm >> 28;
+      uint32_t credits = imm & 0xffff;
+      if (credits & kWants) ++wants_seen;  // (to an older peer: never)
+      if (shared) credits &= wire::kMaxSharedCreditsPerMsg;
+      if (op == kOpReturn) {
+        ++returns_seen;
+        last_return = credits;
+        credits = 0;
+      }
+      data += credits;
+      ctrl += (imm >> 16) & 0xff;
+      if (op == kOpCredit || op == kOpReturn) ++owe_ctrl;
+      else ++owe_data;
+    }
+    max_data = std::max(max_data, data);
+  }
+  // A message (len bytes of value k; a credit-only one if op says so) returning what it owes.
+  void send(uint32_t op, size_t len = 0, uint8_t k = 0, bool wants = false) {
+    take();
+    int64_t &credit = op == kOpData ? data : ctrl;
+    if (credit-- <= 0) fail_msg("the raw peer has no credit for it");
+    std::vector<uint8_t> b(len, k);
+    const uint32_t imm = fake::imm(op, owe_data, owe_ctrl) | (wants ? kWants : 0);
+    expect_code(r->send(imm, b.data(), len), IBMSG_OK);
+    owe_data = owe_ctrl = 0;
+  }
+};
+
+struct RawPair {
+  Raw *r;
+  Conn *l, *a;
+  wire::Hello mine;  // the ibmsg side's hello
+};
+
+// A raw client with hello hh (len bytes of it) connected to an ibmsg listener (options o).
+RawPair raw_client(H *h, const wire::Hello &hh, const ibmsg_options *o = nullptr,
+                   size_t len = wire::kHelloSize) {
+  uint8_t b[wire::kHelloSize];
+  wire::encode_hello(hh, b);
+  Conn &l = listener(h, o);
+  Raw *r = new_raw(h);
+  expect_code(r->connect(port_of(l), b, len), IBMSG_OK);
+  RUN_UNTIL(h, r->state() == Raw::State::Established && !h->accepted.empty() &&
+                   h->accepted.back()->established);
+  h->accepted.back()->verify = false;  // a raw peer sends no pattern
+  return RawPair{r, &l, h->accepted.back(), decode(r->event_pdata())};
+}
+
+RawBook book_of(const RawPair &p, bool shared) {
+  RawBook b{p.r, shared};
+  b.data = b.max_data = p.mine.recv_depth;
+  b.ctrl = p.mine.ctrl_depth;
+  return b;
+}
+
+// The accepted socket closes with EPROTO; the raw peer learns it.
+void expect_eproto(H *h, const RawPair &p) {
+  RUN_UNTIL(h, p.a->closed);
+  expect_code(p.a->close_reason, IBMSG_EPROTO);
+  RUN_UNTIL(h, p.r->state() == Raw::State::Disconnected);
+}
+
+// --- setup and the checks after every test ---
+
+int setup(void **state) {
+  fake::reset();
+  fake::set_max_srq_wr(16384);
+  H *h = new H();
+  init_loop(h, 0);
+  h->transitions_before = ibmsg::invalid_transitions();
+  *state = h;
+  return 0;
+}
+
+void complain(std::string *errs, const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  *errs += "\n  ";
+  *errs += buf;
+}
+
+int teardown(void **state) {
+  H *h = h_of(state);
+  std::string errs;
+  for (Conn &c : h->conns) {
+    c.on_msg = nullptr;
+    if (c.opened && !c.closed) ibmsg_disconnect(&c.s);
+  }
+  run_until(h, [h] {
+    for (Conn &c : h->conns)
+      if (c.opened && !c.closed) return false;
+    return true;
+  });
+  for (Conn &c : h->conns) {
+    if (c.opened && c.closed != 1) complain(&errs, "%s: %d closed callbacks", c.name, c.closed);
+    if (c.after_close) complain(&errs, "%s: %d callbacks after closed", c.name, c.after_close);
+    if (c.closed && c.msgs_done_at_close != c.msgs_posted)
+      complain(&errs, "%s: %d of %d message_sent callbacks before its closed callback", c.name,
+               c.msgs_done_at_close, c.msgs_posted);
+    for (const Held &x : c.held) {
+      check_payload(&c, x.m, x.k, "when freed after the test");
+      if (int rc = ibmsg_free_msg(x.m))
+        complain(&errs, "%s: free: %s", c.name, ibmsg_err_name(rc));
+    }
+    c.held.clear();
+    if (c.bad_payload) complain(&errs, "%s: %d received messages wrong (%s)", c.name,
+                                c.bad_payload, c.first_bad.c_str());
+    for (Out &o : c.outs) {
+      if (o.posts != o.sent_cbs)
+        complain(&errs, "%s: a message posted %d times got %d message_sent callbacks", c.name,
+                 o.posts, o.sent_cbs);
+      if (o.allocated) ibmsg_free_msg(&o.m);
+      o.allocated = false;
+    }
+  }
+  for (auto &r : h->raws) r->close();
+  settle(h, 3);
+  for (int i = 1; i >= 0; --i)
+    if (h->alive[i]) {
+      if (int rc = ibmsg_destroy_event_loop(&h->loops[i]))
+        complain(&errs, "ibmsg_destroy_event_loop(%d): %s", i, ibmsg_err_name(rc));
+      else h->alive[i] = false;
+    }
+  const bool destroyed = !h->alive[0] && !h->alive[1];
+  for (ibmsg_options *o : h->opts) ibmsg_options_free(o);
+  std::string left = fake::open_objects_text();
+  if (!left.empty()) complain(&errs, "left open in the transport: %s", left.c_str());
+  const fake::Stats &st = fake::stats();
+  if (st.misuses) complain(&errs, "%lu misuses, first: %s", st.misuses, st.first_misuse.c_str());
+  if (st.rnr_errors) complain(&errs, "%lu sends found no posted receive (RNR)", st.rnr_errors);
+  if (st.length_errors) complain(&errs, "%lu sends too long", st.length_errors);
+  if (unsigned long n = ibmsg::invalid_transitions() - h->transitions_before)
+    complain(&errs, "%lu invalid state transitions", n);
+  if (destroyed) delete h;
+  if (errs.empty()) return 0;
+  static char text[8192];
+  snprintf(text, sizeof text, "%s", errs.c_str());
+  fail_msg("after the test:%s", text);
+  return 0;
+}
+
+// === 1. ibmsg to ibmsg ========================================================================
+
+// Both hellos (connect and accept) offer shared buffers: a base of 2, the cap the option says.
+void hellos_offer_a_base_of_2_and_the_cap(void **state) {
+  H *h = h_of(state);
+  for (int depth : {32, 8, 1}) {  // the connecting side's
+    wire::Hello mine = hello_of_client(h, options(h, {{IBMSG_OPT_RECV_DEPTH, depth}}));
+    assert_int_equal(mine.minor, 3);
+    assert_true(mine.features & wire::kFeatureShared);
+    assert_int_equal(mine.recv_depth, depth < 2 ? depth : 2);
+    assert_int_equal(mine.cap, depth);
+    assert_int_equal(mine.ctrl_depth, 4);
+  }
+  RawPair p = raw_client(h, hello13(8, 8));  // the accepting side's
+  assert_int_equal(p.mine.minor, 3);
+  assert_true(p.mine.features & wire::kFeatureShared);
+  assert_int_equal(p.mine.recv_depth, 2);
+  assert_int_equal(p.mine.cap, 32);
+  assert_true(core(*p.a)->features & wire::kFeatureShared);
+  assert_int_equal(shared_mem(*p.a), kIdle);
+}
+
+void ibmsg_pair_agrees_and_streams_both_ways(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  for (Conn *c : {p.c, p.a}) {
+    assert_true(core(*c)->features & wire::kFeatureShared);
+    assert_int_equal(shared_mem(*c), kIdle);
+    assert_int_equal(core(*c)->credits.data(), 2);  // the base of the other's pool
+  }
+  stream_both(h, p, 600);  // 600 messages each way, at the same time
+  settle(h);
+  // Idle again: the surplus went back, each holds its base again and costs its base.
+  for (Conn *c : {p.c, p.a}) {
+    assert_int_equal(core(*c)->credits.data(), 2);
+    assert_int_equal(core(*c)->share.granted, 2);
+    assert_int_equal(shared_mem(*c), kIdle);
+  }
+  expect_pool_balanced(h, *p.a, 0);
+  assert_int_equal(fake::stats().rnr_errors, 0);
+  assert_int_equal(fake::open_objects().srqs, 1);
+}
+
+// === 2. a receiver holding messages ===========================================================
+
+void held_messages_stop_the_peer_at_the_cap(void **state) {
+  H *h = h_of(state);
+  h->hold_accepted = true;
+  Pair p = connected(h);
+  RUN_UNTIL(h, (top_up(*p.c, 40), p.a->received == 32));
+  settle(h, 100);
+  assert_int_equal(p.a->received, 32);  // the cap: no more while it holds them
+  assert_int_equal(p.c->sent_ok, 32);
+  assert_int_equal(core(*p.c)->credits.data(), 0);
+  assert_int_equal(core(*p.a)->share.total(), 0);
+  assert_int_equal(core(*p.a)->share.held, 32);
+  assert_int_equal(shared_mem(*p.a), (32 + 4) * kSlot);
+  // Each one freed lets exactly one more come.
+  free_held(*p.a, 5);
+  RUN_UNTIL(h, p.a->received == 37);
+  settle(h, 100);
+  assert_int_equal(p.a->received, 37);
+  assert_int_equal(shared_mem(*p.a), (32 + 4) * kSlot);
+  p.a->hold = false;
+  free_held(*p.a);
+  RUN_UNTIL(h, (top_up(*p.c, 40), p.a->received == 40 && p.c->sent_ok == 40));
+  settle(h);
+  assert_int_equal(shared_mem(*p.a), kIdle);
+  assert_int_equal(p.a->bad_payload, 0);
+  expect_pool_balanced(h, *p.a, 0);
+}
+
+// The application frees all 32 it held at once; the rest of the burst goes, and the connection
+// is idle again: the sender gave back its surplus, the receiver keeps nothing above the base.
+void full_cap_freed_at_once_then_idle_again(void **state) {
+  H *h = h_of(state);
+  h->hold_accepted = true;
+  Pair p = connected(h);
+  RUN_UNTIL(h, (top_up(*p.c, 40), p.a->received == 32));
+  p.a->hold = false;
+  free_held(*p.a);
+  RUN_UNTIL(h, (top_up(*p.c, 40), p.a->received == 40 && p.c->sent_ok == 40));
+  settle(h, 100);
+  assert_int_equal(core(*p.c)->credits.data(), 2);
+  assert_int_equal(shared_mem(*p.a), kIdle);
+  expect_pool_balanced(h, *p.a, 0);
+}
+
+// === 3. credits move to the busy connection and back ==========================================
+
+void busy_connection_of_20_gets_more_than_the_base_and_gives_it_back(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  std::vector<Pair> ps;
+  for (int i = 0; i < 20; ++i) ps.push_back(connect_to(h, l));
+  Pair &busy = ps[7];
+  size_t most = 0;
+  uint32_t most_credits = 0;
+  busy.a->on_msg = [&](ibmsg_buffer *) {
+    most = std::max(most, shared_mem(*busy.a));
+    most_credits = std::max(most_credits, core(*busy.a)->share.granted);
+  };
+  stream(h, *busy.c, *busy.a, 400);
+  settle(h);
+  assert_true(most > kIdle);      // the pool gave it more than its base
+  assert_true(most_credits > 2);  // and granted them
+  assert_true(most <= (32 + 4) * kSlot);
+  // Its burst over, the surplus went back: every connection holds its base again.
+  assert_int_equal(core(*busy.c)->credits.data(), 2);
+  for (Pair &q : ps) {
+    assert_int_equal(shared_mem(*q.a), kIdle);
+    assert_int_equal(shared_mem(*q.c), kIdle);
+    assert_int_equal(q.c->s.status, IBMSG_CONNECTED);
+  }
+  expect_pool_balanced(h, *busy.a, 0);
+  stream(h, *ps[12].a, *ps[12].c, 200);  // another one, the other way
+  settle(h);
+  assert_int_equal(shared_mem(*ps[12].c), kIdle);
+  expect_pool_balanced(h, *busy.a, 0);
+}
+
+// The sender's side on the wire, seen by a raw receiver of protocol 1.3: the wants bit on every
+// message that has more behind it, a credit-only message with the wants bit once it runs out,
+// and a Return of exactly what it holds above the base once its queue is empty.
+void sender_sets_wants_and_returns_its_surplus(void **state) {
+  H *h = h_of(state);
+  const wire::Hello mine = hello_of_client(h, nullptr);
+  Raw *r = h->raws.back().get();
+  Conn &c = h->conns.back();
+  expect_code(r->accept(hello13(2, 32)), IBMSG_OK);
+  RUN_UNTIL(h, c.established);
+  RawBook b{r, true};
+  b.data = mine.recv_depth;
+  b.ctrl = mine.ctrl_depth;
+  for (int i = 0; i < 10; ++i) expect_code(send_next(c), IBMSG_OK);
+  RUN_UNTIL(h, r->received.size() >= 3);
+  settle(h);
+  b.take();
+  // Two data messages, each sent as it was posted (nothing behind it then: no wants bit), then
+  // "wants" on a credit-only message once the third waits without a credit.
+  assert_int_equal(r->received.size(), 3);
+  for (int i = 0; i < 2; ++i) {
+    assert_int_equal(r->received[i].imm >> 28, kOpData);
+    assert_false(r->received[i].imm & kWants);
+  }
+  assert_int_equal(r->received[2].imm >> 28, kOpCredit);
+  assert_true(r->received[2].imm & kWants);
+  assert_int_equal(r->received[2].data.size(), 0);
+  // The raw peer grants 8: the 2 it consumed and 6 more (its cap allows 32).
+  b.owe_data += 6;
+  b.send(kOpCredit);
+  RUN_UNTIL(h, (b.take(), b.seen == 11));
+  for (size_t i = 3; i < 11; ++i) {
+    assert_int_equal(r->received[i].imm >> 28, kOpData);
+    assert_int_equal(bool(r->received[i].imm & kWants), i != 10);  // more behind all but the last
+  }
+  assert_int_equal(core(c)->credits.data(), 0);
+  // It returns the 8 it consumed: the sender holds 8 with nothing to send, 6 above the base.
+  b.send(kOpCredit);
+  RUN_UNTIL(h, (b.take(), b.returns_seen == 1));
+  settle(h);
+  b.take();
+  assert_int_equal(b.returns_seen, 1);
+  assert_int_equal(b.last_return, 6);
+  const fake::RawMsg &ret = r->received[11];
+  assert_int_equal(ret.imm >> 28, kOpReturn);
+  assert_int_equal(ret.imm & 0xffff, 6);  // no wants bit on a Return
+  assert_int_equal(ret.data.size(), 0);
+  assert_int_equal(core(c)->credits.data(), 2);
+  assert_int_equal(c.sent_ok, 10);
+  assert_int_equal(c.s.status, IBMSG_CONNECTED);
+}
+
+// === 4. hostile raw peers of protocol 1.3 =====================================================
+
+// A raw peer gets credits above the base by sending data with the wants bit (the accepted side
+// frees at once); returns what it holds then.
+int64_t earn_credits(H *h, RawBook &b, int msgs) {
+  for (int i = 0; i < msgs; ++i) {
+    RUN_UNTIL(h, (b.take(), b.data > 0));
+    b.send(kOpData, 16, uint8_t(i), true);
+  }
+  settle(h);
+  b.take();
+  return b.data;
+}
+
+void return_above_the_base_is_eproto_for_that_connection_only(void **state) {
+  H *h = h_of(state);
+  Pair other = connected(h);
+  RawPair p = raw_client(h, hello13(8, 8));
+  RawBook b = book_of(p, true);
+  // A Return of what it holds above the base is fine.
+  const int64_t held = earn_credits(h, b, 4);
+  assert_true(held > 2);
+  expect_code(p.r->send(fake::imm(kOpReturn, uint32_t(held - 2))), IBMSG_OK);
+  settle(h);
+  assert_int_equal(p.a->s.status, IBMSG_CONNECTED);
+  assert_int_equal(core(*p.a)->share.granted, 2);
+  assert_int_equal(p.a->received, 4);
+  // One more than it holds above the base now: EPROTO.
+  expect_code(p.r->send(fake::imm(kOpReturn, 1)), IBMSG_OK);
+  expect_eproto(h, p);
+  assert_int_equal(p.l->s.status, IBMSG_LISTENING);
+  assert_int_equal(other.c->s.status, IBMSG_CONNECTED);
+  assert_int_equal(other.a->s.status, IBMSG_CONNECTED);
+  stream_both(h, other, 100);
+  settle(h);
+  expect_pool_balanced(h, *other.a, 0);
+}
+
+// A Return with a payload, with the wants bit, of nothing, or without kFeatureShared agreed.
+void malformed_or_unagreed_return_is_eproto(void **state) {
+  H *h = h_of(state);
+  for (int variant = 0; variant < 4; ++variant) {
+    RawPair p = raw_client(h, variant == 3 ? fake::hello(8) : hello13(8, 8));
+    RawBook b = book_of(p, variant != 3);
+    assert_int_equal(bool(core(*p.a)->features & wire::kFeatureShared), variant != 3);
+    if (variant != 3) assert_true(earn_credits(h, b, 4) > 2);  // a plain Return of 1 is fine
+    const uint8_t junk[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    const uint32_t ret = fake::imm(kOpReturn, variant == 2 ? 0 : 1) | (variant == 1 ? kWants : 0);
+    expect_code(p.r->send(ret, junk, variant == 0 ? sizeof junk : 0), IBMSG_OK);
+    expect_eproto(h, p);
+  }
+}
+
+// A credit-only message with the wants bit from a peer without data credits: a credit back at
+// once if its cap allows, else once the application frees one.
+void wants_on_a_credit_message_gets_a_credit(void **state) {
+  H *h = h_of(state);
+  h->hold_accepted = true;
+  for (int cap : {32, 2}) {
+    RawPair p = raw_client(h, hello13(8, 8), options(h, {{IBMSG_OPT_RECV_DEPTH, cap}}));
+    assert_int_equal(p.mine.recv_depth, 2);
+    assert_int_equal(p.mine.cap, cap);
+    RawBook b = book_of(p, true);
+    b.send(kOpData, 10, 1);
+    b.send(kOpData, 10, 2);
+    RUN_UNTIL(h, p.a->received == 2);
+    settle(h);
+    b.take();
+    assert_int_equal(b.data, 0);  // both held: nothing came back
+    const size_t before = b.seen;
+    b.send(kOpCredit, 0, 0, true);
+    settle(h);
+    b.take();
+    if (cap == 32) {
+      assert_int_equal(b.seen, before + 1);
+      assert_int_equal(p.r->received[before].imm >> 28, kOpCredit);
+      assert_int_equal(b.data, 1);
+    } else {
+      assert_int_equal(b.data, 0);  // at its cap: the two held count
+      free_held(*p.a, 1);
+      RUN_UNTIL(h, (b.take(), b.data == 1));
+    }
+    b.send(kOpData, 10, 3);
+    RUN_UNTIL(h, p.a->received == 3);
+    assert_int_equal(p.a->s.status, IBMSG_CONNECTED);
+    assert_int_equal(p.a->rx_sizes[2], 10);
+  }
+}
+
+void data_beyond_the_credits_is_eproto_and_others_go_on(void **state) {
+  H *h = h_of(state);
+  Pair other = connected(h);
+  h->hold_accepted = true;
+  RawPair p = raw_client(h, hello13(8, 8));
+  RawBook b = book_of(p, true);
+  b.send(kOpData, 10, 1);
+  b.send(kOpData, 10, 2);
+  b.data = 1;  // (it has none: sent anyway)
+  b.send(kOpData, 10, 3);
+  expect_eproto(h, p);
+  assert_int_equal(p.a->received, 2);  // the two it had credits for
+  free_held(*p.a);
+  settle(h);
+  assert_int_equal(other.c->s.status, IBMSG_CONNECTED);
+  stream_both(h, other, 100);
+  settle(h);
+  expect_pool_balanced(h, *other.a, 0);
+}
+
+// === 5. a peer without kFeatureShared ========================================================
+
+void peer_of_protocol_1_2_gets_at_most_the_base_and_no_wants_bit(void **state) {
+  H *h = h_of(state);
+  wire::Hello hh = fake::hello(4);
+  hh.minor = 2;
+  hh.features = wire::kFeatureRdma | wire::kFeatureImm | wire::kFeatureRndv;
+  RawPair p = raw_client(h, hh, nullptr, 28);
+  assert_false(core(*p.a)->features & wire::kFeatureShared);
+  assert_int_equal(p.mine.recv_depth, 2);
+  RawBook b = book_of(p, false);
+  // The raw peer sends 60 messages as fast as its credits let it (message k: k + 1 bytes); the
+  // accepted side sends it 40 with at most 4 credits at a time.
+  const int n = 60;
+  int sent = 0;
+  RUN_UNTIL(h, (top_up(*p.a, 40), b.take(), [&] {
+                  for (; sent < n && b.data > 0; ++sent) b.send(kOpData, size_t(sent + 1));
+                  if ((b.owe_data || b.owe_ctrl >= 2) && b.ctrl > 1) b.send(kOpCredit);
+                }(), p.a->received == uint64_t(n) && p.a->sent_ok == 40));
+  assert_int_equal(b.max_data, 2);  // never more than the hello's recv_depth
+  assert_int_equal(b.wants_seen, 0);
+  assert_int_equal(b.returns_seen, 0);
+  for (int k = 0; k < n; ++k) assert_int_equal(p.a->rx_sizes[size_t(k)], size_t(k + 1));
+  assert_int_equal(p.a->s.status, IBMSG_CONNECTED);
+}
+
+// === 6. buffers of its own =====================================================================
+
+void shared_recv_option_0_gives_buffers_of_its_own(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *own = options(h, {{IBMSG_OPT_SHARED_RECV, 0}});
+  wire::Hello mine = hello_of_client(h, own);  // all 32 at once
+  assert_int_equal(mine.recv_depth, 32);
+  assert_int_equal(mine.cap, 32);
+  for (int variant = 0; variant < 2; ++variant) {  // with a shared peer, either side accepting
+    Pair p = variant == 0 ? connected(h, own, nullptr) : connected(h, nullptr, own);
+    Conn &its_own = variant == 0 ? *p.a : *p.c;
+    Conn &shared = variant == 0 ? *p.c : *p.a;
+    for (int round = 0; round < 2; ++round) {  // before and after streams both ways
+      if (round) stream_both(h, p, 300), settle(h);
+      assert_int_equal(shared_mem(its_own), 0);
+      assert_null(core(its_own)->srecv);
+      assert_int_equal(shared_mem(shared), kIdle);
+      assert_int_equal(core(shared)->credits.data(), 32);
+      assert_int_equal(core(its_own)->credits.data(), 2);
+    }
+  }
+}
+
+void device_without_srq_gives_buffers_of_its_own(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  Pair first = connect_to(h, l);  // the first loop's device: with shared receive queues
+  fake::set_max_srq_wr(0);        // the second loop's: without
+  init_loop(h, 1);
+  Pair p = connect_to(h, l, nullptr, 1);
+  assert_int_equal(fake::open_objects().srqs, 1);
+  for (int round = 0; round < 2; ++round) {  // before and after streams both ways
+    if (round) stream_both(h, p, 300), settle(h);
+    assert_int_equal(shared_mem(*p.c), 0);
+    assert_null(core(*p.c)->srecv);
+    assert_int_equal(shared_mem(*p.a), kIdle);
+    assert_int_equal(core(*p.a)->credits.data(), 32);
+    assert_int_equal(core(*p.c)->credits.data(), 2);
+  }
+  assert_int_equal(hello_of_client(h, nullptr, 1).recv_depth, 32);  // its 32 buffers at once
+  stream(h, *first.c, *first.a, 50);
+}
+
+// === 7. closing while the application holds messages ==========================================
+
+void close_while_messages_are_held(void **state) {
+  H *h = h_of(state);
+  for (int variant = 0; variant < 2; ++variant) {
+    Conn &l = listener(h);
+    Pair other = connect_to(h, l);
+    h->hold_accepted = true;
+    Pair p = connect_to(h, l);
+    h->hold_accepted = false;
+    RUN_UNTIL(h, (top_up(*p.c, 20), p.a->received == 20 && p.c->sent_ok == 20));
+    assert_int_equal(core(*p.a)->share.held, 20);
+    ibmsg::SharedRecv *r = core(*p.a)->srecv;
+    const uint32_t conns = r->conns;
+    // The holder closes, or its peer does.
+    expect_code(ibmsg_disconnect(variant == 0 ? &p.a->s : &p.c->s), IBMSG_OK);
+    RUN_UNTIL(h, p.a->closed && p.c->closed);
+    settle(h);
+    assert_int_equal(r->conns, conns - 2);
+    assert_int_equal(r->lent, 20);
+    ibmsg_memory lm;
+    expect_code(ibmsg_loop_memory(&h->loops[0], &lm), IBMSG_OK);
+    assert_true(lm.shared >= r->buffers * kSlot);
+    // Freed after the close: intact, and their buffers back in the pool.
+    free_held(*p.a);
+    assert_int_equal(p.a->bad_payload, 0);
+    settle(h);
+    expect_pool_balanced(h, *other.a, 0);
+    // The other connection can still take the pool up to its cap.
+    other.a->hold = true;
+    RUN_UNTIL(h, (top_up(*other.c, 40), other.a->received == 32));
+    settle(h, 100);
+    assert_int_equal(other.a->received, 32);
+    other.a->hold = false;
+    free_held(*other.a);
+    RUN_UNTIL(h, (top_up(*other.c, 40), other.a->received == 40 && other.c->sent_ok == 40));
+    settle(h);
+    expect_pool_balanced(h, *other.a, 0);
+    expect_code(ibmsg_disconnect(&other.c->s), IBMSG_OK);
+    expect_code(ibmsg_disconnect(&l.s), IBMSG_OK);
+    RUN_UNTIL(h, other.a->closed && other.c->closed && l.closed);
+  }
+  settle(h);
+  assert_int_equal(fake::open_objects().srqs, 0);  // the pool went with its last connection
+}
+
+}  // namespace
+
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      T(hellos_offer_a_base_of_2_and_the_cap),
+      T(ibmsg_pair_agrees_and_streams_both_ways),
+      T(held_messages_stop_the_peer_at_the_cap),
+      T(full_cap_freed_at_once_then_idle_again),
+      T(busy_connection_of_20_gets_more_than_the_base_and_gives_it_back),
+      T(sender_sets_wants_and_returns_its_surplus),
+      T(return_above_the_base_is_eproto_for_that_connection_only),
+      T(malformed_or_unagreed_return_is_eproto),
+      T(wants_on_a_credit_message_gets_a_credit),
+      T(data_beyond_the_credits_is_eproto_and_others_go_on),
+      T(peer_of_protocol_1_2_gets_at_most_the_base_and_no_wants_bit),
+      T(shared_recv_option_0_gives_buffers_of_its_own),
+      T(device_without_srq_gives_buffers_of_its_own),
+      T(close_while_messages_are_held),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
