@@ -10,7 +10,7 @@
  *   ibmsg_event_loop          one libev loop: the RDMA CM event channel and the completion channels
  *   ibmsg_socket              a listening socket or one connection
  *   ibmsg_connection_request  an incoming connection, valid only inside the connection_request callback
- *   ibmsg_buffer              one message: a send buffer from the socket's pool, or a received message
+ *   ibmsg_buffer              one message: a registered send buffer, or a received message
  *
  * Errors: every function that can fail returns IBMSG_OK (0) or a positive error code. Codes below
  * IBMSG_ERRNO_MAX are errno values (IBMSG_EINVAL == EINVAL ...); codes from IBMSG_EBASE up are
@@ -178,7 +178,7 @@ typedef struct ibmsg_incoming ibmsg_incoming;                     /**< see its s
 
 /**
  * One message. For sending, the application owns this struct (it may live on the stack) and
- * ibmsg_alloc_msg() attaches a registered buffer from the socket's pool; the struct must stay at
+ * ibmsg_alloc_msg() attaches a registered send buffer to it; the struct must stay at
  * the same address until ibmsg_free_msg(). For receiving, the library owns the struct and lends
  * it to the application from the message_received callback until ibmsg_free_msg().
  */
@@ -439,7 +439,8 @@ IBMSG_EXPORT size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket);
 /** Memory a connection or a loop uses, in bytes of registered memory (ibmsg_socket_memory,
  *  ibmsg_loop_memory; since 1.2). See ibmsg(7), OPTIONS AND MEMORY. */
 typedef struct ibmsg_memory {
-  size_t buffers;     /**< eager send and receive buffers (a connection's own; a loop's: all) */
+  size_t buffers;     /**< eager send buffers and receive buffers of its own (a connection: those
+                           it holds; a loop: all send slabs and receive buffers of its own) */
   size_t shared;      /**< receive buffers shared by a device's connections (a connection:
                            those reserved for its peer's messages or holding them; a loop: all,
                            and the free large buffers its devices keep for reuse) */
@@ -456,10 +457,12 @@ IBMSG_EXPORT int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out);
  * Messages
  * ------------------------------------------------------------------------------------------ */
 
-/** Takes a send buffer from the socket's pool: msg->data points at room for the larger of size
- *  and the eager size (IBMSG_OPT_EAGER_SIZE; above it, a large buffer of its own), msg->size =
- *  size, msg->status = IBMSG_WAITING; msg->size may change up to that room before posting. IBMSG_EMSGSIZE if size is larger
- *  than the maximum, IBMSG_EAGAIN when all IBMSG_OPT_SEND_DEPTH buffers are in use, IBMSG_ENOTCONN
+/** Takes a send buffer (a registered slot of the device's, since 1.3): msg->data points at room
+ *  for the larger of size and the eager size (IBMSG_OPT_EAGER_SIZE; above it, a large buffer of
+ *  its own), msg->size = size, msg->status = IBMSG_WAITING; msg->size may change up to that room
+ *  before posting. IBMSG_EMSGSIZE if size is larger than the maximum, IBMSG_EAGAIN when the
+ *  socket holds IBMSG_OPT_SEND_DEPTH messages already, IBMSG_ENOMEM or IBMSG_ESYS if no more
+ *  buffers could be registered, IBMSG_ENOTCONN
  *  before the socket has its buffers (they exist from ROUTE_RESOLVED on: connecting once the
  *  route is known, or accepted) or after it closed, IBMSG_ESTATE on a listening socket. */
 IBMSG_EXPORT int ibmsg_alloc_msg(ibmsg_buffer *msg, ibmsg_socket *socket, size_t size);

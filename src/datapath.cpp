@@ -255,7 +255,8 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
 // The peer's RDMA write with immediate landed: its immediate is the application's, its data
 // credit returns at once (the buffer was not used).
 void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
-  if (!(s->features & wire::kFeatureRdma) || !recv_arrived(s, slot, false)) {
+  // Its immediate is the application's: no wants bit, the connection's last word on it stands.
+  if (!(s->features & wire::kFeatureRdma) || !recv_arrived(s, slot, s->share.wants)) {
     recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }

@@ -112,7 +112,11 @@ struct LargeMem : LargeBuf {
 LargeMem *large_get(Device *dev, bool send, uint64_t peer, size_t size, int *err);
 // --- recv.cpp --------------------------------------------------------------------------------
 constexpr uint32_t kShareBase = 2;  // data credits a connection on shared buffers always has
-constexpr uint32_t kSlab = 64;      // shared buffers registered at once
+// Buffers registered at once: a slab of about 1 MiB, 4 to 64 buffers.
+inline uint32_t slab_count(size_t slot_size) {
+  const size_t n = ((size_t(1) << 20) + slot_size - 1) / (slot_size ? slot_size : 1);
+  return n < 4 ? 4 : n > 64 ? 64 : uint32_t(n);
+}
 // ibmsg_socket_memory / ibmsg_loop_memory.
 void memory_of_socket(const Socket *s, ibmsg_memory *out);
 void memory_of_loop(const Loop *loop, ibmsg_memory *out);

@@ -143,7 +143,10 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
 
 int op_send_now(Socket *s, Op *op) {
   Credits saved = s->credits;
-  if (op->work.wr.op == tp::Op::WriteImm) s->credits.spend_data();  // the peer's receive buffer
+  if (op->work.wr.op == tp::Op::WriteImm) {
+    s->credits.spend_data();  // the peer's receive buffer
+    s->wants_told = false;    // if it runs out again, it says so again (maybe_send_ctrl)
+  }
   int err = tp::post_rdma(s->id, &op->work.wr, op->rw, s->max_inline);
   if (!err) err = posted(s, true);
   if (err) {

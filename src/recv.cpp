@@ -52,8 +52,9 @@ void shared_maybe_destroy(SharedRecv *r) {
 
 // Another slab of buffers, registered and posted; false if the queue is full or it failed.
 bool shared_grow(SharedRecv *r) {
-  if (r->buffers + kSlab > r->max_wr) return false;
-  Pool *p = pool_create(true, kSlab, r->slot_size);
+  const uint32_t count = slab_count(r->slot_size);
+  if (r->buffers + count > r->max_wr) return false;
+  Pool *p = pool_create(true, count, r->slot_size);
   if (!p) return false;
   if (tp::mr_register(r->dev->tp, p->mem, p->bytes, tp::kLocal, &p->mr)) {
     pool_destroy(p);
@@ -202,8 +203,11 @@ void recv_back(Socket *s, Slot *slot) {
     const bool credited = slot->credited;
     if (credited && s) s->credits.on_data_dropped();
     // Its credit (unless it came without one) goes where the pool says.
-    if (shared_post(r, slot) && credited) {
-      ShareConn *c = s && s->srecv == r ? &s->share : nullptr;
+    ShareConn *c = s && s->srecv == r ? &s->share : nullptr;
+    if (!shared_post(r, slot)) {
+      if (credited) r->credits.on_lost(c);
+      if (s) socket_close(s, IBMSG_EIO);  // as with a buffer of its own the QP refuses
+    } else if (credited) {
       if (ShareConn *to = r->credits.on_freed(c)) maybe_send_ctrl(static_cast<Socket *>(to->user));
     }
     return;

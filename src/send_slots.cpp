@@ -24,7 +24,7 @@ void send_maybe_destroy(SharedSend *p) {
 
 // Another slab of free slots; false if it cannot be had.
 bool send_grow(SharedSend *p) {
-  Pool *slab = pool_create(false, kSlab, p->slot_size);
+  Pool *slab = pool_create(false, slab_count(p->slot_size), p->slot_size);
   if (!slab) return false;
   if (tp::mr_register(p->dev->tp, slab->mem, slab->bytes, tp::kLocal, &slab->mr)) {
     pool_destroy(slab);

@@ -59,7 +59,8 @@ bool SharedCredits::on_given_back(ShareConn *c, uint32_t n) {
   if (!c->joined || n > c->granted || c->granted - n < base_) return false;
   c->granted -= n;
   assigned_ -= n;
-  if (n) unwait(c);  // it has more than it needs
+  c->wants = false;  // nothing waits at its peer
+  unwait(c);
   return true;
 }
 

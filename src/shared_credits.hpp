@@ -47,6 +47,11 @@ class SharedCredits {
 
   // Buffers added to the pool (posted): units to give.
   void add_buffers(uint32_t n) { free_ += n; }
+  // A buffer that c's message used could not be posted again (the device refused it): lost to
+  // the pool, and no longer held by c.
+  void on_lost(ShareConn *c) {
+    if (c && c->joined && c->held) --c->held;
+  }
   // Takes n unassigned buffers out of the pool (for another use: control messages); false if it
   // has fewer.
   bool take_buffers(uint32_t n) {
