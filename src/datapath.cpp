@@ -161,7 +161,8 @@ bool work_can_go(const Socket *s, const Work *w) {
 }
 
 void flush_sends(Socket *s) {
-  while (s->state == State::Connected) {
+  // A disconnect that lingers sends only its done counts: the queue is canceled at the close.
+  while (s->state == State::Connected && !s->lingering) {
     Work *w = s->queue.front();
     if (!w || !work_can_go(s, w)) return;
     s->queue.remove(w);

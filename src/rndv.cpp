@@ -47,7 +47,7 @@ void read_done(Socket *, Work *w, int status) {
 // Posts what reads it can: the first waiting rendezvous gets its destination when its turn comes
 // (so a connection holds at most the destinations of the messages it is reading or delivering).
 void rndv_pump(Socket *s) {
-  if (s->state != State::Connected) return;
+  if (s->state != State::Connected || s->lingering) return;  // a closing one starts no reads
   uint64_t chunk = tp::device_info(s->dev->tp).max_msg_size;
   if (chunk > kChunkMax) chunk = kChunkMax;
   bool any = false;
