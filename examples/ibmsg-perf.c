@@ -38,7 +38,8 @@
  * A few untimed warm-up iterations come first. --busy-poll and --poll-us set IBMSG_OPT_BUSY_POLL
  * on the loop, for the connections of whichever side is given them: a connection's options are
  * fixed when it is accepted, before the HELLO could say anything, so the server polls only when
- * it was started with the option itself. Because the ibmsg callbacks belong to the loop,
+ * it was started with the option itself. The report ends with what a client connection costs
+ * (ibmsg_socket_memory, the most seen once it is established and when its test finished). Because the ibmsg callbacks belong to the loop,
  * not to a socket, each socket's user_data says which role it plays, and one set of callbacks
  * serves the server side and the client side alike: that is what makes --loopback possible.
  */
@@ -108,7 +109,7 @@ static const char usage_text[] =
     "      --eager-size BYTES\n"
     "                        largest message sent eagerly, through the\n"
     "                        connection's buffers (1..1G, default: the library's,\n"
-    "                        65536); larger ones go by rendezvous: the receiver\n"
+    "                        16384); larger ones go by rendezvous: the receiver\n"
     "                        reads them from the sender's buffer; give it to the\n"
     "                        server too\n"
     "      --json            print the results as one JSON document\n"
@@ -329,6 +330,9 @@ static struct {
   struct endpoint *sessions; /* open server-side connections */
   int server_quiet;          /* no line per session (--loopback: the client reports) */
   char device[64];
+
+  ibmsg_memory conn_memory; /* the client's connections: the most of each field seen */
+  int have_conn_memory;
 
   struct lat_result lat[4 * MAX_SIZES];
   struct bw_result bw[3 * MAX_SIZES];
@@ -759,6 +763,21 @@ static int client_setup_rdma(struct conn *c, ibmsg_descriptor *desc) {
   return 0;
 }
 
+/* Notes what a client connection costs now (ibmsg_socket_memory): the most of each field over
+ * the run is reported. */
+static void client_note_memory(struct conn *c) {
+  ibmsg_memory m;
+  if (ibmsg_socket_memory(&c->ep.socket, &m) != IBMSG_OK)
+    return;
+  if (m.buffers > g.conn_memory.buffers)
+    g.conn_memory.buffers = m.buffers;
+  if (m.shared > g.conn_memory.shared)
+    g.conn_memory.shared = m.shared;
+  if (m.large > g.conn_memory.large)
+    g.conn_memory.large = m.large;
+  g.have_conn_memory = 1;
+}
+
 /* bw: allocates the window's send buffers before the clock starts, however short the warm-up: a
  * rendezvous message's buffer is registered when it is allocated, and perftest registers its
  * memory before it times anything too. As many as the send buffers allow (the HELLO holds one
@@ -817,6 +836,7 @@ static void client_established(struct conn *c) {
   }
   if (cl.test == TEST_BW)
     client_alloc_window(c);
+  client_note_memory(c);
   /* Messages arrive in order: the data may follow the request at once (the RDMA tests wait
    * for the server's descriptor). */
   client_pump(c);
@@ -1225,6 +1245,17 @@ static void json_test(int test, const char *member) {
   printf("%s]", n ? "\n  " : "");
 }
 
+/* One line after the tables; its first word is no number, so that scripts reading the rows by
+ * their first column (test/perf/compare) pass it by. */
+static void print_memory(void) {
+  if (!g.have_conn_memory)
+    return;
+  printf(" Memory per connection (ibmsg_socket_memory, most seen): buffers %zu, shared %zu, "
+         "large %zu bytes\n", g.conn_memory.buffers, g.conn_memory.shared,
+         g.conn_memory.large);
+  fflush(stdout);
+}
+
 static void print_json(void) {
   printf("{\n  \"tool\": \"ibmsg-perf\",\n  \"version\": ");
   json_string(ibmsg_version_string());
@@ -1233,6 +1264,9 @@ static void print_json(void) {
   printf(", \"port\": %u},\n  \"device\": ", g.port);
   json_string(g.device);
   printf(",\n  \"warmup\": %" PRIu64 ",\n  \"busy_poll_us\": %d", g.warmup, g.busy_poll);
+  if (g.have_conn_memory)
+    printf(",\n  \"connection_memory\": {\"buffers\": %zu, \"shared\": %zu, \"large\": %zu}",
+           g.conn_memory.buffers, g.conn_memory.shared, g.conn_memory.large);
   json_test(TEST_LAT, "latency");
   json_test(TEST_BW, "bandwidth");
   for (int i = 0; i < NTESTS; i++)
@@ -1316,6 +1350,9 @@ static int run_test(int test, uint64_t size) {
 
   if (rc == IBMSG_OK)
     rc = client_wait(&cl.finished);
+  for (int i = 0; i < cl.nconns; i++)
+    if (cl.conns[i].ep.open && cl.conns[i].established)
+      client_note_memory(&cl.conns[i]);
   still_open = client_close();
   if (rc != 0 || still_open) {
     if (!still_open)
@@ -1686,10 +1723,13 @@ int main(int argc, char **argv) {
       for (int i = 0; i < (test == TEST_ATOMIC_LAT ? 1 : g.nsizes) && !failed; i++)
         failed = run_test(test, g.sizes[i]) != 0;
     }
-    if (!failed && g.json)
+    if (!failed && g.json) {
       print_json();
-    else if (!failed && !g.quiet)
-      print_rule();
+    } else if (!failed) {
+      print_memory();
+      if (!g.quiet)
+        print_rule();
+    }
   }
 
   stop_server_side();

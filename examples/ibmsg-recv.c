@@ -9,7 +9,9 @@
  * ibmsg_free_msg(), which gives its buffer back to the sender as a credit. The loop is
  * dispatched with a timeout so that a SIGINT ends the run promptly with a summary. Messages
  * above the eager size come by rendezvous (ibmsg reads them into a buffer of its own, which
- * ibmsg_free_msg() gives back): any size up to the library's maximum takes no option.
+ * ibmsg_free_msg() gives back): any size up to the library's maximum takes no option. With
+ * --memory it samples ibmsg_loop_memory() while connections are up and prints it with its peak
+ * RSS.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -41,7 +43,9 @@ static const char usage_text[] =
     "                        (default: ibmsg's, 4294967295)\n"
     "      --eager-size BYTES\n"
     "                        messages above BYTES come by rendezvous: this side\n"
-    "                        reads them (default: ibmsg's, 65536)\n"
+    "                        reads them (default: ibmsg's, 16384)\n"
+    "      --memory          print the peak RSS and the registered memory\n"
+    "                        (ibmsg_loop_memory) while the connections were up\n"
     "  -q, --quiet           print only the summary and errors\n"
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
@@ -57,6 +61,8 @@ static const char usage_text[] =
  * that a message arrived from its message_sent, which for a rendezvous message needs a word from
  * this side after the message was read: closing at once could leave the sender without it. */
 #define LINGER_S 1.0
+/* --memory: how often ibmsg_loop_memory() is sampled, in seconds. */
+#define MEMORY_INTERVAL_S 0.1
 
 /* One accepted connection. The socket comes first so that the callbacks' socket pointer is
  * also the connection's. */
@@ -64,6 +70,7 @@ struct conn {
   ibmsg_socket socket;
   struct conn *next; /* the list of open connections */
   unsigned number;   /* 1, 2, ... in the order they were accepted */
+  int established;
   char peer[64];
   unsigned short peer_port;
   uint64_t received;
@@ -82,12 +89,17 @@ static struct {
   unsigned limit;     /* -c: connections in all, 0: no limit */
   int verify;
   int quiet;
+  int memory;         /* --memory */
 
   ibmsg_event_loop loop;
   ibmsg_socket listener;
   int listening;      /* its connection_closed has not come */
   struct conn *conns; /* open connections */
   unsigned accepted;
+  unsigned not_accepted; /* ibmsg_accept() failed: they count toward -c too */
+  unsigned established; /* connections that were established */
+  unsigned up;        /* established and not closed */
+  double t_request;   /* the first connection request */
   double lingering;   /* COUNT messages came at this time: the senders may close first */
   int stopping;
   int failed;
@@ -97,6 +109,7 @@ static struct {
   double t_start;     /* first connection established */
   double t_end;       /* last message received */
   struct tool_progress progress;
+  struct tool_memwatch mem;
 } g;
 
 static void stop_listening(void) {
@@ -122,11 +135,26 @@ static void stop_all(void) {
   }
 }
 
+/* With -c, once every connection came (or failed to) and closed: the end. */
+static void check_done(void) {
+  if (g.limit > 0 && g.accepted + g.not_accepted >= g.limit && g.conns == NULL && !g.stopping) {
+    if (g.count > 0 && g.received < g.count) {
+      tool_error("all %u connections closed after %" PRIu64 " of %" PRIu64 " messages",
+                 g.limit, g.received, g.count);
+      g.failed = 1;
+    }
+    stop_all();
+  }
+}
+
 static void on_request(ibmsg_connection_request *request) {
   struct conn *c;
   int rc;
 
-  if (g.stopping || g.lingering != 0 || (g.limit > 0 && g.accepted >= g.limit)) {
+  if (g.t_request == 0)
+    g.t_request = tool_now();
+  if (g.stopping || g.lingering != 0 ||
+      (g.limit > 0 && g.accepted + g.not_accepted >= g.limit)) {
     ibmsg_reject(request, "ibmsg-recv takes no more connections");
     return;
   }
@@ -144,6 +172,9 @@ static void on_request(ibmsg_connection_request *request) {
     tool_error("cannot accept the connection from %s port %u: %s", c->peer, c->peer_port,
                ibmsg_strerror(rc));
     free(c);
+    g.not_accepted++;
+    g.failed = 1;
+    check_done();
     return;
   }
   c->socket.user_data = c;
@@ -157,10 +188,19 @@ static void on_established(ibmsg_socket *socket) {
   struct conn *c = socket->user_data;
   const char *dev = ibmsg_socket_device(socket);
 
+  c->established = 1;
+  g.established++;
+  g.up++;
   if (g.t_start == 0)
     g.t_start = tool_now();
   tool_info(g.quiet, "connection %u from %s port %u (%s)", c->number, c->peer, c->peer_port,
             dev ? dev : "?");
+  if (g.limit > 1 && g.established == g.limit) {
+    tool_info(g.quiet, "all %u connections established, %.3f s after the first request",
+              g.limit, tool_now() - g.t_request);
+    if (g.memory)
+      tool_memwatch_sample(&g.mem, &g.loop, g.up);
+  }
 }
 
 static void on_received(ibmsg_socket *socket, ibmsg_buffer *msg) {
@@ -218,6 +258,8 @@ static void on_closed(ibmsg_socket *socket, int reason) {
     }
     return;
   }
+  if (c->established)
+    g.up--;
   /* ECONNRESET: the sender disconnected, the normal end of a connection. */
   if (reason != IBMSG_OK && reason != IBMSG_ECONNRESET) {
     tool_error("connection %u from %s port %u failed after %" PRIu64 " message%s: %s",
@@ -235,19 +277,11 @@ static void on_closed(ibmsg_socket *socket, int reason) {
     }
   }
   free(c); /* ibmsg never touches the socket after this callback */
-
-  if (g.limit > 0 && g.accepted == g.limit && g.conns == NULL && !g.stopping) {
-    if (g.count > 0 && g.received < g.count) {
-      tool_error("all %u connections closed after %" PRIu64 " of %" PRIu64 " messages",
-                 g.limit, g.received, g.count);
-      g.failed = 1;
-    }
-    stop_all();
-  }
+  check_done();
 }
 
 static int parse_args(int argc, char **argv) {
-  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_EAGER_SIZE, OPT_VERSION };
+  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_EAGER_SIZE, OPT_MEMORY, OPT_VERSION };
   static const struct option options[] = {
       {"count", required_argument, NULL, 'n'},
       {"size", required_argument, NULL, 's'},
@@ -255,6 +289,7 @@ static int parse_args(int argc, char **argv) {
       {"verify", no_argument, NULL, OPT_VERIFY},
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
       {"eager-size", required_argument, NULL, OPT_EAGER_SIZE},
+      {"memory", no_argument, NULL, OPT_MEMORY},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, OPT_VERSION},
@@ -281,6 +316,7 @@ static int parse_args(int argc, char **argv) {
       g.limit = (unsigned)v;
       break;
     case OPT_VERIFY: g.verify = 1; break;
+    case OPT_MEMORY: g.memory = 1; break;
     case OPT_MAX_SIZE:
       if (tool_parse_size("--max-size", optarg, 1, TOOL_MAX_MSG_SIZE, &g.max_size) != 0)
         return -1;
@@ -375,12 +411,19 @@ int main(int argc, char **argv) {
         (g.conns == NULL || tool_now() - g.lingering >= LINGER_S))
       stop_all();
     tool_progress_update(&g.progress, g.received, g.bytes);
+    if (g.memory && g.up > 0)
+      tool_memwatch_tick(&g.mem, &g.loop, g.up, MEMORY_INTERVAL_S);
   }
 
   snprintf(extra, sizeof extra, "%u connection%s%s", g.accepted, g.accepted == 1 ? "" : "s",
            !g.verify ? "" : g.bad_messages == 0 ? ", payload verified" : ", VERIFY FAILED");
+  if (g.not_accepted > 0)
+    tool_error("%u connection request%s could not be accepted", g.not_accepted,
+               TOOL_S(g.not_accepted));
   tool_print_summary("received", g.received, g.bytes,
                      g.received > 0 ? g.t_end - g.t_start : 0.0, extra);
+  if (g.memory)
+    tool_memwatch_print(&g.mem);
   if (g.bad_messages > 0) {
     tool_error("%" PRIu64 " of %" PRIu64 " messages failed the check", g.bad_messages,
                g.received);

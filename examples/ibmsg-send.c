@@ -3,12 +3,14 @@
  *
  *   ibmsg-send [OPTIONS] IP [PORT]
  *
- * How it uses ibmsg: one event loop; -c connections opened with ibmsg_connect(); on each, the
- * send buffers are taken from the socket's pool once (ibmsg_alloc_msg) and posted again from
- * their message_sent callback, so that up to IBMSG_OPT_SEND_DEPTH messages are in flight per
- * connection (fewer of a large message: see SEND_WINDOW_BYTES). When every message of a
- * connection is confirmed, the connection is closed with ibmsg_disconnect(); the tool ends when
- * every socket's connection_closed has come.
+ * How it uses ibmsg: one event loop; -c connections opened with ibmsg_connect() at once; when
+ * all of them are established, each starts sending. On each, the send buffers are taken from
+ * the socket's pool once (ibmsg_alloc_msg) and posted again from their message_sent callback,
+ * so that up to a window of messages are in flight per connection: IBMSG_OPT_SEND_DEPTH, fewer
+ * when many connections or large messages would hold too much memory (see set_window). When
+ * every message of a connection is confirmed, the connection is closed with ibmsg_disconnect();
+ * the tool ends when every socket's connection_closed has come. With --memory it samples
+ * ibmsg_loop_memory() while the connections are up and prints it with its peak RSS.
  *
  * Any size up to the library's maximum goes without options: messages above the eager size
  * (IBMSG_OPT_EAGER_SIZE) go by rendezvous, the receiver reading them from the send buffer.
@@ -17,6 +19,7 @@
 
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,14 +37,24 @@ static const char usage_text[] =
     "                        above 1 MiB: as many as make 1 GiB, at least 1)\n"
     "  -s, --size SIZE       bytes per message, 0 to 4294967295 (default 4096)\n"
     "  -c, --connections N   open N connections and spread the messages over\n"
-    "                        them (default 1)\n"
+    "                        them (default 1); they start sending once all of\n"
+    "                        them are established\n"
+    "  -w, --window N        messages in flight per connection, at most (default:\n"
+    "                        32, ibmsg's send depth, or fewer so that all\n"
+    "                        connections together hold about 32 MiB of buffers,\n"
+    "                        at least 2, and at most 512 MiB per connection)\n"
     "      --verify          fill each message with a pattern ibmsg-recv --verify\n"
     "                        checks\n"
     "      --max-size BYTES  largest message size to offer, at least SIZE\n"
     "                        (default: ibmsg's, 4294967295)\n"
     "      --eager-size BYTES\n"
     "                        messages above BYTES go by rendezvous: the\n"
-    "                        receiver reads them (default: ibmsg's, 65536)\n"
+    "                        receiver reads them (default: ibmsg's, 16384)\n"
+    "      --memory          print the peak RSS and the registered memory\n"
+    "                        (ibmsg_loop_memory) while the connections were up\n"
+    "      --connect-timeout MS\n"
+    "                        give each connection MS milliseconds to be\n"
+    "                        established (default: ibmsg's, 5000)\n"
     "  -q, --quiet           print only the summary and errors\n"
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
@@ -59,6 +72,16 @@ static const char usage_text[] =
  * message lies in a registered buffer of its own until the receiver has read it, so 32 of
  * 256 MiB would pin 8 GiB. Two in flight keep the receiver reading while the next is filled. */
 #define SEND_WINDOW_BYTES (UINT64_C(512) << 20)
+/* The bytes of send buffers all connections together keep in flight, about: with many
+ * connections each gets a smaller window (at least MIN_WINDOW), so that 1000 connections do not
+ * hold 1000 x 32 buffers. A message takes a buffer of at least the eager size. */
+#define ALL_WINDOW_BYTES (UINT64_C(32) << 20)
+#define MIN_WINDOW 2
+/* -w: the largest window; above the send depth it raises IBMSG_OPT_SEND_DEPTH and
+ * IBMSG_OPT_SEND_QUEUE to it. */
+#define MAX_WINDOW 4096
+/* --memory: how often ibmsg_loop_memory() is sampled, in seconds. */
+#define MEMORY_INTERVAL_S 0.1
 
 /* One connection: its socket, the messages it is to send and its send buffers. The socket is
  * embedded so that the callbacks find the connection from the socket pointer they get. */
@@ -81,10 +104,12 @@ static struct {
   uint64_t size;
   uint64_t max_size;   /* 0: the library's default */
   uint64_t eager_size; /* 0: the library's default */
-  uint64_t window;     /* messages in flight per connection, at most */
+  uint64_t connect_timeout; /* ms, 0: the library's default */
+  uint64_t window;     /* messages in flight per connection, at most; 0: set_window() picks */
   uint32_t nconns;
   int verify;
   int quiet;
+  int memory;          /* --memory */
 
   ibmsg_event_loop loop;
   struct conn *conns;
@@ -92,9 +117,13 @@ static struct {
   int stopping;        /* no more posts: an error, a signal, or done */
   int failed;          /* exit with 1 */
   uint64_t confirmed;  /* over all connections */
-  double t_start;      /* first connection established */
+  uint32_t established; /* connections that were established */
+  uint32_t up;         /* established and not closed */
+  double t_connect;    /* the first ibmsg_connect() */
+  double t_start;      /* every connection established: sending starts (0: not yet) */
   double t_end;        /* last message confirmed */
   struct tool_progress progress;
+  struct tool_memwatch mem;
 } g;
 
 static void stop_all(void);
@@ -152,13 +181,31 @@ static void stop_all(void) {
       finish(&g.conns[i]);
 }
 
+/* Every connection is established: each starts sending, so that all of them exchange messages
+ * at once (the first ones would otherwise be done before the last ones are up). */
+static void start_all(void) {
+  g.t_start = tool_now();
+  if (g.nconns > 1)
+    tool_info(g.quiet, "all %" PRIu32 " connections established in %.3f s", g.nconns,
+              g.t_start - g.t_connect);
+  if (g.memory)
+    tool_memwatch_sample(&g.mem, &g.loop, g.up);
+  for (uint32_t i = 0; i < g.nconns && !g.stopping; i++) {
+    struct conn *c = &g.conns[i];
+    if (c->to_send == 0)
+      finish(c);
+    else
+      pump(c);
+  }
+}
+
 static void on_established(ibmsg_socket *socket) {
   struct conn *c = socket->user_data;
   size_t max = ibmsg_socket_max_msg_size(socket);
 
   c->established = 1;
-  if (g.t_start == 0)
-    g.t_start = tool_now();
+  g.established++;
+  g.up++;
   tool_info(g.quiet, "connection %" PRIu32 " to %s port %u (%s)", c->index, g.ip, g.port,
             ibmsg_socket_device(socket) ? ibmsg_socket_device(socket) : "?");
   if (g.size > max) {
@@ -169,10 +216,8 @@ static void on_established(ibmsg_socket *socket) {
     stop_all();
     return;
   }
-  if (c->to_send == 0)
-    finish(c);
-  else
-    pump(c);
+  if (g.established == g.nconns && !g.stopping)
+    start_all();
 }
 
 static void on_sent(ibmsg_socket *socket, ibmsg_buffer *msg, int status) {
@@ -204,6 +249,8 @@ static void on_closed(ibmsg_socket *socket, int reason) {
 
   c->open = 0;
   g.open--;
+  if (c->established)
+    g.up--;
   tool_sendpool_release(&c->pool);
   if (c->confirmed == c->to_send && (reason == IBMSG_OK || reason == IBMSG_ECONNRESET))
     return; /* all delivered; who hung up first does not matter */
@@ -225,14 +272,18 @@ static void on_closed(ibmsg_socket *socket, int reason) {
 }
 
 static int parse_args(int argc, char **argv) {
-  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_EAGER_SIZE, OPT_VERSION };
+  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_EAGER_SIZE, OPT_MEMORY, OPT_CONNECT_TIMEOUT,
+         OPT_VERSION };
   static const struct option options[] = {
       {"count", required_argument, NULL, 'n'},
       {"size", required_argument, NULL, 's'},
       {"connections", required_argument, NULL, 'c'},
+      {"window", required_argument, NULL, 'w'},
       {"verify", no_argument, NULL, OPT_VERIFY},
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
       {"eager-size", required_argument, NULL, OPT_EAGER_SIZE},
+      {"memory", no_argument, NULL, OPT_MEMORY},
+      {"connect-timeout", required_argument, NULL, OPT_CONNECT_TIMEOUT},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, OPT_VERSION},
@@ -244,7 +295,7 @@ static int parse_args(int argc, char **argv) {
   g.size = 4096;
   g.nconns = 1;
   opterr = 0; /* we print our own one-line errors */
-  while ((opt = getopt_long(argc, argv, ":n:s:c:qh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":n:s:c:w:qh", options, NULL)) != -1) {
     switch (opt) {
     case 'n':
       if (tool_parse_uint("-n", optarg, 0, UINT64_MAX / 2, &g.count) != 0)
@@ -260,7 +311,16 @@ static int parse_args(int argc, char **argv) {
         return -1;
       g.nconns = (uint32_t)v;
       break;
+    case 'w':
+      if (tool_parse_uint("-w", optarg, 1, MAX_WINDOW, &g.window) != 0)
+        return -1;
+      break;
     case OPT_VERIFY: g.verify = 1; break;
+    case OPT_MEMORY: g.memory = 1; break;
+    case OPT_CONNECT_TIMEOUT:
+      if (tool_parse_uint("--connect-timeout", optarg, 1, INT_MAX, &g.connect_timeout) != 0)
+        return -1;
+      break;
     case OPT_MAX_SIZE:
       if (tool_parse_size("--max-size", optarg, 1, TOOL_MAX_MSG_SIZE, &g.max_size) != 0)
         return -1;
@@ -298,9 +358,51 @@ static int parse_args(int argc, char **argv) {
     if (g.count < 1)
       g.count = 1;
   }
-  g.window = g.size > 0 ? SEND_WINDOW_BYTES / g.size : UINT64_MAX;
-  if (g.window < 1)
-    g.window = 1;
+  return 0;
+}
+
+/* The window. Without -w: the send depth, or fewer so that all connections together keep about
+ * ALL_WINDOW_BYTES of buffers in flight (at least MIN_WINDOW each), and a connection at most
+ * SEND_WINDOW_BYTES (at least one message). A -w above the send depth raises the send depth and
+ * the send queue to it, or the pool would not have the buffers. */
+static int set_window(void) {
+  int depth = 0, queue = 0, eager = 0;
+  size_t len = sizeof depth;
+  uint64_t per_msg, w;
+  int rc = ibmsg_getopt(&g.loop, IBMSG_OPT_SEND_DEPTH, &depth, &len);
+  if (rc == IBMSG_OK) {
+    len = sizeof queue;
+    rc = ibmsg_getopt(&g.loop, IBMSG_OPT_SEND_QUEUE, &queue, &len);
+  }
+  if (rc == IBMSG_OK) {
+    len = sizeof eager;
+    rc = ibmsg_getopt(&g.loop, IBMSG_OPT_EAGER_SIZE, &eager, &len);
+  }
+  if (rc != IBMSG_OK) {
+    tool_error("cannot read the loop's options: %s", ibmsg_strerror(rc));
+    return -1;
+  }
+  if (g.window != 0) {
+    if (g.window > (uint64_t)depth &&
+        tool_setopt_int(&g.loop, IBMSG_OPT_SEND_DEPTH, "the send buffers per connection",
+                        (int)g.window) != 0)
+      return -1;
+    if (g.window > (uint64_t)queue &&
+        tool_setopt_int(&g.loop, IBMSG_OPT_SEND_QUEUE, "the send queue", (int)g.window) != 0)
+      return -1;
+    return 0;
+  }
+  per_msg = g.size > (uint64_t)eager ? g.size : (uint64_t)eager; /* eager: a buffer of that */
+  if (per_msg == 0)
+    per_msg = 1;
+  w = ALL_WINDOW_BYTES / ((uint64_t)g.nconns * per_msg);
+  if (w < MIN_WINDOW)
+    w = MIN_WINDOW;
+  if (w > (uint64_t)(depth > 0 ? depth : 1))
+    w = (uint64_t)(depth > 0 ? depth : 1);
+  if (g.size > 0 && w > SEND_WINDOW_BYTES / g.size)
+    w = SEND_WINDOW_BYTES / g.size > 0 ? SEND_WINDOW_BYTES / g.size : 1;
+  g.window = w;
   return 0;
 }
 
@@ -325,7 +427,11 @@ int main(int argc, char **argv) {
   g.loop.connection_closed = on_closed;
   if ((g.max_size != 0 && tool_setopt_max_size(&g.loop, g.max_size) != 0) ||
       (g.eager_size != 0 && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
-                                            (int)g.eager_size) != 0)) {
+                                            (int)g.eager_size) != 0) ||
+      (g.connect_timeout != 0 &&
+       tool_setopt_int(&g.loop, IBMSG_OPT_CONNECT_TIMEOUT, "the connect timeout",
+                       (int)g.connect_timeout) != 0) ||
+      set_window() != 0) {
     ibmsg_destroy_event_loop(&g.loop);
     return TOOL_EXIT_FAILURE;
   }
@@ -336,6 +442,7 @@ int main(int argc, char **argv) {
     ibmsg_destroy_event_loop(&g.loop);
     return TOOL_EXIT_FAILURE;
   }
+  g.t_connect = tool_now();
   for (uint32_t i = 0; i < g.nconns && !g.stopping; i++) {
     struct conn *c = &g.conns[i];
     c->index = i;
@@ -374,13 +481,18 @@ int main(int argc, char **argv) {
       stop_all();
     }
     tool_progress_update(&g.progress, g.confirmed, g.confirmed * g.size);
+    if (g.memory && g.up > 0)
+      tool_memwatch_tick(&g.mem, &g.loop, g.up, MEMORY_INTERVAL_S);
   }
-  snprintf(extra, sizeof extra, "%" PRIu32 " connection%s, %" PRIu64 "-byte messages%s",
-           g.nconns, g.nconns == 1 ? "" : "s", g.size, g.verify ? ", with --verify pattern" : "");
+  snprintf(extra, sizeof extra,
+           "%" PRIu32 " connection%s, window %" PRIu64 ", %" PRIu64 "-byte messages%s", g.nconns,
+           g.nconns == 1 ? "" : "s", g.window, g.size, g.verify ? ", with --verify pattern" : "");
   /* Without a connection the error line said it all. */
-  if (g.t_start != 0)
+  if (g.established > 0)
     tool_print_summary("sent", g.confirmed, g.confirmed * g.size,
                        g.confirmed > 0 ? g.t_end - g.t_start : 0.0, extra);
+  if (g.memory)
+    tool_memwatch_print(&g.mem);
 
   if (g.open == 0) {
     rc = ibmsg_destroy_event_loop(&g.loop);

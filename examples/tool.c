@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -409,6 +410,79 @@ void tool_random_fill(void *data, size_t size, uint64_t *state) {
     *state += GOLDEN;
     put_le(p + off, mix64(*state), left < 8 ? (int)left : 8);
   }
+}
+
+/* ---- memory -------------------------------------------------------------------------------- */
+
+uint64_t tool_peak_rss_kib(void) {
+  struct rusage ru;
+  if (getrusage(RUSAGE_SELF, &ru) != 0 || ru.ru_maxrss < 0)
+    return 0;
+  return (uint64_t)ru.ru_maxrss; /* KiB on Linux */
+}
+
+uint64_t tool_rss_kib(void) {
+  unsigned long long size, resident;
+  long page = sysconf(_SC_PAGESIZE);
+  FILE *f = fopen("/proc/self/statm", "r");
+  int n;
+
+  if (f == NULL)
+    return 0;
+  n = fscanf(f, "%llu %llu", &size, &resident);
+  fclose(f);
+  if (n != 2 || page <= 0)
+    return 0;
+  return (uint64_t)resident * (uint64_t)page / 1024;
+}
+
+void tool_memwatch_sample(struct tool_memwatch *w, ibmsg_event_loop *loop, uint64_t conns) {
+  ibmsg_memory m;
+
+  w->last = tool_now();
+  if (ibmsg_loop_memory(loop, &m) != IBMSG_OK) {
+    w->failed = 1;
+    return;
+  }
+  if (m.buffers > w->most.buffers)
+    w->most.buffers = m.buffers;
+  if (m.shared > w->most.shared)
+    w->most.shared = m.shared;
+  if (m.large > w->most.large)
+    w->most.large = m.large;
+  if (conns > w->conns_up) {
+    w->at_up = m;
+    w->rss_at_up_kib = tool_rss_kib();
+    w->conns_up = conns;
+  }
+}
+
+void tool_memwatch_tick(struct tool_memwatch *w, ibmsg_event_loop *loop, uint64_t conns,
+                        double interval) {
+  if (tool_now() - w->last >= interval)
+    tool_memwatch_sample(w, loop, conns);
+}
+
+#define MIB(bytes) ((double)(bytes) / 1048576.0)
+
+void tool_memwatch_print(const struct tool_memwatch *w) {
+  uint64_t peak = tool_peak_rss_kib();
+
+  clear_progress();
+  printf("%s: memory: peak RSS %" PRIu64 " KiB (%.1f MiB)", tool_name, peak, peak / 1024.0);
+  if (w->failed)
+    printf("; ibmsg_loop_memory failed\n");
+  else
+    printf("; most registered (ibmsg_loop_memory): buffers %zu, shared %zu, large %zu bytes "
+           "(%.1f, %.1f, %.1f MiB)\n", w->most.buffers, w->most.shared, w->most.large,
+           MIB(w->most.buffers), MIB(w->most.shared), MIB(w->most.large));
+  if (!w->failed && w->conns_up > 0)
+    printf("%s: memory with %" PRIu64 " connection%s up: RSS %" PRIu64 " KiB (%.1f MiB); "
+           "registered: buffers %zu, shared %zu, large %zu bytes (%.1f, %.1f, %.1f MiB)\n",
+           tool_name, w->conns_up, TOOL_S(w->conns_up), w->rss_at_up_kib,
+           w->rss_at_up_kib / 1024.0, w->at_up.buffers, w->at_up.shared, w->at_up.large,
+           MIB(w->at_up.buffers), MIB(w->at_up.shared), MIB(w->at_up.large));
+  fflush(stdout);
 }
 
 /* ---- send buffers ---------------------------------------------------------------------------- */

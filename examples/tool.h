@@ -141,6 +141,40 @@ uint64_t tool_random_seed(void);
  *  next call gives other bytes. Fast, not for cryptography. */
 void tool_random_fill(void *data, size_t size, uint64_t *state);
 
+/* ---- memory -------------------------------------------------------------------------------- */
+
+/** The process's largest resident set size so far (getrusage(RUSAGE_SELF) ru_maxrss), in KiB;
+ *  0 if unknown. */
+uint64_t tool_peak_rss_kib(void);
+/** The process's resident set size now (/proc/self/statm), in KiB; 0 if unknown. */
+uint64_t tool_rss_kib(void);
+
+/*
+ * What a tool's connections cost while they are up (--memory of ibmsg-send and ibmsg-recv):
+ * ibmsg_loop_memory() sampled now and then, the largest of each field, and one sample taken
+ * when the most connections were up at once, with the RSS then.
+ */
+struct tool_memwatch {
+  ibmsg_memory most;      /* the largest buffers, shared and large seen (each on its own) */
+  ibmsg_memory at_up;     /* when conns_up connections were up */
+  uint64_t rss_at_up_kib; /* the RSS then */
+  uint64_t conns_up;      /* the most connections up at a sample; 0: no sample yet */
+  double last;            /* tool_now() of the last sample */
+  int failed;             /* ibmsg_loop_memory() failed: no samples */
+};
+/** Samples the loop's memory now, with conns connections up. */
+void tool_memwatch_sample(struct tool_memwatch *w, ibmsg_event_loop *loop, uint64_t conns);
+/** tool_memwatch_sample() if at least interval seconds passed since the last sample. */
+void tool_memwatch_tick(struct tool_memwatch *w, ibmsg_event_loop *loop, uint64_t conns,
+                        double interval);
+/** Prints two lines (also when quiet, as the summary):
+ *    NAME: memory: peak RSS R KiB (M MiB); most registered (ibmsg_loop_memory): buffers B,
+ *          shared S, large L bytes
+ *    NAME: memory with N connections up: RSS R KiB; registered: buffers B, shared S, large L
+ *          bytes
+ *  each on one line. */
+void tool_memwatch_print(const struct tool_memwatch *w);
+
 /* ---- send buffers ---------------------------------------------------------------------------- */
 
 /*
