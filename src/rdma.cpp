@@ -41,7 +41,7 @@ int check(Socket *s, Region *local, size_t loff, size_t len, const ibmsg_descrip
           size_t roff, const OpArgs &a, wire::Descriptor *d) {
   if (s->listener) return IBMSG_ESTATE;
   if (s->state != State::Connected || s->lingering) return IBMSG_ENOTCONN;
-  if (!(s->features & wire::kFeatureRdma) || !s->ops) return IBMSG_EOPNOTSUPP;
+  if (!(s->features & wire::kFeatureRdma)) return IBMSG_EOPNOTSUPP;
   const bool atomic = a.type == IBMSG_OP_CAS || a.type == IBMSG_OP_FADD;
   if (atomic && !tp::device_info(s->dev->tp).atomics) return IBMSG_EOPNOTSUPP;
   if (local->loop != s->loop || len == 0 || len > UINT32_MAX) return IBMSG_EINVAL;
@@ -104,6 +104,8 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
   if (!go && s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
   tp::Mr *mr = region_mr(local, s->dev, &err);  // registers on first use on this device
   if (!mr) return err;
+  // The table comes with the connection's first operation: most connections never post one.
+  if (!s->ops && (err = ops_open(s))) return err;
   Op *op = s->free_ops.pop_front();
   if (!op) return IBMSG_EAGAIN;  // cannot happen: the table has room for the queue and flight
   op->pub = pub;

@@ -184,8 +184,8 @@ int conn_open(Socket *s) {
   if (recv_slots > info.max_qp_wr || send_wrs > info.max_qp_wr ||
       recv_slots + send_wrs > info.max_cqe)
     return IBMSG_EINVAL;
-  int err = s->opts.rdma ? ops_open(s) : IBMSG_OK;
-  if (!err) s->devcq = device_cq_reserve(s->dev, recv_slots + send_wrs, &err);
+  int err = IBMSG_OK;
+  s->devcq = device_cq_reserve(s->dev, recv_slots + send_wrs, &err);
   if (err) return err;
   s->cq = s->devcq->cq;
   s->cq_need = recv_slots + send_wrs;
