@@ -112,6 +112,14 @@ int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps) {
     attr.cap.max_inline_data = 0;
     if (rdma_create_qp(raw(id), device_pd(dev), &attr)) {
       int err = alloc_error();
+      // The verbs part takes these caps, so the CM refused: the id's connection is gone (a
+      // request whose connecting side gave up: Soft-RoCE says EINVAL for its QP attributes).
+      if (errno == EINVAL) {
+        if (ibv_qp *probe = ibv_create_qp(device_pd(dev), &attr)) {
+          ibv_destroy_qp(probe);
+          err = IBMSG_ECONNRESET;
+        }
+      }
       delete chain;
       return err;
     }

@@ -224,7 +224,8 @@ struct QpCaps {
   uint32_t max_inline;  // requested; the transport stores what the device granted
   Srq *srq = nullptr;   // receives from this shared queue (nullptr: a receive queue of its own)
 };
-// A reliable-connected QP on the id, both queues completing on cq.
+// A reliable-connected QP on the id, both queues completing on cq. IBMSG_ECONNRESET when the CM
+// no longer takes a QP on the id (a request whose connecting side gave up).
 int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps);
 void qp_destroy(CmId *id);
 uint32_t qp_num(const CmId *id);  // its number (what Completion::qp_num says); 0 without a QP
