@@ -25,7 +25,9 @@ Socket *recv_owner(const Slot *slot);  // the connection of a received message (
 Socket *recv_route(Slot *slot, uint32_t qp_num);
 // A data message took slot: false if the peer had no data credit for it (a protocol violation).
 bool recv_arrived(Socket *s, Slot *slot, bool wants);
-void recv_lent(Slot *slot);  // it goes to the application (or waits for its rendezvous reads)
+// The message that took slot goes to the application (or waits for its rendezvous reads): its
+// struct says what it is.
+void recv_lend(Socket *s, Slot *slot, uint8_t *data, size_t size, bool has_imm, uint32_t imm);
 // The buffer of a data message is free again (s: its connection, nullptr once closed): posted
 // again, its credit to the peer that the pool chooses (a connection's own: to its peer).
 void recv_back(Socket *s, Slot *slot);

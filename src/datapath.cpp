@@ -236,18 +236,9 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
     recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
-  // Data can overtake the ESTABLISHED event on the accepting side: it proves the connection is up.
-  if (s->state == State::Accepting) establish(s, true);
-  slot->state = SlotState::Lent;
-  recv_lent(slot);
-  ibmsg_buffer *msg = &slot->own;
-  msg->data = slot->buf;
-  msg->size = len;
-  msg->status = IBMSG_RECEIVED;
-  msg->user_data = nullptr;
-  msg->flags = has_imm ? IBMSG_MSG_IMM : 0;
   const uint8_t *t = slot->buf + len;
-  msg->imm = has_imm ? uint32_t(t[0]) | uint32_t(t[1]) << 8 | uint32_t(t[2]) << 16 | uint32_t(t[3]) << 24 : 0;
+  recv_lend(s, slot, slot->buf, len, has_imm,
+            has_imm ? uint32_t(t[0]) | uint32_t(t[1]) << 8 | uint32_t(t[2]) << 16 | uint32_t(t[3]) << 24 : 0);
   flush_sends(s);
   maybe_send_ctrl(s);
   deliver_msg(s, slot);

@@ -192,9 +192,20 @@ bool recv_arrived(Socket *s, Slot *slot, bool wants) {
   return true;
 }
 
-void recv_lent(Slot *slot) {
+void recv_lend(Socket *s, Slot *slot, uint8_t *data, size_t size, bool has_imm, uint32_t imm) {
+  // A message can overtake the ESTABLISHED event on the accepting side: it proves the connection
+  // is up.
+  if (s->state == State::Accepting) establish(s, true);
+  slot->state = SlotState::Lent;
   if (SharedRecv *r = slot->pool->shared) ++r->lent;
   else ++slot->pool->out;
+  ibmsg_buffer *msg = &slot->own;
+  msg->data = data;
+  msg->size = size;
+  msg->status = IBMSG_RECEIVED;
+  msg->user_data = nullptr;
+  msg->flags = has_imm ? IBMSG_MSG_IMM : 0;
+  msg->imm = imm;
 }
 
 void recv_back(Socket *s, Slot *slot) {

@@ -147,16 +147,9 @@ void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
     recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
-  if (s->state == State::Accepting) establish(s, true);
-  slot->state = SlotState::Lent;
-  recv_lent(slot);
+  // Its data: the destination, once the reads are done.
+  recv_lend(s, slot, nullptr, size_t(r.length), r.has_imm, r.has_imm ? r.imm : 0);
   ibmsg_buffer *msg = &slot->own;
-  msg->data = nullptr;  // the destination, once the reads are done
-  msg->size = size_t(r.length);
-  msg->status = IBMSG_RECEIVED;
-  msg->user_data = nullptr;
-  msg->flags = r.has_imm ? IBMSG_MSG_IMM : 0;
-  msg->imm = r.has_imm ? r.imm : 0;
   slot->large = nullptr;
   RndvIn &in = slot->in;
   in.remote = r.addr;
