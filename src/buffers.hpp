@@ -37,6 +37,7 @@ void recv_ctrl_back(Socket *s, Slot *slot);  // a control message's buffer: post
 void recv_drop(Socket *s, Slot *slot, int reason);
 bool recv_given_back(Socket *s, uint32_t n);  // a Return message: false if it had fewer
 void recv_wants(Socket *s);  // a credit-only message with the wants bit
+void recv_closing(Socket *s);  // it closes: the pool's credits go to the others
 void recv_memory(const Device *dev, ibmsg_memory *out);  // its shared buffers
 
 // --- send_slots.cpp ---

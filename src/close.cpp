@@ -62,6 +62,7 @@ void socket_close(Socket *s, int reason) {
     }
   }
   s->close_reason = reason;
+  recv_closing(s);
   set_state(s, close_event(s));
   s->loop->closing.push_back(s);
   loop_kick(s->loop);

@@ -145,8 +145,9 @@ class Credits {
     // Shared buffers: a peer that holds data credits above its base is down to the control
     // credit it keeps for returning ours, so it cannot give them back (a Return) until we return
     // the control credits we owe.
-    if (sc_ && wire_shared_ && sc_->granted > depth_ && owed_ctrl_ && granted_ctrl_ <= 1 &&
-        ctrl_ >= 2)
+    // (It returns control credits, as the waiting rule does: the last one may go on it.)
+    if (sc_ && wire_shared_ && sc_->granted > depth_ && granted_ctrl_ <= 1 &&
+        owed_ctrl_ >= kCtrlDepth / 2)
       return true;
     return (ctrl_needed() || news) && ctrl_ >= 2;
   }

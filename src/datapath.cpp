@@ -114,7 +114,8 @@ void maybe_send_ctrl(Socket *s) {
     const bool fin = rndv_fin_due(s);
     // Data credits above the peer's base that nothing waits for go back to its shared pool;
     // data that waits for credits is told once (the peer's pool may have more for it).
-    const uint32_t surplus = head ? 0 : s->credits.surplus();
+    uint32_t surplus = head ? 0 : s->credits.surplus();
+    if (surplus > wire::kMaxSharedCreditsPerMsg) surplus = wire::kMaxSharedCreditsPerMsg;
     const bool tell = s->credits.shared_wire() && !s->wants_told && head &&
                       (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
                       !s->credits.can_send_data();

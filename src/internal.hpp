@@ -130,6 +130,7 @@ struct ibmsg__socket {
   ibmsg::ShareConn share;
   uint32_t qp_num = 0;  // its queue pair's (shared receives name it)
   bool wants_told = false;  // a credit-only message told the peer that data waits for credits
+  uint32_t ctrl_lost = 0;   // its control buffers the shared queue refused back
   uint32_t max_msg = 0;      // min of both sides' maximum, once have_peer
   uint32_t eager = 0;        // largest message sent through the pools (min of both sides')
   bool have_peer = false;    // the peer's hello is known

@@ -82,7 +82,8 @@ void shared_serve(SharedRecv *r) {
 // What the pool may grow to: what its connections reserve, and a spare of eight connections'
 // most, to move where the traffic is.
 uint64_t shared_limit(const SharedRecv *r) {
-  return uint64_t(r->conns) * (r->credits.base() + kCtrlDepth) + 8 * uint64_t(r->cap);
+  // (Buffers the application holds do not eat the spare: each connection's cap counts them.)
+  return uint64_t(r->conns) * (r->credits.base() + kCtrlDepth) + r->lent + 8 * uint64_t(r->cap);
 }
 
 // A buffer back into the shared queue; false if the device refused it (it is lost to the pool).
@@ -158,7 +159,7 @@ void recv_leave(Socket *s) {
   // shared queue.
   if (s->qp_num && r->by_qp.get(s->qp_num) == s) r->by_qp.erase(s->qp_num);
   r->credits.leave(&s->share);
-  r->credits.add_buffers(kCtrlDepth);
+  r->credits.add_buffers(kCtrlDepth - (s->ctrl_lost < kCtrlDepth ? s->ctrl_lost : kCtrlDepth));
   // Messages of it the application still holds: their buffers go to the pool when freed.
   for (Pool *p = r->slabs.front(); p; p = r->slabs.next(p))
     for (uint32_t i = 0; i < p->count; ++i)
@@ -216,7 +217,9 @@ void recv_back(Socket *s, Slot *slot) {
     // Its credit (unless it came without one) goes where the pool says.
     ShareConn *c = s && s->srecv == r ? &s->share : nullptr;
     if (!shared_post(r, slot)) {
-      if (credited) r->credits.on_lost(c);
+      if (credited) r->credits.on_lost(c);  // (its unit left the pool at its arrival)
+      else r->credits.lose();
+      --r->buffers;
       if (s) socket_close(s, IBMSG_EIO);  // as with a buffer of its own the QP refuses
     } else if (credited) {
       if (ShareConn *to = r->credits.on_freed(c)) maybe_send_ctrl(static_cast<Socket *>(to->user));
@@ -253,8 +256,13 @@ void recv_unlent(Socket *s, Slot *slot) {
 
 void recv_ctrl_back(Socket *s, Slot *slot) {
   if (SharedRecv *r = slot->pool->shared) {
-    if (!shared_post(r, slot)) socket_close(s, IBMSG_EIO);
-    else if (s->state != State::Closing) s->credits.on_ctrl_received();
+    if (!shared_post(r, slot)) {
+      ++s->ctrl_lost;  // not in the queue: it does not go back to the pool at the leave
+      --r->buffers;
+      socket_close(s, IBMSG_EIO);
+    } else if (s->state != State::Closing) {
+      s->credits.on_ctrl_received();
+    }
     return;
   }
   slot->state = SlotState::Free;
@@ -273,6 +281,10 @@ void recv_drop(Socket *s, Slot *slot, int reason) {
   if (slot->pool->shared) recv_back(s, slot);  // the shared queue needs it back
   else slot->state = SlotState::Free;
   socket_close(s, reason);
+}
+
+void recv_closing(Socket *s) {
+  if (SharedRecv *r = s->srecv) r->credits.stop_waiting(&s->share);
 }
 
 void recv_wants(Socket *s) {

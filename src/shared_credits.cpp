@@ -61,6 +61,12 @@ bool SharedCredits::on_given_back(ShareConn *c, uint32_t n) {
   assigned_ -= n;
   c->wants = false;  // nothing waits at its peer
   unwait(c);
+  // Nor does it need what it is owed above the base.
+  const uint32_t keep = c->granted < base_ ? base_ - c->granted : 0;
+  if (c->owed > keep) {
+    assigned_ -= c->owed - keep;
+    c->owed = keep;
+  }
   return true;
 }
 

@@ -52,6 +52,15 @@ class SharedCredits {
   void on_lost(ShareConn *c) {
     if (c && c->joined && c->held) --c->held;
   }
+  // A buffer that took no credit (a violation, a failed receive) could not be posted again.
+  void lose() {
+    if (free_) --free_;
+  }
+  // c closes: it waits for nothing any more (what it holds goes at leave).
+  void stop_waiting(ShareConn *c) {
+    c->wants = false;
+    unwait(c);
+  }
   // Takes n unassigned buffers out of the pool (for another use: control messages); false if it
   // has fewer.
   bool take_buffers(uint32_t n) {
@@ -88,7 +97,7 @@ class SharedCredits {
   uint32_t cap() const { return cap_; }
   uint32_t free_buffers() const { return free_; }     // posted, not consumed
   uint64_t assigned() const { return assigned_; }     // granted + owed, all connections
-  uint64_t unassigned() const { return free_ - assigned_; }
+  uint64_t unassigned() const { return free_ > assigned_ ? free_ - assigned_ : 0; }
   size_t waiting() const { return waiting_.size(); }
 
  private:

@@ -133,6 +133,21 @@ void give_back_beyond_what_was_granted_is_refused(void **) {
   assert_true(pool.on_arrival(&a, true));
   pool.take_owed(&a);  // 2 granted + the one it got
   assert_int_equal(a.granted, 2);
+  // Wanting more, it is owed more; a give-back says nothing waits: what it is owed above the
+  // base goes back to the pool, and it wants nothing any more.
+  pool.on_wants(&a);
+  pool.on_wants(&a);
+  assert_int_equal(a.owed, 2);
+  pool.take_owed(&a);
+  pool.on_wants(&a);  // owed 1, granted 4
+  assert_int_equal(a.owed, 1);
+  const uint64_t before = pool.unassigned();
+  assert_true(pool.on_given_back(&a, 2));
+  assert_int_equal(a.granted, 2);
+  assert_int_equal(a.owed, 0);
+  assert_false(a.wants);
+  assert_int_equal(pool.unassigned(), before + 3);
+  assert_null(pool.on_freed(&a));  // not wanting, at its base: the unit stays in the pool
 }
 
 // --- the simulation -----------------------------------------------------------------------------
