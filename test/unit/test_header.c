@@ -96,6 +96,7 @@ static const struct {
     VAL(IBMSG_OPT_RECV_DEPTH) VAL(IBMSG_OPT_SEND_DEPTH) VAL(IBMSG_OPT_SEND_QUEUE)
     VAL(IBMSG_OPT_MAX_MSG_SIZE) VAL(IBMSG_OPT_CONNECT_TIMEOUT) VAL(IBMSG_OPT_RNR_RETRY)
     VAL(IBMSG_OPT_SOURCE_ADDR) VAL(IBMSG_OPT_DEVICE) VAL(IBMSG_OPT_EAGER_SIZE)
+    VAL(IBMSG_OPT_SHARED_RECV)
     VAL(IBMSG_MSG_IMM) VAL(IBMSG_MSG_REGION)
     VAL(IBMSG_VERSION) VAL(IBMSG_ERRNO_MAX) VAL(IBMSG_EBASE)
 };
@@ -164,7 +165,9 @@ static void request_statuses_are_distinct(void **state) {
 static void options_are_distinct_and_not_zero(void **state) {
   const int v[] = {IBMSG_OPT_RECV_DEPTH,   IBMSG_OPT_SEND_DEPTH,      IBMSG_OPT_SEND_QUEUE,
                    IBMSG_OPT_MAX_MSG_SIZE, IBMSG_OPT_CONNECT_TIMEOUT, IBMSG_OPT_RNR_RETRY,
-                   IBMSG_OPT_SOURCE_ADDR,  IBMSG_OPT_DEVICE};
+                   IBMSG_OPT_SOURCE_ADDR,  IBMSG_OPT_DEVICE,          IBMSG_OPT_RDMA,
+                   IBMSG_OPT_RDMA_DEPTH,   IBMSG_OPT_BUSY_POLL,       IBMSG_OPT_EAGER_SIZE,
+                   IBMSG_OPT_SHARED_RECV};
   size_t i, a = 0, b = 0;
   (void)state;
   if (!all_distinct(v, sizeof v / sizeof v[0], &a, &b))
