@@ -280,7 +280,13 @@ void recv_ctrl_back(Socket *s, Slot *slot) {
 void recv_drop(Socket *s, Slot *slot, int reason) {
   if (slot->pool->shared) recv_back(s, slot);  // the shared queue needs it back
   else slot->state = SlotState::Free;
+  // A peer that breaks the protocol on shared buffers takes them from the other connections
+  // with every message it sends until its QP stops: the QP goes to the error state now, not at
+  // the teardown.
+  const bool stop = slot->pool->shared && reason == IBMSG_EPROTO && s->was_connected &&
+                    s->state != State::Closing && s->state != State::Closed;
   socket_close(s, reason);
+  if (stop) tp::cm_disconnect(s->id);
 }
 
 void recv_closing(Socket *s) {
