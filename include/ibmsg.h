@@ -63,7 +63,7 @@ extern "C" {
  * ------------------------------------------------------------------------------------------ */
 
 #define IBMSG_VERSION_MAJOR 1 /**< major version: changes break compatibility */
-#define IBMSG_VERSION_MINOR 3 /**< minor version: compatible additions */
+#define IBMSG_VERSION_MINOR 4 /**< minor version: compatible additions */
 #define IBMSG_VERSION_PATCH 0 /**< patch level: fixes only */
 /** The version as one number, for compile-time checks: 10000 * major + 100 * minor + patch. */
 #define IBMSG_VERSION (IBMSG_VERSION_MAJOR * 10000 + IBMSG_VERSION_MINOR * 100 + IBMSG_VERSION_PATCH)
@@ -255,6 +255,18 @@ typedef void (*ibmsg_message_sent_cb)(ibmsg_socket *socket, ibmsg_buffer *msg, i
  *  the message (ibmsg_incoming_decline); otherwise it goes into a buffer of the library.
  *  message_received follows once the data is there, in order with the other messages. */
 typedef void (*ibmsg_message_incoming_cb)(ibmsg_socket *socket, ibmsg_incoming *in);
+/** Levels of log lines (ibmsg_event_loop.log; since 1.4). */
+enum ibmsg_log_level {
+  IBMSG_LOG_ERROR = 1, /**< a connection closes for an error: why */
+  IBMSG_LOG_WARN = 2,  /**< something may be wrong: e.g. a keepalive probe went unanswered */
+  IBMSG_LOG_INFO = 3,  /**< connections established and closed */
+  IBMSG_LOG_DEBUG = 4  /**< CM events, state changes, credit stalls, keepalive probes */
+};
+/** Called for each log line of the loop and its sockets (socket NULL for the loop's own); text
+ *  is valid during the call only, without a trailing newline. The environment variable
+ *  IBMSG_DEBUG (1..4, the highest level printed) prints the same lines to stderr. */
+typedef void (*ibmsg_log_cb)(ibmsg_event_loop *loop, ibmsg_socket *socket, int level,
+                             const char *text);
 /** Called when the peer's ibmsg_rdma_write_imm() completed here: its length bytes are written and
  *  visible in the local region it targeted, imm is its immediate. */
 typedef void (*ibmsg_write_received_cb)(ibmsg_socket *socket, uint32_t imm, size_t length);
@@ -276,7 +288,8 @@ struct ibmsg_event_loop {
   struct ibmsg__loop *impl;                               /**< private */
   ibmsg_write_received_cb write_received;                 /**< rw; NULL: write-immediates are not reported */
   ibmsg_message_incoming_cb message_incoming;             /**< rw; NULL: library buffers (1.2) */
-  void *reserved[2];                                      /**< private: room for later versions */
+  ibmsg_log_cb log;                                       /**< rw; NULL: no log lines (1.4) */
+  void *reserved[1];                                      /**< private: room for later versions */
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -350,11 +363,22 @@ enum ibmsg_option {
                                       receive buffers (16384 since 1.3, 65536 in 1.2); larger ones
                                       go by rendezvous: the receiver reads them into a buffer of
                                       its own (since 1.2; a 1.1 peer takes eager messages only) */
-  IBMSG_OPT_SHARED_RECV = 13     /**< int 0/1: receive buffers shared by the connections of a
+  IBMSG_OPT_SHARED_RECV = 13,    /**< int 0/1: receive buffers shared by the connections of a
                                       device (1, since 1.3): each connection holds a base of 2
                                       data credits and control buffers, and up to
                                       IBMSG_OPT_RECV_DEPTH credits while its peer has more to
                                       send; 0: IBMSG_OPT_RECV_DEPTH buffers of its own */
+  IBMSG_OPT_KEEPALIVE = 14,      /**< int: ms a connection may hear nothing from its peer before
+                                      it sends a keepalive probe, and between probes (10000,
+                                      since 1.4); 0 turns keepalive off. See ibmsg(7), FAILURES */
+  IBMSG_OPT_KEEPALIVE_COUNT = 15, /**< int 2..255: after this many keepalive intervals without
+                                      a word from the peer the connection closes with
+                                      IBMSG_ETIMEDOUT (3: a dead peer is noticed in 30 s) */
+  IBMSG_OPT_ACK_TIMEOUT = 16,    /**< int 0..31: the transport's wait for an acknowledgement
+                                      before it resends, 4.096 us * 2^value (18: ~1.07 s); 0:
+                                      the connection manager's default */
+  IBMSG_OPT_RETRY_COUNT = 17     /**< int 0..7: resends before the transport gives up and the
+                                      connection closes with IBMSG_ETIMEDOUT (7) */
 };
 
 /** IBMSG_OPT_BUSY_POLL value: poll without ever sleeping while the connection is open. */
@@ -449,6 +473,23 @@ typedef struct ibmsg_memory {
 } ibmsg_memory;
 /** What the connection costs now. IBMSG_EINVAL for a listener or a closed socket. */
 IBMSG_EXPORT int ibmsg_socket_memory(const ibmsg_socket *socket, ibmsg_memory *out);
+/** A connection's counters (ibmsg_socket_stats(); since 1.4). */
+typedef struct ibmsg_stats {
+  uint64_t msgs_sent;           /**< messages the peer has (message_sent with IBMSG_OK) */
+  uint64_t bytes_sent;          /**< their payload bytes */
+  uint64_t msgs_received;       /**< messages delivered to message_received */
+  uint64_t bytes_received;      /**< their payload bytes */
+  uint64_t credit_stalls;       /**< times sending stopped for want of the peer's credits */
+  uint64_t keepalives_sent;     /**< keepalive probes sent (the peer was silent) */
+  uint64_t keepalives_received; /**< probes of the peer, each answered */
+  uint64_t keepalive_misses;    /**< intervals a probe went unanswered, and the close */
+  uint64_t reserved[8];         /**< zero: room for later versions */
+} ibmsg_stats;
+/** Copies the connection's counters into out, at most size bytes (sizeof(ibmsg_stats)):
+ *  for an open connection, and in the connection_closed callback for the closing one.
+ *  IBMSG_EINVAL otherwise, for a listener, or if out is NULL. */
+IBMSG_EXPORT int ibmsg_socket_stats(const ibmsg_socket *socket, ibmsg_stats *out,
+                                    size_t size);
 /** What the loop's connections and devices cost now, including buffers of closed connections
  *  the application still holds. */
 IBMSG_EXPORT int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out);

@@ -229,6 +229,19 @@ int ibmsg_socket_memory(const ibmsg_socket *socket, ibmsg_memory *out) {
   return IBMSG_OK;
 }
 
+int ibmsg_socket_stats(const ibmsg_socket *socket, ibmsg_stats *out, size_t size) {
+  if (!socket || !out) return IBMSG_EINVAL;
+  const ibmsg_stats *st = nullptr;
+  if (Socket *s = socket_of(socket)) {
+    if (!s->listener) st = &s->stats;
+  } else if (Loop *l = loop_of(socket->loop); l && l->closed_pub == socket) {
+    st = &l->closed_stats;  // in its connection_closed callback
+  }
+  if (!st) return IBMSG_EINVAL;
+  memcpy(out, st, size < sizeof *st ? size : sizeof *st);
+  return IBMSG_OK;
+}
+
 int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out) {
   Loop *l = loop_of(loop);
   if (!l || !out) return IBMSG_EINVAL;

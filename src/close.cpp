@@ -2,9 +2,33 @@
 // the device going away) calls socket_close(); the teardown then runs from the loop, delivers
 // what already completed, cancels the rest, releases everything and calls connection_closed
 // exactly once, last.
+#include <initializer_list>
+
 #include "internal.hpp"
 
 namespace ibmsg {
+
+void cancel_sends(Socket *s) {
+  // The peer drops the messages that came behind a rendezvous it has not read (they would
+  // overtake it): behind one that is not done, a message is not done either.
+  bool gap = false;
+  for (auto *list : {&s->flight, &s->queue}) {
+    while (Work *w = list->pop_front()) {
+      // In flight and completed (waiting for an earlier one): its own status. A rendezvous
+      // message the peer read was delivered there (everything before it was), whether or not
+      // its own send completion came.
+      const bool read = w->rndv && w->read;
+      const bool done = list == &s->flight && (w->done || read) &&
+                        !(gap && w->wr.op == tp::Op::Send && !read);
+      if (w->rndv && !done) gap = true;
+      if (read && !w->done) w->status = w->read_status;
+      if (w->wr.op != tp::Op::Send && list == &s->flight && !w->done && s->ops_in_flight)
+        --s->ops_in_flight;
+      notify_work(s, w, done ? w->status : IBMSG_ECANCELED);
+    }
+  }
+}
+
 namespace {
 
 Event close_event(const Socket *s) {
@@ -17,6 +41,7 @@ Event close_event(const Socket *s) {
 void teardown(Socket *s) {
   Loop *loop = s->loop;
   timer_stop(&s->connect_timer);
+  keepalive_stop(s);
   // What already completed is delivered (data received, sends confirmed) before anything is
   // canceled; callbacks may run here, and may call the API (posting now fails: closing).
   posts_flush(loop);  // what a callback posted before it closed the socket goes out first
@@ -34,13 +59,23 @@ void teardown(Socket *s) {
 
   ibmsg_socket *pub = s->pub;
   int reason = s->close_reason;
+  const ibmsg_stats stats = s->stats;
   set_state(s, Event::TornDown);
   pub->close_reason = reason;
   pub->impl = nullptr;
   s->magic = 0;
   delete s;
-  // Last: after the callback the application may free pub; nothing here touches it again.
-  if (auto cb = loop->pub->connection_closed) cb(pub, reason);
+  // Last: after the callback the application may free pub; nothing here touches it again. During
+  // it, ibmsg_socket_stats still reads the connection's counters.
+  if (auto cb = loop->pub->connection_closed) {
+    const ibmsg_socket *outer = loop->closed_pub;
+    const ibmsg_stats outer_stats = loop->closed_stats;
+    loop->closed_pub = pub;
+    loop->closed_stats = stats;
+    cb(pub, reason);
+    loop->closed_pub = outer;
+    loop->closed_stats = outer_stats;
+  }
 }
 
 }  // namespace
@@ -62,6 +97,10 @@ void socket_close(Socket *s, int reason) {
     }
   }
   s->close_reason = reason;
+  if (reason != IBMSG_OK)
+    IBMSG_LOG(s, reason == IBMSG_ECONNRESET ? IBMSG_LOG_INFO : IBMSG_LOG_ERROR, "closing: %s (%s)",
+              error_text(reason), error_name(reason));
+  else IBMSG_LOG(s, IBMSG_LOG_INFO, "closing");
   recv_closing(s);
   set_state(s, close_event(s));
   s->loop->closing.push_back(s);

@@ -132,6 +132,8 @@ void establish(Socket *s, bool by_data) {
   set_state(s, Event::Established);
   s->was_connected = true;
   poll_touch(s);
+  keepalive_start(s);
+  IBMSG_LOG(s, IBMSG_LOG_INFO, "established (features 0x%x)", s->features);
   if (auto cb = s->loop->pub->connection_established) cb(s->pub);
   rndv_pump(s);  // an RTS that came first waits for it
   // Whatever waited for the connection to be up: queued messages, credits or a FIN it owes.
@@ -158,6 +160,7 @@ void on_cm_event(Loop *loop, const tp::CmEvent &ev) {
   }
   Socket *s = ev.id ? static_cast<Socket *>(tp::cm_id_user(ev.id)) : nullptr;
   if (!s || s->magic != kSocketMagic) return;
+  IBMSG_LOG(s, IBMSG_LOG_DEBUG, "CM event %s (status %d)", tp::cm_event_name(ev.type), ev.status);
   // Also when it is closing already: the device must be rescanned once released.
   if (ev.type == tp::CmEventType::DeviceRemoval && s->dev) s->dev->removed = true;
   // A socket on its way down hears nothing more: its teardown destroys the id.

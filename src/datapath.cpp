@@ -37,6 +37,16 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
 
 }  // namespace
 
+int wc_error(tp::WcStatus st) {
+  switch (st) {
+    case tp::WcStatus::Ok: return IBMSG_OK;
+    case tp::WcStatus::Flushed: return IBMSG_ECONNRESET;
+    case tp::WcStatus::RemoteAccess: return IBMSG_EREMOTEACCESS;
+    case tp::WcStatus::Timeout: return IBMSG_ETIMEDOUT;
+    default: return IBMSG_EIO;
+  }
+}
+
 int send_now(Socket *s, Slot *slot) {
   Credits saved = s->credits;
   const uint32_t done = s->done_owed;
@@ -45,6 +55,7 @@ int send_now(Socket *s, Slot *slot) {
   // More waits behind it: a peer that shares its buffers grants more.
   imm.wants = s->credits.shared_wire() && !s->queue.empty();
   s->wants_told = false;  // if it runs out again, it says so again
+  s->live.stalled = false;
   int rc = post_data(s, slot, imm);
   if (rc) {
     s->credits = saved;
@@ -52,6 +63,7 @@ int send_now(Socket *s, Slot *slot) {
     if (slot->link.linked()) s->rndv_wait.remove(slot);
     return rc;
   }
+  s->live.answer_due = false;
   slot->state = SlotState::InFlight;
   slot->work.done = slot->work.sent = slot->work.read = false;
   slot->work.read_status = IBMSG_OK;
@@ -69,14 +81,11 @@ int post_work(Socket *s, Work *w) {
 }  // namespace
 
 // A credit-only message, when credits are owed and no data message can carry them.
-namespace {
-
-// Posts a credit-only message carrying what is owed (and whether data waits for credits), or a
-// Return giving back data credits; false if it failed (the socket closes).
-bool post_ctrl(Socket *s, uint32_t give_back = 0, bool wants = false) {
+bool post_ctrl(Socket *s, uint32_t give_back, bool wants, wire::Opcode op) {
   Credits saved = s->credits;
   const uint32_t done = s->done_owed;
   wire::Imm imm = give_back ? s->credits.take_return(give_back) : s->credits.take_ctrl();
+  if (op == wire::Opcode::Keepalive) imm.op = op;
   imm.wants = wants;
   imm.done = rndv_take_done(s);
   if (tp::post_send_imm(s->id, &s->ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
@@ -86,14 +95,13 @@ bool post_ctrl(Socket *s, uint32_t give_back = 0, bool wants = false) {
     return false;
   }
   ++s->ctrl_in_flight;
+  s->live.answer_due = false;
   if (posted(s, true)) {
     socket_close(s, IBMSG_EIO);
     return false;
   }
   return true;
 }
-
-}  // namespace
 
 void maybe_send_ctrl(Socket *s) {
   if (s->lingering) {  // closing once the done counts are out
@@ -119,6 +127,11 @@ void maybe_send_ctrl(Socket *s) {
     const bool tell = s->credits.shared_wire() && !s->wants_told && head &&
                       (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
                       !s->credits.can_send_data();
+    // The peer probed (keepalive): the answer returns its control credit, so it may be the last.
+    if (s->live.answer_due && !fin && s->credits.can_send_ctrl()) {
+      if (!post_ctrl(s)) return;
+      continue;
+    }
     if (!s->credits.ctrl_due(waits, s->done_owed > 0 || fin || surplus || tell)) return;
     if (fin) {  // a FIN (with the done counts before it) in the place of a credit-only message
       if (!rndv_send_fin(s)) return;
@@ -165,7 +178,14 @@ void flush_sends(Socket *s) {
   // A disconnect that lingers sends only its done counts: the queue is canceled at the close.
   while (s->state == State::Connected && !s->lingering) {
     Work *w = s->queue.front();
-    if (!w || !work_can_go(s, w)) return;
+    if (!w || !work_can_go(s, w)) {
+      if (w && !s->live.stalled && !s->credits.can_send_data()) {
+        s->live.stalled = true;
+        ++s->stats.credit_stalls;
+        IBMSG_LOG(s, IBMSG_LOG_DEBUG, "credit stall: the peer has granted no data credit");
+      }
+      return;
+    }
     s->queue.remove(w);
     if (post_work(s, w)) {
       // Back in front: the teardown cancels it in order with the rest.
@@ -185,27 +205,27 @@ void notify_sent(Socket *s, Slot *slot, int status) {
   slot->xmr = nullptr;
   slot->state = SlotState::Allocated;
   msg->status = status == IBMSG_OK ? IBMSG_SENT : IBMSG_SEND_FAILED;
+  if (status == IBMSG_OK) {
+    ++s->stats.msgs_sent;
+    s->stats.bytes_sent += msg->size;
+  }
   if (auto cb = s->loop->pub->message_sent) cb(s->pub, msg, status);
-}
-
-int wc_error(tp::WcStatus st) {
-  return st == tp::WcStatus::Flushed        ? IBMSG_ECONNRESET
-         : st == tp::WcStatus::RemoteAccess ? IBMSG_EREMOTEACCESS
-                                            : IBMSG_EIO;
 }
 
 void on_send_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (slot->state != SlotState::InFlight || slot->work.done) return;  // cannot happen
   const bool ok = wc.status == tp::WcStatus::Ok;
-  const int st = ok ? IBMSG_OK : wc.status == tp::WcStatus::Flushed ? IBMSG_ECANCELED : IBMSG_EIO;
+  const int st = ok ? IBMSG_OK : wc.status == tp::WcStatus::Flushed ? IBMSG_ECANCELED : wc_error(wc.status);
   work_done(s, &slot->work, st, ok ? IBMSG_OK : wc_error(wc.status));
 }
 
 void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, wire::Imm imm) {
   const bool ret = imm.op == wire::Opcode::Return;
+  const bool probe = imm.op == wire::Opcode::Keepalive;
   const uint32_t back = ret ? imm.credits : 0;
   if (ret) imm.credits = 0;  // it returns none of ours
   if (wc.len != 0 || (ret && imm.wants) || !s->credits.on_ctrl_arrived() ||
+      (probe && !(s->features & wire::kFeatureKeepalive)) ||
       !s->credits.on_returned(imm) ||
       (imm.op == wire::Opcode::Return &&
        (!(s->features & wire::kFeatureShared) || !back || !recv_given_back(s, back)))) {
@@ -215,6 +235,10 @@ void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, wire::Imm im
     return;
   }
   recv_ctrl_back(s, slot);
+  if (probe) {
+    s->live.answer_due = true;
+    ++s->stats.keepalives_received;
+  }
   if (imm.wants) recv_wants(s);  // data waits at the peer: more credits if the pool has them
   flush_sends(s);
   maybe_send_ctrl(s);
@@ -263,6 +287,7 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
     recv_drop(s, slot, wc_error(wc.status));
     return;
   }
+  ++s->live.heard;  // the peer lives (keepalive.cpp)
   if (wc.write_imm) {
     on_write_imm(s, slot, wc);
     return;
@@ -282,19 +307,19 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
     case wire::Opcode::Data:
     case wire::Opcode::DataImm: on_data_msg(s, slot, wc, imm); break;
     case wire::Opcode::Credit:
+    case wire::Opcode::Keepalive:
     case wire::Opcode::Return: on_credit_msg(s, slot, wc, imm); break;
     case wire::Opcode::Rendezvous: rndv_on_msg(s, slot, wc, imm); break;
     default: recv_drop(s, slot, IBMSG_EPROTO); break;  // no feature agreed that uses it
   }
 }
 
-// A work request's callback: message_sent, or the operation's done.
+}  // namespace
+
 void notify_work(Socket *s, Work *w, int status) {
   if (w->wr.op == tp::Op::Send) notify_sent(s, static_cast<Slot *>(w->wr.owner), status);
   else op_finish(s, static_cast<Op *>(w->wr.owner), status);
 }
-
-}  // namespace
 
 // The callbacks of the completed work at the front of the flight list, in posting order. One may
 // post (at the back, not done) or close the connection (the teardown empties the list later).
@@ -358,27 +383,6 @@ void on_completion(Socket *s, const tp::Completion &wc) {
     default: socket_close(s, IBMSG_EIO); break;  // nothing else is posted
   }
   if (carried) maybe_send_ctrl(s);  // one may have waited for a control slot
-}
-
-void cancel_sends(Socket *s) {
-  // The peer drops the messages that came behind a rendezvous it has not read (they would
-  // overtake it): behind one that is not done, a message is not done either.
-  bool gap = false;
-  for (auto *list : {&s->flight, &s->queue}) {
-    while (Work *w = list->pop_front()) {
-      // In flight and completed (waiting for an earlier one): its own status. A rendezvous
-      // message the peer read was delivered there (everything before it was), whether or not
-      // its own send completion came.
-      const bool read = w->rndv && w->read;
-      const bool done = list == &s->flight && (w->done || read) &&
-                        !(gap && w->wr.op == tp::Op::Send && !read);
-      if (w->rndv && !done) gap = true;
-      if (read && !w->done) w->status = w->read_status;
-      if (w->wr.op != tp::Op::Send && list == &s->flight && !w->done && s->ops_in_flight)
-        --s->ops_in_flight;
-      notify_work(s, w, done ? w->status : IBMSG_ECANCELED);
-    }
-  }
 }
 
 }  // namespace ibmsg

@@ -36,6 +36,7 @@
 #include "credits.hpp"
 #include "ibmsg.h"
 #include "list.hpp"
+#include "options.hpp"
 #include "pool.hpp"
 #include "state.hpp"
 #include "transport/transport.hpp"
@@ -48,30 +49,10 @@ namespace ibmsg {
 constexpr uint32_t kLoopMagic = 0x1b5910b0;
 constexpr uint32_t kSocketMagic = 0x1b550c4e;
 constexpr uint32_t kOptionsMagic = 0x1b5007a5;
-constexpr size_t kNameMax = 64;
-constexpr uint32_t kMaxMsgSize = 0xffffffff;  // what a hello can say
 
 using Loop = ::ibmsg__loop;
 
-// --- options.cpp -----------------------------------------------------------------------------
-
-struct Options {
-  int recv_depth = 32;
-  int send_depth = 32;
-  int send_queue = 32;
-  uint32_t max_msg_size = kMaxMsgSize;  // any path
-  int eager_size = 16384;  // through the pools; more by rendezvous
-  int shared_recv = 1;     // receive buffers shared by the device's connections
-  int connect_timeout_ms = 5000;
-  int rnr_retry = 7;
-  int rdma = 1;          // offer one-sided RDMA
-  int rdma_depth = 16;   // one-sided operations in flight
-  int busy_poll_us = 0;  // 0 events, > 0 adaptive polling, -1 always
-  char source_addr[kNameMax] = "";
-  char device[kNameMax] = "";
-};
-int options_set(Options *o, int option, const void *value, size_t len);
-int options_get(const Options *o, int option, void *value, size_t *len);
+// --- options.cpp: Options (options.hpp) ---
 
 // --- timer.cpp -------------------------------------------------------------------------------
 
@@ -94,6 +75,7 @@ double timers_next(Loop *loop);
 #include "device.hpp"    // Device, DevCq, pools and large buffers
 #include "onesided.hpp"  // ibmsg__region, ibmsg__op
 #include "buffers.hpp"   // receive and send buffers (recv.cpp, send_slots.cpp)
+#include "keepalive.hpp"  // Liveness
 
 struct ibmsg__socket {
   using Loop = ibmsg::Loop;
@@ -168,6 +150,9 @@ struct ibmsg__socket {
   uint64_t poll_last_ns = 0;  // the connection's last activity
 
   ibmsg::ListNode post_node;  // in the loop's list of sockets with posts not yet flushed
+  ibmsg::Liveness live;        // keepalive (keepalive.hpp)
+  ibmsg::ListNode ka_node;     // in the loop's list of connections with keepalive
+  ibmsg_stats stats{};         // ibmsg_socket_stats
   // closing
   int close_reason = IBMSG_OK;
   ibmsg::ListNode close_node;  // in the loop's list of sockets due for teardown
@@ -196,6 +181,13 @@ struct ibmsg__loop {
   ibmsg::List<ibmsg__region, &ibmsg__region::loop_node> regions;  // registered regions
   int epfd = -1;     // for ibmsg_event_loop_fd
   int depth = 0;     // > 0 while a watcher callback runs (no re-entry)
+  ibmsg::List<Socket, &Socket::ka_node> keepalive;  // connections with keepalive (keepalive.cpp)
+  ibmsg::Timer ka_timer;
+  double ka_tick = 0;
+  int debug = 0;  // IBMSG_DEBUG: the level up to which log lines go to stderr (log.cpp)
+  // While a closed callback runs: the socket and its last counters (ibmsg_socket_stats).
+  const ibmsg_socket *closed_pub = nullptr;
+  ibmsg_stats closed_stats{};
   ibmsg::Options opts;
 };
 
@@ -282,10 +274,14 @@ void on_cq_ready(void *cq_user, void *arg);      // for tp::device_take_events
 
 // --- datapath.cpp ---
 void on_completion(Socket *s, const tp::Completion &wc);
+// What a failed completion closes its connection with (IBMSG_ECONNRESET for a flushed one,
+// IBMSG_ETIMEDOUT when the transport's resends ran out).
+int wc_error(tp::WcStatus st);
 void cancel_sends(Socket *s);  // closing: flight and queue complete (ECANCELED unless done)
 // Posts one message with a data credit; on failure the credits are as before.
 int send_now(Socket *s, Slot *slot);
-void notify_front(Socket *s);  // callbacks of the done work at the front of the flight list
+void notify_front(Socket *s);
+void notify_work(Socket *s, Work *w, int status);  // message_sent, or the operation's done  // callbacks of the done work at the front of the flight list
 
 // Batching: a work request just queued goes to the device at once outside callbacks or to an
 // idle send queue, else at the end of the round (one list per connection); an immediate error.
@@ -296,6 +292,10 @@ void flush_sends(Socket *s);  // the queue's head to the QP while it can go; a r
 void work_done(Socket *s, Work *w, int status, int close_reason = IBMSG_OK);  // before w's)
 bool work_can_go(const Socket *s, const Work *w);  // whether the queue's head could go now
 void maybe_send_ctrl(Socket *s);  // a credit-only message, if owed and nothing carries them
+// Posts a credit-only message carrying what is owed (and whether data waits for credits), a
+// Return giving back data credits, or a Keepalive probe; false if it failed (the socket closes).
+bool post_ctrl(Socket *s, uint32_t give_back = 0, bool wants = false,
+               wire::Opcode op = wire::Opcode::Credit);
 // The application closes: the done counts it owes go now, so that the peer's messages it has
 // read (and delivered) are confirmed.
 void send_last_done(Socket *s);
@@ -383,3 +383,5 @@ const char *error_text(int code);
 const char *error_name(int code);
 
 }  // namespace ibmsg
+
+#include "log.hpp"  // IBMSG_LOG, after the structs it reads

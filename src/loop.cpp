@@ -96,6 +96,7 @@ int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev) {
   poll_init(loop);
   loop->idle.data = loop;
   ev_timer_init(&loop->wakeup, on_wakeup, 0., 0.);
+  log_init(loop);
   pub->impl = loop;
   return IBMSG_OK;
 }

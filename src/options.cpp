@@ -20,6 +20,10 @@ int *int_option(Options *o, int option) {
     case IBMSG_OPT_RDMA_DEPTH: return &o->rdma_depth;
     case IBMSG_OPT_BUSY_POLL: return &o->busy_poll_us;
     case IBMSG_OPT_SHARED_RECV: return &o->shared_recv;
+    case IBMSG_OPT_KEEPALIVE: return &o->keepalive_ms;
+    case IBMSG_OPT_KEEPALIVE_COUNT: return &o->keepalive_count;
+    case IBMSG_OPT_ACK_TIMEOUT: return &o->ack_timeout;
+    case IBMSG_OPT_RETRY_COUNT: return &o->retry_count;
     default: return nullptr;
   }
 }
@@ -44,6 +48,10 @@ bool int_option_valid(int option, int v) {
     case IBMSG_OPT_RDMA_DEPTH: return v >= 1 && v <= 4096;
     case IBMSG_OPT_BUSY_POLL: return v >= IBMSG_BUSY_POLL_ALWAYS && v <= 10 * 1000 * 1000;
     case IBMSG_OPT_SHARED_RECV: return v == 0 || v == 1;
+    case IBMSG_OPT_KEEPALIVE: return v >= 0 && v <= 24 * 3600 * 1000;
+    case IBMSG_OPT_KEEPALIVE_COUNT: return v >= 2 && v <= 255;
+    case IBMSG_OPT_ACK_TIMEOUT: return v >= 0 && v <= 31;
+    case IBMSG_OPT_RETRY_COUNT: return v >= 0 && v <= 7;
     default: return false;
   }
 }

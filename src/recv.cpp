@@ -285,6 +285,8 @@ void recv_drop(Socket *s, Slot *slot, int reason) {
   // the teardown.
   const bool stop = slot->pool->shared && reason == IBMSG_EPROTO && s->was_connected &&
                     s->state != State::Closing && s->state != State::Closed;
+  if (reason == IBMSG_EPROTO && s->state != State::Closing && s->state != State::Closed)
+    IBMSG_LOG(s, IBMSG_LOG_ERROR, "the peer broke the protocol");
   socket_close(s, reason);
   if (stop) tp::cm_disconnect(s->id);
 }

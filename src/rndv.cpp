@@ -96,6 +96,8 @@ void deliver_ready(Socket *s) {
     s->deliver.pop_front();
     slot->in.ready = false;
     ibmsg_buffer *msg = &slot->own;
+    ++s->stats.msgs_received;
+    s->stats.bytes_received += msg->size;
     if (auto cb = s->loop->pub->message_received) cb(s->pub, msg);
     else msg_free(msg);
   }
@@ -262,7 +264,7 @@ void rndv_on_fin_sent(Socket *s, Slot *slot, const tp::Completion &wc) {
   s->fins.remove(&slot->in);
   if (s->ctrl_in_flight) --s->ctrl_in_flight;
   const bool ok = wc.status == tp::WcStatus::Ok;
-  if (!ok) socket_close(s, wc.status == tp::WcStatus::Flushed ? IBMSG_ECONNRESET : IBMSG_EIO);
+  if (!ok) socket_close(s, wc_error(wc.status));
   // The declined message's buffer and data credit come back now.
   drop_slot(s, slot);
   maybe_send_ctrl(s);
@@ -274,9 +276,7 @@ void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (s->rndv_reads) --s->rndv_reads;
   if (wc.status != tp::WcStatus::Ok) {
     // The peer's key or range was wrong (it broke the protocol), or the connection failed.
-    socket_close(s, wc.status == tp::WcStatus::RemoteAccess ? IBMSG_EPROTO
-                    : wc.status == tp::WcStatus::Flushed    ? IBMSG_ECONNRESET
-                                                            : IBMSG_EIO);
+    socket_close(s, wc.status == tp::WcStatus::RemoteAccess ? IBMSG_EPROTO : wc_error(wc.status));
     return;
   }
   if (in.reads == 0 && in.next == in.length && !in.read_link.linked()) {

@@ -110,7 +110,8 @@ void fill_conn_param(const Socket *s, tp::ConnParam *p, uint8_t *hello) {
   wire::encode_hello(my_hello(s), hello);
   p->pdata = hello;
   p->plen = wire::kHelloSize;
-  p->retry_count = 7;
+  p->retry_count = uint8_t(s->opts.retry_count);
+  p->ack_timeout = uint8_t(s->opts.ack_timeout);
   p->rnr_retry_count = uint8_t(s->opts.rnr_retry);
   // RDMA reads and atomics each side may have outstanding: the device's limits (librdmacm takes
   // the smaller of both sides'), none without one-sided RDMA.
@@ -124,6 +125,7 @@ bool set_state(Socket *s, Event ev) {
     note_invalid_transition(s->state, ev);
     return false;
   }
+  IBMSG_LOG(s, IBMSG_LOG_DEBUG, "state %s -> %s", state_name(s->state), state_name(next));
   s->state = next;
   s->pub->status = public_status(next, s->close_reason);
   return true;

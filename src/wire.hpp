@@ -16,8 +16,9 @@
 //                more bytes: the immediate, little-endian; needs kFeatureImm), 6 return (a
 //                credit-only message, spending a control credit, whose bits 0..14 give data
 //                credits back: its sender held more than the peer's base and had nothing to send
-//                with them; needs kFeatureShared); 2, 4 and 7..15 reserved (2 keepalive, 4 RDMA
-//                notice are set aside for the features that will use them)
+//                with them; needs kFeatureShared), 2 keepalive probe (a credit-only message that
+//                asks the peer to answer at once with any message; needs kFeatureKeepalive);
+//                4 and 7..15 reserved (4 RDMA notice is set aside for the feature that will use it)
 // An RDMA write with immediate (kFeatureRdma) carries the application's immediate in all 32 bits:
 // the receiver tells it from a message by its completion (not a receive), and it spends one data
 // credit without returning any.
@@ -36,7 +37,7 @@ constexpr uint32_t kMaxCtrlCreditsPerMsg = 0xff;
 enum class Opcode : uint8_t {
   Data = 0,        // a message with payload, spends a data credit
   Credit = 1,      // credit-only, no payload, spends a control credit
-  Keepalive = 2,   // reserved
+  Keepalive = 2,   // credit-only, a probe the peer answers at once: kFeatureKeepalive
   Rendezvous = 3,  // an RTS (a data credit) or a FIN (a control credit): kFeatureRndv
   RdmaNotice = 4,  // reserved
   DataImm = 5,     // a message whose payload ends in a 4-byte application immediate
@@ -72,7 +73,7 @@ constexpr uint32_t kMagic = 0x49424d53;  // "IBMS"
 // The protocol version: peers with the same major connect, using the features both have; a
 // different major is refused with a reject text naming both versions.
 constexpr uint8_t kMajor = 1;
-constexpr uint8_t kMinor = 3;
+constexpr uint8_t kMinor = 4;
 // Feature bits of the hello: a connection uses a feature when both hellos have its bit.
 constexpr uint32_t kFeatureRdma = 1u << 0;  // one-sided RDMA: this side accepts RDMA reads,
                                             // writes, write-immediates and atomics on the regions
@@ -86,8 +87,13 @@ constexpr uint32_t kFeatureRndv = 1u << 2;
 // takes Return messages; its peer sets the wants bit and gives back what it holds above the
 // recv_depth of the hello once it has nothing to send.
 constexpr uint32_t kFeatureShared = 1u << 3;
+// Keepalive (protocol 1.4): the sender of the hello answers a Keepalive probe at once (a
+// credit-only message if nothing else goes), so a peer that hears nothing from it for long knows
+// it is dead, frozen or cut off.
+constexpr uint32_t kFeatureKeepalive = 1u << 4;
 // every feature this version offers
-constexpr uint32_t kFeatures = kFeatureRdma | kFeatureImm | kFeatureRndv | kFeatureShared;
+constexpr uint32_t kFeatures =
+    kFeatureRdma | kFeatureImm | kFeatureRndv | kFeatureShared | kFeatureKeepalive;
 
 // Limits a hello must respect to make sense.
 constexpr uint32_t kMaxDepth = 65535;     // data credits fit 16 bits

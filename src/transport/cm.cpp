@@ -115,7 +115,21 @@ int cm_resolve_route(CmId *id, int timeout_ms) {
   return rdma_resolve_route(raw(id), timeout_ms) ? from_errno(errno) : IBMSG_OK;
 }
 
+namespace {
+
+// The QP's ack timeout, before connect or accept moves it to RTS.
+int set_ack_timeout(CmId *id, const ConnParam &p) {
+  if (!p.ack_timeout) return IBMSG_OK;
+  uint8_t t = p.ack_timeout;
+  return rdma_set_option(raw(id), RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &t, sizeof t)
+             ? from_errno(errno)
+             : IBMSG_OK;
+}
+
+}  // namespace
+
 int cm_connect(CmId *id, const ConnParam &p) {
+  if (int err = set_ack_timeout(id, p)) return err;
   rdma_conn_param c = conn_param(p);
   return rdma_connect(raw(id), &c) ? from_errno(errno) : IBMSG_OK;
 }
@@ -125,6 +139,7 @@ void cm_notify_established(CmId *id) {
 }
 
 int cm_accept(CmId *id, const ConnParam &p) {
+  if (int err = set_ack_timeout(id, p)) return err;
   rdma_conn_param c = conn_param(p);
   if (rdma_accept(raw(id), &c) == 0) return IBMSG_OK;
   // The kernel refuses to accept a request whose peer gave up (timed out, or rejected by a

@@ -150,6 +150,7 @@ int cq_poll(Cq *c, Completion *out, int max) {
       case IBV_WC_SUCCESS: o.status = WcStatus::Ok; break;
       case IBV_WC_WR_FLUSH_ERR: o.status = WcStatus::Flushed; break;
       case IBV_WC_REM_ACCESS_ERR: o.status = WcStatus::RemoteAccess; break;
+      case IBV_WC_RETRY_EXC_ERR: o.status = WcStatus::Timeout; break;
       default: o.status = WcStatus::Failed; break;
     }
     o.write_imm = wc[i].status == IBV_WC_SUCCESS && wc[i].opcode == IBV_WC_RECV_RDMA_WITH_IMM;

@@ -44,7 +44,8 @@ enum class WcStatus : uint8_t {
   Ok,
   Flushed,  // the queue pair went to the error state first (closing)
   RemoteAccess,  // the peer refused a one-sided operation: key, range or rights
-  Failed,   // another transport error (retries exceeded, ...)
+  Timeout,  // the transport's resends ran out: the peer did not acknowledge (dead, cut off)
+  Failed,   // another transport error
 };
 
 struct Completion {
@@ -163,6 +164,14 @@ enum class CmEventType : uint8_t {
   Other,  // events ibmsg has no use for (TIMEWAIT_EXIT, ADDR_CHANGE, ...)
 };
 
+inline const char *cm_event_name(CmEventType t) {
+  static const char *const names[] = {"ADDR_RESOLVED", "ADDR_ERROR", "ROUTE_RESOLVED",
+                                      "ROUTE_ERROR", "CONNECT_REQUEST", "ESTABLISHED",
+                                      "REJECTED", "UNREACHABLE", "CONNECT_ERROR",
+                                      "DISCONNECTED", "DEVICE_REMOVAL", "OTHER"};
+  return unsigned(t) < sizeof names / sizeof *names ? names[unsigned(t)] : "?";
+}
+
 constexpr size_t kPrivateDataMax = 256;
 constexpr int kRejectConsumer = 28;  // status of a rejection the peer's application made
 
@@ -197,6 +206,7 @@ struct ConnParam {
   uint8_t rnr_retry_count;
   uint8_t responder_resources;  // RDMA reads/atomics the peer may have outstanding to us
   uint8_t initiator_depth;      // ... and we to the peer
+  uint8_t ack_timeout = 0;      // of the QP: 4.096 us * 2^ack_timeout; 0: the CM's default
 };
 // For cm_accept: as many as the connecting side asked for and the device allows.
 constexpr uint8_t kMaxRdAtomic = 0xff;

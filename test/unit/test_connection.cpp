@@ -581,7 +581,7 @@ void hello_of_another_major_is_rejected_naming_both_versions(void **state) {
   hh.major = 2;
   hh.minor = 0;
   expect_refused(h_of(state), hello_bytes(hh),
-                 "incompatible ibmsg protocol: peer speaks 2.0, this side 1.3");
+                 "incompatible ibmsg protocol: peer speaks 2.0, this side 1.4");
 }
 
 void hello_of_a_higher_minor_with_unknown_features_connects(void **state) {
@@ -925,7 +925,7 @@ void more_credit_only_messages_than_control_credits_is_eproto(void **state) {
 void reserved_opcode_is_eproto(void **state) {
   H *h = h_of(state);
   RawPair p = raw_client(h, fake::hello(8));
-  expect_code(p.r->send(fake::imm(2)), IBMSG_OK);  // keepalive: no feature agreed on
+  expect_code(p.r->send(fake::imm(4)), IBMSG_OK);  // RDMA notice: no feature uses it yet
   expect_eproto_only_there(h, p);
 }
 
@@ -1979,12 +1979,230 @@ void allocated_send_buffer_keeps_the_device_until_freed(void **state) {
   assert_int_equal(fake::open_objects().devices, 0);
 }
 
+
+// --- keepalive (protocol 1.4) ---------------------------------------------------------------
+
+double now_ms() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
+}
+
+// Runs the loop (and the raw peers) for ms milliseconds, or until done().
+template <class F>
+bool run_for(H *h, double ms, F done) {
+  const double end = now_ms() + ms;
+  while (now_ms() < end) {
+    for (auto &r : h->raws) r->pump();
+    if (done()) return true;
+    ibmsg_dispatch_event_loop_timeout(&h->loop, 1);
+  }
+  return done();
+}
+void run_ms(H *h, double ms) {
+  run_for(h, ms, [] { return false; });
+}
+
+ibmsg_options *ka_options(H *h, int ms, int count = 3) {
+  return options(h, {{IBMSG_OPT_KEEPALIVE, ms}, {IBMSG_OPT_KEEPALIVE_COUNT, count}});
+}
+
+ibmsg_stats stats_of(Conn &c) {
+  ibmsg_stats st;
+  memset(&st, 0xff, sizeof st);
+  expect_code(ibmsg_socket_stats(&c.s, &st, sizeof st), IBMSG_OK);
+  return st;
+}
+
+void keepalive_options_have_limits_and_defaults(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = options(h, {});
+  struct {
+    int opt, def, bad1, bad2, good;
+  } cases[] = {{IBMSG_OPT_KEEPALIVE, 10000, -1, 24 * 3600 * 1000 + 1, 0},
+               {IBMSG_OPT_KEEPALIVE_COUNT, 3, 1, 256, 2},
+               {IBMSG_OPT_ACK_TIMEOUT, 18, -1, 32, 0},
+               {IBMSG_OPT_RETRY_COUNT, 7, -1, 8, 0}};
+  for (auto &c : cases) {
+    int v = -5;
+    size_t len = sizeof v;
+    expect_code(ibmsg_options_get(o, c.opt, &v, &len), IBMSG_OK);
+    assert_int_equal(v, c.def);
+    expect_code(ibmsg_options_set(o, c.opt, &c.bad1, sizeof(int)), IBMSG_EINVAL);
+    expect_code(ibmsg_options_set(o, c.opt, &c.bad2, sizeof(int)), IBMSG_EINVAL);
+    expect_code(ibmsg_options_set(o, c.opt, &c.good, sizeof(int)), IBMSG_OK);
+    len = sizeof v;
+    expect_code(ibmsg_options_get(o, c.opt, &v, &len), IBMSG_OK);
+    assert_int_equal(v, c.good);
+  }
+}
+
+void idle_connection_with_keepalive_stays_up_and_probes(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = ka_options(h, 20);
+  h->accept_opts = o;
+  Pair p = connected(h, o, o);
+  run_ms(h, 400);  // 20 intervals, silent but for the probes
+  assert_int_equal(p.c->closed, 0);
+  assert_int_equal(p.a->closed, 0);
+  ibmsg_stats c = stats_of(*p.c), a = stats_of(*p.a);
+  assert_true(c.keepalives_sent + a.keepalives_sent >= 5);
+  // every probe arrived (but one may be on its way now)
+  assert_true(a.keepalives_received + 1 >= c.keepalives_sent);
+  assert_true(c.keepalives_received + 1 >= a.keepalives_sent);
+  assert_int_equal(c.keepalive_misses + a.keepalive_misses, 0);
+  assert_int_equal(fake::stats().rnr_errors, 0);
+  expect_code(send_msg(*p.c, 100), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1 && p.c->sent_ok == 1);
+  assert_int_equal(stats_of(*p.c).msgs_sent, 1);
+  assert_int_equal(stats_of(*p.c).bytes_sent, 100);
+  assert_int_equal(stats_of(*p.a).msgs_received, 1);
+  assert_int_equal(stats_of(*p.a).bytes_received, 100);
+}
+
+void a_peer_that_stops_answering_closes_both_sides_with_etimedout(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = ka_options(h, 20, 3);
+  h->accept_opts = o;
+  Pair p = connected(h, o, o);
+  expect_code(send_msg(*p.c, 64), IBMSG_OK);
+  RUN_UNTIL(h, p.c->sent_ok == 1);
+  fake::pause_wire(true);  // nothing arrives any more, nothing completes: a cut link
+  const double t0 = now_ms();
+  expect_code(send_msg(*p.c, 64), IBMSG_OK);  // in flight when the link went
+  run_for(h, 1000, [&] { return p.c->closed && p.a->closed; });
+  const double took = now_ms() - t0;
+  fake::pause_wire(false);
+  assert_int_equal(p.c->closed, 1);
+  assert_int_equal(p.a->closed, 1);
+  // The first to give up closes with IBMSG_ETIMEDOUT; the fake's CM still carries its disconnect
+  // (a real partition does not), which may reach the other side first.
+  expect_code(p.c->close_reason == IBMSG_ETIMEDOUT ? p.c->close_reason : p.a->close_reason,
+              IBMSG_ETIMEDOUT);
+  assert_true(p.a->close_reason == IBMSG_ETIMEDOUT || p.a->close_reason == IBMSG_ECONNRESET);
+  assert_true(p.c->close_reason == IBMSG_ETIMEDOUT || p.c->close_reason == IBMSG_ECONNRESET);
+  // interval x count, plus at most a tick (an eighth) and the fake's scheduling
+  assert_true(took >= 60 - 3);
+  assert_true(took <= 60 + 2.5 + 60);
+  assert_int_equal(p.c->sent_ok, 1);
+  assert_int_equal(p.c->sent_canceled + p.c->sent_other, 1);  // exactly one callback
+  assert_int_equal(p.c->sent_at_close, 2);
+}
+
+void a_silent_raw_peer_is_probed_then_timed_out(void **state) {
+  H *h = h_of(state);
+  wire::Hello hello = fake::hello(8);
+  RawPair rp = raw_client(h, hello, 4, {{IBMSG_OPT_KEEPALIVE, 20}, {IBMSG_OPT_KEEPALIVE_COUNT, 4}});
+  RUN_UNTIL(h, rp.a->closed);  // at most 400 rounds of 1 ms... keepalive needs 80
+  expect_code(rp.a->close_reason, IBMSG_ETIMEDOUT);
+  int probes = 0;
+  for (auto &m : rp.r->received) {
+    assert_true(m.has_imm);
+    if (m.imm >> 28 == 2) ++probes;
+    assert_int_equal(m.data.size(), 0);
+  }
+  assert_int_equal(probes, 3);  // at 1, 2 and 3 intervals; closed at 4
+}
+
+void a_peer_without_the_feature_gets_no_probes_and_is_never_timed_out(void **state) {
+  H *h = h_of(state);
+  wire::Hello hello = fake::hello(8);
+  hello.features &= ~wire::kFeatureKeepalive;
+  RawPair rp = raw_client(h, hello, 4, {{IBMSG_OPT_KEEPALIVE, 10}, {IBMSG_OPT_KEEPALIVE_COUNT, 2}});
+  run_ms(h, 200);
+  assert_int_equal(rp.a->closed, 0);
+  assert_int_equal(rp.r->received.size(), 0);
+  // and a probe from it is a protocol error: it did not offer the feature
+  expect_code(rp.r->send(fake::imm(2)), IBMSG_OK);
+  RUN_UNTIL(h, rp.a->closed);
+  expect_code(rp.a->close_reason, IBMSG_EPROTO);
+}
+
+void a_probe_is_answered_at_once_returning_its_control_credit(void **state) {
+  H *h = h_of(state);
+  RawPair rp = raw_client(h, fake::hello(8), 4, {{IBMSG_OPT_KEEPALIVE, 0}});
+  for (int i = 0; i < 10; ++i) {  // more than the control depth: each answer returns the credit
+    const size_t before = rp.r->received.size();
+    expect_code(rp.r->send(fake::imm(2, 0, i ? 1 : 0)), IBMSG_OK);
+    RUN_UNTIL(h, rp.r->received.size() == before + 1);
+    const fake::RawMsg &m = rp.r->received.back();
+    assert_int_equal(m.imm >> 28, 1);               // credit-only
+    assert_int_equal((m.imm >> 16) & 0xff, 1);      // the probe's control credit
+    assert_int_equal(m.data.size(), 0);
+  }
+  assert_int_equal(rp.a->closed, 0);
+  assert_int_equal(stats_of(*rp.a).keepalives_received, 10);
+  assert_int_equal(stats_of(*rp.a).keepalives_sent, 0);  // off on this side: answers all the same
+}
+
+void a_sender_stalled_on_credits_keeps_a_live_peer(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = options(h, {{IBMSG_OPT_KEEPALIVE, 20}, {IBMSG_OPT_RECV_DEPTH, 4},
+                                 {IBMSG_OPT_SHARED_RECV, 0}});
+  h->accept_opts = o;
+  h->hold_accepted = true;
+  Pair p = connected(h, o, o);
+  for (int i = 0; i < 10; ++i) expect_code(send_msg(*p.c, 64), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 4);
+  run_ms(h, 300);  // 15 intervals stalled on credits: the receiver answers the probes
+  assert_int_equal(p.c->closed + p.a->closed, 0);
+  assert_int_equal(p.a->received, 4);
+  assert_int_equal(stats_of(*p.c).credit_stalls, 1);
+  assert_true(stats_of(*p.c).keepalives_sent >= 3);
+  free_held(*p.a);
+  p.a->hold = false;
+  RUN_UNTIL(h, p.a->received == 10 && p.c->sent_ok == 10);
+  assert_int_equal(p.a->bad_order, 0);
+}
+
+std::vector<std::pair<int, std::string>> log_lines;
+void collect_log(ibmsg_event_loop *, ibmsg_socket *, int level, const char *text) {
+  log_lines.emplace_back(level, text);
+}
+
+void the_log_callback_hears_establishment_and_close_and_stats_last_into_closed(void **state) {
+  H *h = h_of(state);
+  log_lines.clear();
+  h->loop.log = collect_log;
+  Pair p = connected(h);
+  int established = 0;
+  for (auto &l : log_lines)
+    if (l.first == IBMSG_LOG_INFO && l.second.find("established") != std::string::npos) ++established;
+  assert_int_equal(established, 2);
+  bool cm = false;
+  for (auto &l : log_lines) cm |= l.first == IBMSG_LOG_DEBUG && l.second.find("CM event") != std::string::npos;
+  assert_true(cm);
+  for (int i = 0; i < 3; ++i) expect_code(send_msg(*p.c, 10), IBMSG_OK);
+  RUN_UNTIL(h, p.c->sent_ok == 3);
+  ibmsg_stats in_closed{};
+  int rc = -1;
+  p.c->when_closed = [&] { rc = ibmsg_socket_stats(&p.c->s, &in_closed, sizeof in_closed); };
+  expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  expect_code(rc, IBMSG_OK);
+  assert_int_equal(in_closed.msgs_sent, 3);
+  assert_int_equal(in_closed.bytes_sent, 30);
+  ibmsg_stats after;
+  expect_code(ibmsg_socket_stats(&p.c->s, &after, sizeof after), IBMSG_EINVAL);  // gone now
+  expect_code(ibmsg_socket_stats(&p.l->s, &after, sizeof after), IBMSG_EINVAL);  // a listener
+  h->loop.log = nullptr;
+}
+
 }  // namespace
 
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      // keepalive
+      T(keepalive_options_have_limits_and_defaults),
+      T(idle_connection_with_keepalive_stays_up_and_probes),
+      T(a_peer_that_stops_answering_closes_both_sides_with_etimedout),
+      T(a_silent_raw_peer_is_probed_then_timed_out),
+      T(a_peer_without_the_feature_gets_no_probes_and_is_never_timed_out),
+      T(a_probe_is_answered_at_once_returning_its_control_credit),
+      T(a_sender_stalled_on_credits_keeps_a_live_peer),
+      T(the_log_callback_hears_establishment_and_close_and_stats_last_into_closed),
       // handshake
       T(connect_and_accept_establish_both_sides_once),
       T(a_message_arrives_with_its_payload),

@@ -96,7 +96,8 @@ static const struct {
     VAL(IBMSG_OPT_RECV_DEPTH) VAL(IBMSG_OPT_SEND_DEPTH) VAL(IBMSG_OPT_SEND_QUEUE)
     VAL(IBMSG_OPT_MAX_MSG_SIZE) VAL(IBMSG_OPT_CONNECT_TIMEOUT) VAL(IBMSG_OPT_RNR_RETRY)
     VAL(IBMSG_OPT_SOURCE_ADDR) VAL(IBMSG_OPT_DEVICE) VAL(IBMSG_OPT_EAGER_SIZE)
-    VAL(IBMSG_OPT_SHARED_RECV)
+    VAL(IBMSG_OPT_SHARED_RECV) VAL(IBMSG_OPT_KEEPALIVE) VAL(IBMSG_OPT_KEEPALIVE_COUNT)
+    VAL(IBMSG_OPT_ACK_TIMEOUT) VAL(IBMSG_OPT_RETRY_COUNT) VAL(IBMSG_LOG_ERROR) VAL(IBMSG_LOG_DEBUG)
     VAL(IBMSG_MSG_IMM) VAL(IBMSG_MSG_REGION)
     VAL(IBMSG_VERSION) VAL(IBMSG_ERRNO_MAX) VAL(IBMSG_EBASE)
 };
@@ -167,7 +168,8 @@ static void options_are_distinct_and_not_zero(void **state) {
                    IBMSG_OPT_MAX_MSG_SIZE, IBMSG_OPT_CONNECT_TIMEOUT, IBMSG_OPT_RNR_RETRY,
                    IBMSG_OPT_SOURCE_ADDR,  IBMSG_OPT_DEVICE,          IBMSG_OPT_RDMA,
                    IBMSG_OPT_RDMA_DEPTH,   IBMSG_OPT_BUSY_POLL,       IBMSG_OPT_EAGER_SIZE,
-                   IBMSG_OPT_SHARED_RECV};
+                   IBMSG_OPT_SHARED_RECV,  IBMSG_OPT_KEEPALIVE,       IBMSG_OPT_KEEPALIVE_COUNT,
+                   IBMSG_OPT_ACK_TIMEOUT,  IBMSG_OPT_RETRY_COUNT};
   size_t i, a = 0, b = 0;
   (void)state;
   if (!all_distinct(v, sizeof v / sizeof v[0], &a, &b))
@@ -259,7 +261,7 @@ static void public_structs_end_in_reserved_room(void **state) {
   (void)state;
   ASSERT_ENDS_IN_RESERVED(ibmsg_buffer, 3);
   ASSERT_ENDS_IN_RESERVED(ibmsg_socket, 4);
-  ASSERT_ENDS_IN_RESERVED(ibmsg_event_loop, 2);
+  ASSERT_ENDS_IN_RESERVED(ibmsg_event_loop, 1); /* log took one in 1.4 */
   ASSERT_ENDS_IN_RESERVED(ibmsg_incoming, 4);
   ASSERT_ENDS_IN_RESERVED(ibmsg_connection_request, 4);
   ASSERT_ENDS_IN_RESERVED(ibmsg_region, 4);

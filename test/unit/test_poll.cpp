@@ -363,6 +363,9 @@ int setup(void **state) {
   H *h = new H();
   if (ibmsg_init_event_loop(&h->loop) != IBMSG_OK) return -1;
   h->loop_alive = true;
+  // No keepalive timer: these tests check that nothing but polling sets the loop's timeout.
+  int off = 0;
+  if (ibmsg_setopt(&h->loop, IBMSG_OPT_KEEPALIVE, &off, sizeof off) != IBMSG_OK) return -1;
   h->loop.user_data = h;
   h->loop.connection_request = on_request;
   h->loop.connection_established = on_established;
