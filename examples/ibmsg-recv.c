@@ -47,6 +47,8 @@ static const char usage_text[] =
     "      --memory          print the peak RSS and the registered memory\n"
     "                        (ibmsg_loop_memory) while the connections were up\n"
     "  -q, --quiet           print only the summary and errors\n"
+    "  -v, --verbose         print ibmsg's log lines (connections, errors, keepalive\n"
+    "                        misses) and each connection's counters at its close\n"
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
     "\n"
@@ -89,6 +91,7 @@ static struct {
   unsigned limit;     /* -c: connections in all, 0: no limit */
   int verify;
   int quiet;
+  int verbose;
   int memory;         /* --memory */
 
   ibmsg_event_loop loop;
@@ -260,6 +263,11 @@ static void on_closed(ibmsg_socket *socket, int reason) {
   }
   if (c->established)
     g.up--;
+  if (g.verbose) {
+    char what[32];
+    snprintf(what, sizeof what, "connection %u", c->number);
+    tool_print_stats(what, socket);
+  }
   /* ECONNRESET: the sender disconnected, the normal end of a connection. */
   if (reason != IBMSG_OK && reason != IBMSG_ECONNRESET) {
     tool_error("connection %u from %s port %u failed after %" PRIu64 " message%s: %s",
@@ -291,6 +299,7 @@ static int parse_args(int argc, char **argv) {
       {"eager-size", required_argument, NULL, OPT_EAGER_SIZE},
       {"memory", no_argument, NULL, OPT_MEMORY},
       {"quiet", no_argument, NULL, 'q'},
+      {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, OPT_VERSION},
       {NULL, 0, NULL, 0}};
@@ -299,7 +308,7 @@ static int parse_args(int argc, char **argv) {
 
   g.port = TOOL_DEFAULT_PORT;
   opterr = 0; /* we print our own one-line errors */
-  while ((opt = getopt_long(argc, argv, ":n:s:c:qh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":n:s:c:qvh", options, NULL)) != -1) {
     switch (opt) {
     case 'n':
       if (tool_parse_uint("-n", optarg, 0, UINT64_MAX / 2, &g.count) != 0)
@@ -326,6 +335,7 @@ static int parse_args(int argc, char **argv) {
         return -1;
       break;
     case 'q': g.quiet = 1; break;
+    case 'v': g.verbose = 1; break;
     case 'h': fputs(usage_text, stdout); exit(TOOL_EXIT_OK);
     case OPT_VERSION: tool_print_version(); exit(TOOL_EXIT_OK);
     case ':': tool_usage_error("option %s needs a value", tool_bad_option(argv)); return -1;
@@ -371,6 +381,8 @@ int main(int argc, char **argv) {
   g.loop.connection_established = on_established;
   g.loop.message_received = on_received;
   g.loop.connection_closed = on_closed;
+  if (g.verbose)
+    g.loop.log = tool_log;
   if ((g.max_size != 0 && tool_setopt_max_size(&g.loop, g.max_size) != 0) ||
       (g.eager_size != 0 && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
                                             (int)g.eager_size) != 0)) {

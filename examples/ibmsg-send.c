@@ -56,6 +56,8 @@ static const char usage_text[] =
     "                        give each connection MS milliseconds to be\n"
     "                        established (default: ibmsg's, 5000)\n"
     "  -q, --quiet           print only the summary and errors\n"
+    "  -v, --verbose         print ibmsg's log lines (connections, errors, keepalive\n"
+    "                        misses) and each connection's counters at its close\n"
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
     "\n"
@@ -109,6 +111,7 @@ static struct {
   uint32_t nconns;
   int verify;
   int quiet;
+  int verbose;
   int memory;          /* --memory */
 
   ibmsg_event_loop loop;
@@ -246,7 +249,12 @@ static void on_sent(ibmsg_socket *socket, ibmsg_buffer *msg, int status) {
 
 static void on_closed(ibmsg_socket *socket, int reason) {
   struct conn *c = socket->user_data;
+  char what[32];
 
+  if (g.verbose) {
+    snprintf(what, sizeof what, "connection %" PRIu32, c->index);
+    tool_print_stats(what, socket);
+  }
   c->open = 0;
   g.open--;
   if (c->established)
@@ -285,6 +293,7 @@ static int parse_args(int argc, char **argv) {
       {"memory", no_argument, NULL, OPT_MEMORY},
       {"connect-timeout", required_argument, NULL, OPT_CONNECT_TIMEOUT},
       {"quiet", no_argument, NULL, 'q'},
+      {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, OPT_VERSION},
       {NULL, 0, NULL, 0}};
@@ -295,7 +304,7 @@ static int parse_args(int argc, char **argv) {
   g.size = 4096;
   g.nconns = 1;
   opterr = 0; /* we print our own one-line errors */
-  while ((opt = getopt_long(argc, argv, ":n:s:c:w:qh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":n:s:c:w:qvh", options, NULL)) != -1) {
     switch (opt) {
     case 'n':
       if (tool_parse_uint("-n", optarg, 0, UINT64_MAX / 2, &g.count) != 0)
@@ -330,6 +339,7 @@ static int parse_args(int argc, char **argv) {
         return -1;
       break;
     case 'q': g.quiet = 1; break;
+    case 'v': g.verbose = 1; break;
     case 'h': fputs(usage_text, stdout); exit(TOOL_EXIT_OK);
     case OPT_VERSION: tool_print_version(); exit(TOOL_EXIT_OK);
     case ':': tool_usage_error("option %s needs a value", tool_bad_option(argv)); return -1;
@@ -425,6 +435,8 @@ int main(int argc, char **argv) {
   g.loop.connection_established = on_established;
   g.loop.message_sent = on_sent;
   g.loop.connection_closed = on_closed;
+  if (g.verbose)
+    g.loop.log = tool_log;
   if ((g.max_size != 0 && tool_setopt_max_size(&g.loop, g.max_size) != 0) ||
       (g.eager_size != 0 && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
                                             (int)g.eager_size) != 0) ||

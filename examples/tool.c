@@ -599,3 +599,23 @@ void tool_sendpool_destroy(struct tool_sendpool *pool) {
   pool->idle = NULL;
   pool->capacity = pool->allocated = pool->live = pool->nidle = 0;
 }
+
+void tool_print_stats(const char *what, const ibmsg_socket *socket) {
+  ibmsg_stats st;
+  if (ibmsg_socket_stats(socket, &st, sizeof st) != IBMSG_OK)
+    return;
+  fprintf(stderr,
+          "%s: %s: sent %" PRIu64 " messages (%" PRIu64 " bytes), received %" PRIu64
+          " (%" PRIu64 " bytes), credit stalls %" PRIu64 ", keepalives sent %" PRIu64
+          ", received %" PRIu64 ", missed %" PRIu64 "\n",
+          tool_name, what, st.msgs_sent, st.bytes_sent, st.msgs_received, st.bytes_received,
+          st.credit_stalls, st.keepalives_sent, st.keepalives_received, st.keepalive_misses);
+}
+
+void tool_log(ibmsg_event_loop *loop, ibmsg_socket *socket, int level, const char *text) {
+  static const char *const names[] = {"", "error", "warn", "info", "debug"};
+  (void)loop;
+  (void)socket;
+  if (level <= IBMSG_LOG_INFO && level >= IBMSG_LOG_ERROR)
+    fprintf(stderr, "%s: log: %s: %s\n", tool_name, names[level], text);
+}

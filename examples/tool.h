@@ -55,6 +55,12 @@ void tool_usage_error(const char *fmt, ...) TOOL_PRINTF(1, 2);
 void tool_info(int quiet, const char *fmt, ...) TOOL_PRINTF(2, 3);
 /** Prints "NAME X.Y.Z (libibmsg X.Y.Z)": the version built against and the one linked. */
 void tool_print_version(void);
+/** -v: the connection's counters (ibmsg_socket_stats) on stderr, prefixed with what. Call it
+ *  from connection_closed, or while the connection is open. */
+void tool_print_stats(const char *what, const ibmsg_socket *socket);
+/** -v: a log callback (ibmsg_event_loop.log) printing the library's lines up to
+ *  IBMSG_LOG_INFO (IBMSG_DEBUG=4 in the environment prints all of them) on stderr. */
+void tool_log(ibmsg_event_loop *loop, ibmsg_socket *socket, int level, const char *text);
 
 /* ---- option values: each returns 0, or prints one line and returns -1 ---------------------- */
 
