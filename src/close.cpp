@@ -97,12 +97,13 @@ void socket_close(Socket *s, int reason) {
     }
   }
   s->close_reason = reason;
+  recv_closing(s);
+  set_state(s, close_event(s));
+  // (after the state changed: a log callback that calls the API finds the socket closing)
   if (reason != IBMSG_OK)
     IBMSG_LOG(s, reason == IBMSG_ECONNRESET ? IBMSG_LOG_INFO : IBMSG_LOG_ERROR, "closing: %s (%s)",
               error_text(reason), error_name(reason));
   else IBMSG_LOG(s, IBMSG_LOG_INFO, "closing");
-  recv_closing(s);
-  set_state(s, close_event(s));
   s->loop->closing.push_back(s);
   loop_kick(s->loop);
 }

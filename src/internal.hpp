@@ -184,6 +184,7 @@ struct ibmsg__loop {
   ibmsg::List<Socket, &Socket::ka_node> keepalive;  // connections with keepalive (keepalive.cpp)
   ibmsg::Timer ka_timer;
   double ka_tick = 0;
+  double ka_last = 0;  // loop time of the last tick
   int debug = 0;  // IBMSG_DEBUG: the level up to which log lines go to stderr (log.cpp)
   // While a closed callback runs: the socket and its last counters (ibmsg_socket_stats).
   const ibmsg_socket *closed_pub = nullptr;

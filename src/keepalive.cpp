@@ -29,6 +29,7 @@ void probe(Socket *s, double now) {
 }
 
 void arm(Loop *loop, double tick) {
+  if (!loop->ka_timer.node.linked()) loop->ka_last = ev_now(loop->ev);
   loop->ka_tick = tick;
   timer_start(&loop->ka_timer, tick);
 }
@@ -36,6 +37,10 @@ void arm(Loop *loop, double tick) {
 void on_tick(Timer *t) {
   Loop *loop = static_cast<Loop *>(t->data);
   const double now = ev_now(loop->ev);
+  // A loop the application did not run for a while asked nothing meanwhile: its connections
+  // probe now and give the peers their intervals to answer, rather than close at once.
+  const bool loop_late = now - loop->ka_last > 2 * loop->ka_tick;
+  loop->ka_last = now;
   // The completions of a loop that did not run for a while may still wait in the CQs: before
   // a connection is found silent, they are read.
   bool late = false;
@@ -54,6 +59,7 @@ void on_tick(Timer *t) {
       s->live.heard_at = now;
       continue;
     }
+    if (loop_late && now - s->live.heard_at > iv) s->live.heard_at = s->live.probed_at = now - iv;
     const double silent = now - s->live.heard_at;
     if (silent >= iv * s->opts.keepalive_count) {
       ++s->stats.keepalive_misses;

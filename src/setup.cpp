@@ -125,9 +125,10 @@ bool set_state(Socket *s, Event ev) {
     note_invalid_transition(s->state, ev);
     return false;
   }
-  IBMSG_LOG(s, IBMSG_LOG_DEBUG, "state %s -> %s", state_name(s->state), state_name(next));
+  const State before = s->state;
   s->state = next;
   s->pub->status = public_status(next, s->close_reason);
+  IBMSG_LOG(s, IBMSG_LOG_DEBUG, "state %s -> %s", state_name(before), state_name(next));
   return true;
 }
 

@@ -19,6 +19,7 @@ extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
 }
 
 #include <poll.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -2081,12 +2082,25 @@ void a_peer_that_stops_answering_closes_both_sides_with_etimedout(void **state) 
               IBMSG_ETIMEDOUT);
   assert_true(p.a->close_reason == IBMSG_ETIMEDOUT || p.a->close_reason == IBMSG_ECONNRESET);
   assert_true(p.c->close_reason == IBMSG_ETIMEDOUT || p.c->close_reason == IBMSG_ECONNRESET);
-  // interval x count, plus at most a tick (an eighth) and the fake's scheduling
-  assert_true(took >= 60 - 3);
+  // interval x count after the last message heard (just before the pause), plus at most a tick
+  // (an eighth) and the fake's scheduling: not after the first or second silent interval
+  assert_true(took >= 40);
   assert_true(took <= 60 + 2.5 + 60);
   assert_int_equal(p.c->sent_ok, 1);
   assert_int_equal(p.c->sent_canceled + p.c->sent_other, 1);  // exactly one callback
   assert_int_equal(p.c->sent_at_close, 2);
+}
+
+void a_loop_not_run_for_longer_than_the_bound_probes_before_it_judges(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = ka_options(h, 20, 3);
+  h->accept_opts = o;
+  Pair p = connected(h, o, o);
+  run_ms(h, 50);
+  usleep(200 * 1000);  // the application did not run the loop: 10 intervals
+  run_ms(h, 200);
+  assert_int_equal(p.c->closed + p.a->closed, 0);
+  assert_true(stats_of(*p.c).keepalives_sent + stats_of(*p.a).keepalives_sent >= 2);
 }
 
 void a_silent_raw_peer_is_probed_then_timed_out(void **state) {
@@ -2199,6 +2213,7 @@ int main(void) {
       T(idle_connection_with_keepalive_stays_up_and_probes),
       T(a_peer_that_stops_answering_closes_both_sides_with_etimedout),
       T(a_silent_raw_peer_is_probed_then_timed_out),
+      T(a_loop_not_run_for_longer_than_the_bound_probes_before_it_judges),
       T(a_peer_without_the_feature_gets_no_probes_and_is_never_timed_out),
       T(a_probe_is_answered_at_once_returning_its_control_credit),
       T(a_sender_stalled_on_credits_keeps_a_live_peer),
