@@ -9,11 +9,25 @@ stty raw -echo <&3; stty raw -echo <&4   # byte-exact output: no \n -> \r\n
 exec 2>&4
 
 ip link set lo up
-ip link add rdma0 type dummy || fail "cannot create the dummy device"
-ip link set rdma0 mtu 9000 up
-ip addr add 169.254.7.1/32 dev rdma0
-ip -6 addr add fd00::1/128 dev rdma0 nodad
-rdma link add rxe0 type rxe netdev rdma0 || fail "rdma link add rxe0 failed"
+if [ -f $share/twohost ]; then
+  # Two hosts: rxe0 on the virtio card that leads to the other VM (through the relay).
+  host=$(cat $share/twohost) peer=$((3 - $(cat $share/twohost)))
+  for i in $(seq 50); do [ -e /sys/class/net/eth0 ] && break; sleep 0.1; done
+  ip link set eth0 mtu 9000 up || fail "no network card eth0"
+  ip addr add 169.254.7.$host/24 dev eth0
+  ip -6 addr add fd00::$host/64 dev eth0 nodad
+  # Permanent neighbours: no ARP or ND, so a cut link never leaves a failed entry behind.
+  ip neigh replace 169.254.7.$peer lladdr 52:54:00:49:42:0$peer dev eth0 nud permanent
+  ip -6 neigh replace fd00::$peer lladdr 52:54:00:49:42:0$peer dev eth0 nud permanent
+  rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 failed"
+  mkfifo /run/softroce-sleep   # ibmsg-link naps on it
+else
+  ip link add rdma0 type dummy || fail "cannot create the dummy device"
+  ip link set rdma0 mtu 9000 up
+  ip addr add 169.254.7.1/32 dev rdma0
+  ip -6 addr add fd00::1/128 dev rdma0 nodad
+  rdma link add rxe0 type rxe netdev rdma0 || fail "rdma link add rxe0 failed"
+fi
 for i in $(seq 50); do
   grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state 2>/dev/null && break
   sleep 0.1
