@@ -44,7 +44,7 @@ class Credits {
   void init(uint32_t peer_recv_depth, uint32_t peer_ctrl_depth, uint32_t my_recv_depth,
             uint32_t peer_cap = 0, ShareConn *shares = nullptr, bool shared_wire = false) {
     data_ = base_ = peer_recv_depth;
-    limit_ = peer_cap > peer_recv_depth ? peer_cap : peer_recv_depth;
+    limit_ = shared_wire && peer_cap > peer_recv_depth ? peer_cap : peer_recv_depth;
     ctrl_ = ctrl_limit_ = peer_ctrl_depth;
     depth_ = my_recv_depth;
     threshold_ = my_recv_depth / 2 ? my_recv_depth / 2 : 1;
@@ -149,7 +149,7 @@ class Credits {
     if (sc_ && wire_shared_ && sc_->granted > depth_ && granted_ctrl_ <= 1 &&
         owed_ctrl_ >= kCtrlDepth / 2)
       return true;
-    return (ctrl_needed() || news) && ctrl_ >= 2;
+    return (ctrl_needed() || news) && (ctrl_ >= 2 || ctrl_limit_ < 2);
   }
 
   uint32_t data() const { return data_; }

@@ -214,8 +214,7 @@ void drop_slot(Socket *s, Slot *slot) {
 void rndv_on_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   wire::RndvKind kind;
   if (!(s->features & wire::kFeatureRndv) || !wire::rndv_kind(slot->buf, wc.len, &kind)) {
-    slot->state = SlotState::Free;
-    socket_close(s, IBMSG_EPROTO);  // not agreed on, or neither RTS nor FIN
+    recv_drop(s, slot, IBMSG_EPROTO);  // not agreed on, or neither RTS nor FIN
     return;
   }
   if (kind == wire::RndvKind::Rts) on_rts(s, slot, wc, imm);

@@ -58,6 +58,7 @@ bool decode_imm(uint32_t value, Imm *out) {
   out->credits = value & 0xffff;
   out->ctrl_credits = (value >> 16) & 0xff;
   out->op = Opcode(value >> 28);
+  out->wants = false;
   return true;
 }
 

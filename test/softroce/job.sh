@@ -20,7 +20,6 @@ if [ -f $share/twohost ]; then
   ip neigh replace 169.254.7.$peer lladdr 52:54:00:49:42:0$peer dev eth0 nud permanent
   ip -6 neigh replace fd00::$peer lladdr 52:54:00:49:42:0$peer dev eth0 nud permanent
   rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 failed"
-  mkfifo /run/softroce-sleep   # ibmsg-link naps on it
 else
   ip link add rdma0 type dummy || fail "cannot create the dummy device"
   ip link set rdma0 mtu 9000 up

@@ -520,14 +520,14 @@ void hellos_offer_a_base_of_2_and_the_cap(void **state) {
   H *h = h_of(state);
   for (int depth : {32, 8, 1}) {  // the connecting side's
     wire::Hello mine = hello_of_client(h, options(h, {{IBMSG_OPT_RECV_DEPTH, depth}}));
-    assert_int_equal(mine.minor, 3);
+    assert_int_equal(mine.minor, wire::kMinor);
     assert_true(mine.features & wire::kFeatureShared);
     assert_int_equal(mine.recv_depth, depth < 2 ? depth : 2);
     assert_int_equal(mine.cap, depth);
     assert_int_equal(mine.ctrl_depth, 4);
   }
   RawPair p = raw_client(h, hello13(8, 8));  // the accepting side's
-  assert_int_equal(p.mine.minor, 3);
+  assert_int_equal(p.mine.minor, wire::kMinor);
   assert_true(p.mine.features & wire::kFeatureShared);
   assert_int_equal(p.mine.recv_depth, 2);
   assert_int_equal(p.mine.cap, 32);

@@ -182,6 +182,28 @@ void imm_decode_accepts_every_unreserved_bit(void **) {
   assert_int_equal(op_value(out.op), 15);
 }
 
+// Found by test/fuzz/fuzz_imm: decode_imm into an Imm that held another message kept its wants
+// field, so that a reused Imm with wants set re-encoded credits 0x8001 as 0xffff. Every field of
+// the result comes from the value alone.
+void imm_decode_into_a_used_imm_depends_on_the_value_only(void **) {
+  for (uint32_t v : {0x00008001u, 0x10018000u, 0x00010003u, 0xffffffffu, 0u}) {
+    wire::Imm used;
+    used.op = wire::Opcode::Return;
+    used.credits = 12345;
+    used.ctrl_credits = 7;
+    used.done = 3;
+    used.wants = true;
+    assert_true(wire::decode_imm(v, &used));
+    if (used.wants) fail_msg("0x%08x decoded into a used Imm keeps its wants field", v);
+    assert_int_equal(used.credits, v & 0xffff);
+    assert_int_equal(used.ctrl_credits, v >> 16 & 0xff);
+    assert_int_equal(used.done, v >> 24 & 0x0f);
+    assert_int_equal(op_value(used.op), v >> 28);
+    if (wire::encode_imm(used) != v)
+      fail_msg("0x%08x decoded into a used Imm encodes to 0x%08x", v, wire::encode_imm(used));
+  }
+}
+
 // --- Hello --------------------------------------------------------------------------------------
 
 const char *result_name(wire::HelloResult r) {
@@ -727,13 +749,14 @@ void feature_bits_have_their_documented_values(void **) {
   assert_int_equal(wire::kFeatureImm, 1u << 1);
   assert_int_equal(wire::kFeatureRndv, 1u << 2);
   assert_int_equal(wire::kFeatureShared, 1u << 3);
-  assert_int_equal(wire::kFeatures,
-                   wire::kFeatureRdma | wire::kFeatureImm | wire::kFeatureRndv | wire::kFeatureShared);
+  assert_int_equal(wire::kFeatureKeepalive, 1u << 4);
+  assert_int_equal(wire::kFeatures, wire::kFeatureRdma | wire::kFeatureImm | wire::kFeatureRndv |
+                                        wire::kFeatureShared | wire::kFeatureKeepalive);
   assert_int_equal(wire::kFeatureRdma & wire::kFeatureImm, 0);
   // The features came with protocol 1.1 (a 1.0 peer sends features 0), rendezvous with 1.2,
-  // shared receive buffers with 1.3.
+  // shared receive buffers with 1.3, keepalive with 1.4.
   assert_int_equal(wire::kMajor, 1);
-  assert_int_equal(wire::kMinor, 3);
+  assert_int_equal(wire::kMinor, 4);
   wire::Hello h;
   assert_int_equal(h.features, wire::kFeatures);  // a hello offers everything by default
 }
@@ -1132,6 +1155,7 @@ int main(void) {
       cmocka_unit_test(imm_encode_clamps_oversized_fields_instead_of_spilling),
       cmocka_unit_test(imm_done_count_round_trips),
       cmocka_unit_test(imm_decode_accepts_every_unreserved_bit),
+      cmocka_unit_test(imm_decode_into_a_used_imm_depends_on_the_value_only),
       cmocka_unit_test(hello_round_trips),
       cmocka_unit_test(hello_round_trips_the_largest_values),
       cmocka_unit_test(hello_round_trips_the_smallest_values),
