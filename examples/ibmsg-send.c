@@ -153,6 +153,12 @@ static void pump(struct conn *c) {
       tool_sendpool_put(&c->pool, msg);
       return;
     }
+    if (rc == IBMSG_ENOTCONN && c->socket.status != IBMSG_CONNECTED) {
+      /* Closing (a message confirmed during the close got us here): connection_closed comes
+       * next and tells why. */
+      tool_sendpool_put(&c->pool, msg);
+      return;
+    }
     if (rc != IBMSG_OK) {
       tool_sendpool_put(&c->pool, msg);
       tool_error("connection %" PRIu32 ": cannot send message %" PRIu64 ": %s", c->index,

@@ -366,6 +366,10 @@ void on_completion(Socket *s, const tp::Completion &wc) {
     if (wc.status != tp::WcStatus::Ok || carried > s->ctrl_in_flight) carried = 0;
     s->ctrl_in_flight -= carried;
   }
+  if (wc.status != tp::WcStatus::Ok && wc.status != tp::WcStatus::Flushed &&
+      s->state != State::Closing)
+    IBMSG_LOG(s, IBMSG_LOG_INFO, "a work request failed: %s",
+              wc.status_text ? wc.status_text : "transport error");
   switch (wc.ctx->op) {
     case tp::Op::Recv: on_recv_wc(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
     case tp::Op::Send: on_send_wc(s, static_cast<Slot *>(wc.ctx->owner), wc); break;

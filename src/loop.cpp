@@ -88,6 +88,9 @@ int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev) {
   }
   ev_io_init(&loop->cm_watcher, on_cm_readable, tp::cm_channel_fd(loop->cm), EV_READ);
   loop->cm_watcher.data = loop;
+  // Connection events before completions and timers of the same round: after a stall (a
+  // process stopped and resumed), a peer's disconnect is seen before the posts it makes fail.
+  ev_set_priority(&loop->cm_watcher, 1);
   ev_io_start(loop->ev, &loop->cm_watcher);
   ev_idle_init(&loop->idle, on_idle);
   // libev runs an idle watcher only when nothing of its priority or higher is pending: at the

@@ -158,6 +158,7 @@ int cq_poll(Cq *c, Completion *out, int max) {
     o.imm = o.has_imm ? ntohl(wc[i].imm_data) : 0;
     o.len = wc[i].byte_len;
     o.qp_num = wc[i].qp_num;
+    o.status_text = wc[i].status == IBV_WC_SUCCESS ? nullptr : ibv_wc_status_str(wc[i].status);
   }
   return n;
 }

@@ -57,6 +57,7 @@ struct Completion {
   bool write_imm; // a receive consumed by the peer's RDMA write with immediate (len: bytes written)
   uint32_t qp_num;  // the queue pair it is of (a receive from a shared receive queue names no
                     // connection of its own: qp_num says whose message it took)
+  const char *status_text;  // a failed one: the driver's words for its status (for logs)
 };
 
 // --- devices --------------------------------------------------------------------------------

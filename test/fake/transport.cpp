@@ -337,7 +337,8 @@ void cq_push(Cq *c, Qp *qp, bool send, Completion wc, uint32_t retire = 1) {
 void complete_recv(Qp *q, WorkCtx *ctx, WcStatus st, bool has_imm = false, uint32_t imm = 0,
                    uint32_t len = 0, bool write_imm = false) {
   if (!q->srq) ++q->recv_unpolled;
-  cq_push(q->cq, q, false, Completion{ctx, st, has_imm, has_imm ? imm : 0, len, write_imm, 0});
+  cq_push(q->cq, q, false,
+          Completion{ctx, st, has_imm, has_imm ? imm : 0, len, write_imm, 0, nullptr});
 }
 
 // An unsignaled send that succeeded makes no completion: its slot in the send queue is freed
@@ -351,7 +352,7 @@ void complete_send(Qp *q, WorkCtx *ctx, WcStatus st, bool signaled = true) {
   if (st == WcStatus::Ok && ctx->op == Op::Ctrl) ++g.stats.ctrl_cqes;
   uint32_t retire = 1 + q->unsignaled_done;
   q->unsignaled_done = 0;
-  cq_push(q->cq, q, true, Completion{ctx, st, false, 0, 0, false, 0}, retire);
+  cq_push(q->cq, q, true, Completion{ctx, st, false, 0, 0, false, 0, nullptr}, retire);
 }
 
 // Moves a QP to the error state: everything posted completes as flushed, in order.

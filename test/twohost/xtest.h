@@ -1,0 +1,127 @@
+/*
+ * xtest.h - the frame of a cmocka test that runs on both hosts of test/twohost/run: named
+ * barriers that keep the ibmsg loop running (X_SYNC), a test start both hosts meet at (X_BEGIN),
+ * connecting the two hosts (x_pair), an end that closes everything (x_finish), and a teardown
+ * that makes the peer give up on the barriers of a test that failed here (X_TEST).
+ *
+ * Included by a test program after ../integration/harness.c (compiled into the program), so
+ * everything here is static to it.
+ */
+#ifndef IBMSG_TEST_XTEST_H
+#define IBMSG_TEST_XTEST_H
+
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "twohost.h"
+
+#define BEGIN_MS 120000 /* the peer may still be failing its previous test */
+#define SYNC_MS 60000
+
+#if defined(__GNUC__)
+#define X_UNUSED __attribute__((unused))
+#else
+#define X_UNUSED
+#endif
+
+/* --- two hosts ----------------------------------------------------------------------------- */
+
+static const char *x_test = "(none)"; /* the running test: barrier names start with it */
+static int x_done;                    /* it got through x_finish() */
+
+static X_UNUSED void x_idle(void *arg) {
+  h_ctx *ctx = arg;
+  if (ctx && ctx->loop_initialized) ctx->step(ctx, 5);
+}
+
+/* Barrier "TEST:step" with the peer, running the loop meanwhile; data is swapped when mine or
+ * theirs is given. Fails the test if the peer does not come. */
+static X_UNUSED void x_exchange_at(h_ctx *ctx, const char *step, const char *mine, char *theirs,
+                                   size_t len, int timeout_ms, const char *file, int line) {
+  char name[160];
+  snprintf(name, sizeof name, "%s:%s", x_test, step);
+  if (twohost_exchange_idle(name, mine, theirs, len, timeout_ms, x_idle, ctx) != 0)
+    h_fail_at(file, line, "%s", twohost_error());
+  if (ctx) h_check_errors_at(ctx, file, line);
+}
+#define X_EXCHANGE(ctx, step, mine, theirs, len)                                                \
+  x_exchange_at((ctx), (step), (mine), (theirs), (len), SYNC_MS, __FILE__, __LINE__)
+#define X_SYNC(ctx, step) x_exchange_at((ctx), (step), NULL, NULL, 0, SYNC_MS, __FILE__, __LINE__)
+
+/* Starts a test on both hosts: both are past their previous test and have a fresh context. */
+#define X_BEGIN(ctx)                                                                            \
+  do {                                                                                          \
+    x_test = __func__;                                                                          \
+    x_done = 0;                                                                                 \
+    x_exchange_at((ctx), "begin", NULL, NULL, 0, BEGIN_MS, __FILE__, __LINE__);                 \
+  } while (0)
+
+/* The record this host's end of the connection of x_pair() will use: set flags on it (hold,
+ * verify ...) before x_pair(), so that they are in force from the first message on. */
+static X_UNUSED h_conn *x_local(h_ctx *ctx) {
+  return twohost_is_server() ? &ctx->servers[ctx->n_servers] : &ctx->clients[ctx->n_clients];
+}
+
+/* Connects the two hosts: the server listens on its address (IPv4, or IPv6 with ipv6) and
+ * tells the client its port; both wait until their end is established. Returns this host's
+ * end. */
+static X_UNUSED h_conn *x_pair_at(h_ctx *ctx, int ipv6, const char *file, int line) {
+  char port[16];
+  h_conn *c;
+  unsigned long p;
+  char *end;
+  uint64_t start = h_now_ms();
+
+  if (twohost_is_server()) {
+    h_listen(ctx, ipv6 ? twohost_addr6() : twohost_addr(), 4);
+    snprintf(port, sizeof port, "%u", (unsigned)ctx->port);
+    x_exchange_at(ctx, "listening", port, NULL, 0, SYNC_MS, file, line);
+    H_RUN_UNTIL(ctx, ctx->n_servers == 1 && (ctx->servers[0].established || ctx->servers[0].closed),
+                H_TIMEOUT_MS);
+    c = &ctx->servers[0];
+    H_CHECK(!c->closed, "the accepted connection closed with %s instead of connecting",
+            ibmsg_err_name(c->close_reason));
+  } else {
+    x_exchange_at(ctx, "listening", NULL, port, sizeof port, SYNC_MS, file, line);
+    p = strtoul(port, &end, 10);
+    H_CHECK(*end == 0 && p > 0 && p < 65536, "the server sent '%s' as its port", port);
+    c = h_connect(ctx, ipv6 ? twohost_peer_addr6() : twohost_peer_addr(), (unsigned short)p);
+    H_RUN_UNTIL(ctx, c->established || c->closed, H_TIMEOUT_MS);
+    H_CHECK(!c->closed, "connecting to %s port %lu failed: %s",
+            ipv6 ? twohost_peer_addr6() : twohost_peer_addr(), p, ibmsg_err_name(c->close_reason));
+  }
+  H_ASSERT_STATUS(c->sock.status, IBMSG_CONNECTED, "status of this host's end");
+  x_exchange_at(ctx, "connected", NULL, NULL, 0, SYNC_MS, file, line);
+  print_message("  %s: connected over %s in %llu ms\n", twohost_role(), ipv6 ? "IPv6" : "IPv4",
+                (unsigned long long)(h_now_ms() - start));
+  return c;
+}
+#define x_pair(ctx, ipv6) x_pair_at((ctx), (ipv6), __FILE__, __LINE__)
+
+/* Ends a test: once both hosts are done checking, closes everything (the client disconnects,
+ * the server waits for that) and destroys the loop, asserting each step. */
+static X_UNUSED void x_finish(h_ctx *ctx) {
+  X_SYNC(ctx, "checked");
+  h_finish(ctx);
+  x_done = 1;
+}
+
+/* cmocka teardown: a test that did not get through x_finish() failed on this host; the peer's
+ * waits at its remaining barriers then fail at once. */
+static X_UNUSED int x_teardown(void **state) {
+  char prefix[160];
+  if (!x_done) {
+    snprintf(prefix, sizeof prefix, "%s:", x_test);
+    if (twohost_abandon(prefix) != 0) print_error("%s\n", twohost_error());
+  }
+  x_done = 1;
+  return h_teardown(state);
+}
+#define X_TEST(f) cmocka_unit_test_setup_teardown(f, h_setup, x_teardown)
+
+static X_UNUSED void x_assert_open(h_conn *c) {
+  H_CHECK(!c->closed, "%s closed with %s: a message was probably sent without a credit", c->name,
+          ibmsg_err_name(c->close_reason));
+}
+
+#endif /* IBMSG_TEST_XTEST_H */
