@@ -1,10 +1,12 @@
 #!/bin/sh
 # demo.sh - show ibmsg at work: ibmsg-recv and ibmsg-send exchange verified messages, and
-# ibmsg-rdma writes into a server's buffer with RDMA and reads it back.
+# ibmsg-rdma writes into a server's buffer with RDMA and reads it back; then, between two VMs
+# (examples/demo-twohost.sh), messages cross an emulated network and a cut link is reported.
 #
 # Run by `make demo` from the build directory, where the tools are ./examples/ibmsg-*.
 # With IBMSG_TEST_ADDR set (the address of a real RDMA device, or we are inside the Soft-RoCE
-# VM) it runs right here; otherwise it runs itself again inside the VM (test/softroce/run).
+# VM) it runs right here, one host only; otherwise it runs itself again inside the VM
+# (test/softroce/run), then the two-host round on two VMs (test/softroce/run --hosts 2).
 # Exits non-zero if anything failed.
 set -u
 
@@ -13,7 +15,16 @@ srcdir=$(cd "$(dirname "$0")/.." && pwd) || exit 1
 
 if [ -z "${IBMSG_TEST_ADDR:-}" ]; then
   echo "demo: IBMSG_TEST_ADDR is not set: running the demo in a Soft-RoCE VM (about a minute)"
-  exec "$srcdir/test/softroce/run" --timeout 600 -- "$me" "$@"
+  "$srcdir/test/softroce/run" --timeout 600 -- "$me" "$@"
+  one=$?
+  echo
+  echo "demo: and between two Soft-RoCE VMs linked by an emulated network (about two minutes)"
+  "$srcdir/test/softroce/run" --hosts 2 --timeout 600 -- "$srcdir/examples/demo-twohost.sh"
+  two=$?
+  echo
+  if [ "$one" = 0 ] && [ "$two" = 0 ]; then echo "demo: one host and two hosts passed"; exit 0; fi
+  echo "demo: FAILED (one host: exit status $one, two hosts: exit status $two)"
+  exit 1
 fi
 
 # The tools: IBMSG_DEMO_BINDIR, else the build directory we run in (make demo), else the

@@ -19,10 +19,12 @@ double interval(const Socket *s) { return s->opts.keepalive_ms / 1000.0; }
 // A probe, with the control credit rules of maybe_send_ctrl: the last control credit only when
 // it returns some of the peer's (so that both sides never end up owing each other the control
 // credits that neither can send).
+// The interval counts as probed either way: a probe that finds no credit (its earlier ones are
+// still unacknowledged: the link is down) is missed once per interval, not at every tick.
 void probe(Socket *s, double now) {
+  s->live.probed_at = now;
   if (s->ctrl_in_flight >= kCtrlDepth || !s->credits.can_send_ctrl()) return;
   if (s->credits.ctrl() < 2 && s->credits.owed_ctrl() == 0) return;
-  s->live.probed_at = now;
   ++s->stats.keepalives_sent;
   IBMSG_LOG(s, IBMSG_LOG_DEBUG, "keepalive probe: nothing heard for %.3f s", now - s->live.heard_at);
   post_ctrl(s, 0, false, wire::Opcode::Keepalive);

@@ -1193,8 +1193,8 @@ static const struct hs_case cases[] = {
     CLOSED("credit_only_beyond_control_credits", act_ctrl_beyond_credits, IBMSG_EPROTO),
     CLOSED("data_above_eager_size", act_data_above_eager, IBMSG_EPROTO),
     CLOSED("data_imm_above_eager_size", act_data_imm_above_eager, IBMSG_EPROTO),
-    /* ibmsg(7): "a data message ... larger than the max_msg_size from its own hello" closes
-     * with IBMSG_EPROTO, also one that does not fit the receive buffer. */
+    /* ibmsg(7) WIRE PROTOCOL: one too large for the receive buffer fails in the device:
+     * IBMSG_EIO. */
     CLOSED("data_above_receive_buffer", act_data_above_buffer, IBMSG_EIO),
     CLOSED("data_imm_shorter_than_trailer", act_data_imm_short, IBMSG_EPROTO),
     CLOSED("data_imm_empty", act_data_imm_empty, IBMSG_EPROTO),

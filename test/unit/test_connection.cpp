@@ -2066,6 +2066,11 @@ void a_peer_that_stops_answering_closes_both_sides_with_etimedout(void **state) 
   ibmsg_options *o = ka_options(h, 20, 3);
   h->accept_opts = o;
   Pair p = connected(h, o, o);
+  ibmsg_stats cst, ast;
+  memset(&cst, 0xff, sizeof cst);
+  memset(&ast, 0xff, sizeof ast);
+  p.c->when_closed = [&] { expect_code(ibmsg_socket_stats(&p.c->s, &cst, sizeof cst), IBMSG_OK); };
+  p.a->when_closed = [&] { expect_code(ibmsg_socket_stats(&p.a->s, &ast, sizeof ast), IBMSG_OK); };
   expect_code(send_msg(*p.c, 64), IBMSG_OK);
   RUN_UNTIL(h, p.c->sent_ok == 1);
   fake::pause_wire(true);  // nothing arrives any more, nothing completes: a cut link
@@ -2089,6 +2094,30 @@ void a_peer_that_stops_answering_closes_both_sides_with_etimedout(void **state) 
   assert_int_equal(p.c->sent_ok, 1);
   assert_int_equal(p.c->sent_canceled + p.c->sent_other, 1);  // exactly one callback
   assert_int_equal(p.c->sent_at_close, 2);
+  // A miss per silent interval after the first, whether or not a probe could go out (nothing
+  // completes: the first probe holds its control credit), and the close: at most count.
+  assert_true(cst.keepalive_misses <= 3);
+  assert_true(ast.keepalive_misses <= 3);
+  assert_true(cst.keepalive_misses + ast.keepalive_misses >= 1);
+}
+
+void misses_count_once_per_interval_when_no_probe_can_go(void **state) {
+  H *h = h_of(state);
+  ibmsg_options *o = ka_options(h, 20, 8);  // more intervals than control credits for probes
+  h->accept_opts = o;
+  Pair p = connected(h, o, o);
+  ibmsg_stats cst;
+  memset(&cst, 0xff, sizeof cst);
+  p.c->when_closed = [&] { expect_code(ibmsg_socket_stats(&p.c->s, &cst, sizeof cst), IBMSG_OK); };
+  fake::pause_wire(true);  // a cut link: the probes never complete, their credits never return
+  run_for(h, 2000, [&] { return p.c->closed && p.a->closed; });
+  fake::pause_wire(false);
+  assert_int_equal(p.c->closed, 1);
+  assert_true(cst.keepalives_sent < 8);  // some intervals found no credit for a probe
+  // one miss per interval after the first, sent or not, and the close (at a tick, 2.5 ms, a
+  // silent interval may count twice at most)
+  assert_true(cst.keepalive_misses >= 7);
+  assert_true(cst.keepalive_misses <= 9);
 }
 
 void a_loop_not_run_for_longer_than_the_bound_probes_before_it_judges(void **state) {
@@ -2211,6 +2240,7 @@ int main(void) {
       // keepalive
       T(keepalive_options_have_limits_and_defaults),
       T(idle_connection_with_keepalive_stays_up_and_probes),
+      T(misses_count_once_per_interval_when_no_probe_can_go),
       T(a_peer_that_stops_answering_closes_both_sides_with_etimedout),
       T(a_silent_raw_peer_is_probed_then_timed_out),
       T(a_loop_not_run_for_longer_than_the_bound_probes_before_it_judges),
