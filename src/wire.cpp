@@ -197,4 +197,23 @@ bool decode_fin(const void *data, size_t len, Fin *out) {
   return true;
 }
 
+void encode_req_trailer(const ReqTrailer &t, uint8_t out[kReqTrailer]) {
+  put64(out, t.id);
+  out[8] = uint8_t((t.has_imm ? 1 : 0) | (t.retry ? 2 : 0));
+  out[9] = out[10] = out[11] = 0;
+  put32(out + 12, t.has_imm ? t.imm : 0);
+}
+
+bool decode_req_trailer(const void *payload, size_t len, ReqTrailer *out) {
+  if (!payload || len < kReqTrailer) return false;
+  const uint8_t *p = static_cast<const uint8_t *>(payload) + len - kReqTrailer;
+  const uint32_t imm = get32(p + 12);
+  if ((p[8] & ~3u) || p[9] || p[10] || p[11] || (!(p[8] & 1) && imm)) return false;
+  out->id = get64(p);
+  out->has_imm = (p[8] & 1) != 0;
+  out->retry = (p[8] & 2) != 0;
+  out->imm = imm;
+  return true;
+}
+
 }  // namespace ibmsg::wire

@@ -42,6 +42,8 @@ enum class Opcode : uint8_t {
   RdmaNotice = 4,  // reserved
   DataImm = 5,     // a message whose payload ends in a 4-byte application immediate
   Return = 6,      // credit-only, gives data credits back (credits field): kFeatureShared
+  Request = 7,     // a data message that asks for a reply: payload + ReqTrailer (kFeatureRequest)
+  Reply = 8,       // a data message that answers a Request: payload + ReqTrailer (kFeatureRequest)
 };
 constexpr uint32_t kImmTrailer = 4;  // bytes a DataImm message adds after the payload
 constexpr uint8_t kOpcodeCount = 16;  // the opcode field has 4 bits
@@ -91,6 +93,9 @@ constexpr uint32_t kFeatureShared = 1u << 3;
 // credit-only message if nothing else goes), so a peer that hears nothing from it for long knows
 // it is dead, frozen or cut off.
 constexpr uint32_t kFeatureKeepalive = 1u << 4;
+// Requests (protocol 1.5, work in progress: not yet in kFeatures): Request and Reply messages,
+// whose payload ends in a ReqTrailer naming the request.
+constexpr uint32_t kFeatureRequest = 1u << 5;
 // every feature this version offers
 constexpr uint32_t kFeatures =
     kFeatureRdma | kFeatureImm | kFeatureRndv | kFeatureShared | kFeatureKeepalive;
@@ -195,5 +200,21 @@ void encode_fin(const Fin &f, uint8_t out[kFinSize]);
 bool rndv_kind(const void *data, size_t len, RndvKind *out);
 bool decode_rts(const void *data, size_t len, Rts *out);
 bool decode_fin(const void *data, size_t len, Fin *out);
+
+// The end of a Request or Reply message's payload (kFeatureRequest), 16 bytes, little-endian:
+//   0..7 id (the requester's, unique within its session), 8 flags (bit 0: imm carries the
+//   application's immediate; bit 1: a retry of a request sent before with this id), 9..11 zero,
+//   12..15 imm (zero without flag bit 0)
+constexpr size_t kReqTrailer = 16;
+struct ReqTrailer {
+  uint64_t id = 0;
+  bool has_imm = false;
+  bool retry = false;
+  uint32_t imm = 0;
+};
+void encode_req_trailer(const ReqTrailer &t, uint8_t out[kReqTrailer]);
+// The trailer at the end of a payload of len bytes (len >= kReqTrailer); false if a reserved bit
+// or byte is set or imm is not zero without flag bit 0 (the connection closes: IBMSG_EPROTO).
+bool decode_req_trailer(const void *payload, size_t len, ReqTrailer *out);
 
 }  // namespace ibmsg::wire

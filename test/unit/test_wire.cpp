@@ -87,6 +87,8 @@ void imm_opcodes_have_their_documented_values(void **) {
   assert_int_equal(op_value(wire::Opcode::Keepalive), 2);
   assert_int_equal(op_value(wire::Opcode::Rendezvous), 3);
   assert_int_equal(op_value(wire::Opcode::RdmaNotice), 4);
+  assert_int_equal(op_value(wire::Opcode::Request), 7);
+  assert_int_equal(op_value(wire::Opcode::Reply), 8);
 }
 
 void imm_default_is_a_data_message_returning_nothing(void **) {
@@ -1139,6 +1141,72 @@ void rndv_random_payloads_never_decode_wrongly(void **) {
 
 }  // namespace
 
+// --- request trailer (kFeatureRequest) ---------------------------------------------------------
+
+void req_trailer_round_trips_at_the_end_of_a_payload(void **) {
+  uint8_t msg[40];
+  memset(msg, 0xaa, sizeof msg);  // the payload before it is the application's: anything
+  wire::ReqTrailer t;
+  t.id = 0x0123456789abcdefull;
+  t.has_imm = true;
+  t.retry = true;
+  t.imm = 0xfeedbeef;
+  wire::encode_req_trailer(t, msg + sizeof msg - wire::kReqTrailer);
+  wire::ReqTrailer d;
+  assert_true(wire::decode_req_trailer(msg, sizeof msg, &d));
+  assert_true(d.id == t.id);
+  assert_true(d.has_imm && d.retry);
+  assert_int_equal(d.imm, 0xfeedbeef);
+  // the documented layout: id little-endian first, flags, zeros, imm
+  const uint8_t *p = msg + sizeof msg - wire::kReqTrailer;
+  assert_int_equal(p[0], 0xef);
+  assert_int_equal(p[7], 0x01);
+  assert_int_equal(p[8], 3);
+  assert_int_equal(p[12], 0xef);
+  assert_int_equal(p[15], 0xfe);
+}
+
+void req_trailer_without_imm_carries_zero_there(void **) {
+  uint8_t out[wire::kReqTrailer];
+  wire::ReqTrailer t;
+  t.id = 7;
+  t.imm = 0x1234;  // ignored without has_imm
+  wire::encode_req_trailer(t, out);
+  wire::ReqTrailer d;
+  d.imm = 99;
+  d.has_imm = true;
+  assert_true(wire::decode_req_trailer(out, sizeof out, &d));
+  assert_true(d.id == 7);
+  assert_false(d.has_imm);
+  assert_false(d.retry);
+  assert_int_equal(d.imm, 0);
+}
+
+void req_trailer_refuses_reserved_bits_and_short_payloads(void **) {
+  uint8_t out[wire::kReqTrailer];
+  wire::ReqTrailer t, d;
+  t.id = 1;
+  wire::encode_req_trailer(t, out);
+  assert_false(wire::decode_req_trailer(out, wire::kReqTrailer - 1, &d));
+  assert_false(wire::decode_req_trailer(nullptr, wire::kReqTrailer, &d));
+  for (int bit = 2; bit < 8; ++bit) {
+    uint8_t bad[wire::kReqTrailer];
+    memcpy(bad, out, sizeof bad);
+    bad[8] = uint8_t(1u << bit);
+    assert_false(wire::decode_req_trailer(bad, sizeof bad, &d));
+  }
+  for (int i = 9; i < 12; ++i) {
+    uint8_t bad[wire::kReqTrailer];
+    memcpy(bad, out, sizeof bad);
+    bad[i] = 1;
+    assert_false(wire::decode_req_trailer(bad, sizeof bad, &d));
+  }
+  uint8_t bad[wire::kReqTrailer];
+  memcpy(bad, out, sizeof bad);
+  bad[13] = 1;  // an immediate without flag bit 0
+  assert_false(wire::decode_req_trailer(bad, sizeof bad, &d));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(imm_round_trips_zero),
@@ -1151,6 +1219,9 @@ int main(void) {
       cmocka_unit_test(imm_opcode_count_covers_the_four_opcode_bits),
       cmocka_unit_test(imm_opcodes_have_their_documented_values),
       cmocka_unit_test(imm_default_is_a_data_message_returning_nothing),
+      cmocka_unit_test(req_trailer_round_trips_at_the_end_of_a_payload),
+      cmocka_unit_test(req_trailer_without_imm_carries_zero_there),
+      cmocka_unit_test(req_trailer_refuses_reserved_bits_and_short_payloads),
       cmocka_unit_test(imm_layout_matches_the_documented_bits),
       cmocka_unit_test(imm_encode_clamps_oversized_fields_instead_of_spilling),
       cmocka_unit_test(imm_done_count_round_trips),
