@@ -30,7 +30,15 @@ class List {
     return n == &head_ ? nullptr : owner(n);
   }
 
+  // The element before e, or nullptr at the front.
+  T *prev(const T *e) const {
+    const ListNode *n = (e->*Node).prev;
+    return n == &head_ ? nullptr : owner(n);
+  }
+
   void push_back(T *e) { insert_before(&head_, &(e->*Node)); }
+  // e right after pos, an element of this list.
+  void insert_after(T *pos, T *e) { insert_before((pos->*Node).next, &(e->*Node)); }
   void push_front(T *e) { insert_before(head_.next, &(e->*Node)); }
   void remove(T *e) {
     ListNode *n = &(e->*Node);
