@@ -63,7 +63,7 @@ extern "C" {
  * ------------------------------------------------------------------------------------------ */
 
 #define IBMSG_VERSION_MAJOR 1 /**< major version: changes break compatibility */
-#define IBMSG_VERSION_MINOR 4 /**< minor version: compatible additions */
+#define IBMSG_VERSION_MINOR 5 /**< minor version: compatible additions */
 #define IBMSG_VERSION_PATCH 0 /**< patch level: fixes only */
 /** The version as one number, for compile-time checks: 10000 * major + 100 * minor + patch. */
 #define IBMSG_VERSION (IBMSG_VERSION_MAJOR * 10000 + IBMSG_VERSION_MINOR * 100 + IBMSG_VERSION_PATCH)
@@ -102,7 +102,8 @@ IBMSG_EXPORT const char *ibmsg_version_string(void);
   X(EACCES, 13, "access not granted: the region or descriptor lacks that right")                 \
   X(EOPNOTSUPP, 95, "not supported on this connection: one-sided RDMA, immediates or atomics")    \
   X(ERANGE, 34, "offset and length reach outside the region or descriptor")                     \
-  X(EINPROGRESS, 115, "operation in progress")
+  X(EINPROGRESS, 115, "operation in progress")                                                    \
+  X(EALREADY, 114, "already done: the request has its reply")
 
 /** X-macro of ibmsg's own codes: X(name, value, text) for each. */
 #define IBMSG_ERROR_MAP(X)                                                                        \
@@ -140,6 +141,7 @@ struct ibmsg__loop;
 struct ibmsg__socket;
 struct ibmsg__slot;
 struct ibmsg__request;
+struct ibmsg__req;
 struct ibmsg_options;
 
 /** Socket status (the `status` field of ibmsg_socket). */
@@ -197,7 +199,9 @@ struct ibmsg_buffer {
 /** Flags of a received message (ibmsg_buffer.flags). */
 enum ibmsg_msg_flags {
   IBMSG_MSG_IMM = 1,   /**< the sender attached an immediate (ibmsg_post_send_imm): see imm */
-  IBMSG_MSG_REGION = 2 /**< data lies in the application's region (ibmsg_incoming_to_region) */
+  IBMSG_MSG_REGION = 2, /**< data lies in the application's region (ibmsg_incoming_to_region) */
+  IBMSG_MSG_REQUEST = 4 /**< a request (ibmsg_post_request): answer it with ibmsg_post_reply()
+                             (since 1.5) */
 };
 
 /**
@@ -377,8 +381,15 @@ enum ibmsg_option {
   IBMSG_OPT_ACK_TIMEOUT = 16,    /**< int 0..31: the transport's wait for an acknowledgement
                                       before it resends, 4.096 us * 2^value (18: ~1.07 s); 0:
                                       the connection manager's default */
-  IBMSG_OPT_RETRY_COUNT = 17     /**< int 0..7: resends before the transport gives up and the
+  IBMSG_OPT_RETRY_COUNT = 17,    /**< int 0..7: resends before the transport gives up and the
                                       connection closes with IBMSG_ETIMEDOUT (7) */
+  IBMSG_OPT_REQUEST_WINDOW = 18, /**< int ms (10000), loop-wide: how long a request that got no
+                                      reply may be retried (ibmsg_retry_request), and how long a
+                                      responder keeps the identity and reply of a request it
+                                      answered, to answer a retry without running it again (1.5) */
+  IBMSG_OPT_REPLY_CACHE = 19     /**< int bytes (1048576), loop-wide: the most reply bytes a
+                                      responder keeps for retries; a reply beyond it is not kept
+                                      and a retry of its request gets no answer (1.5) */
 };
 
 /** IBMSG_OPT_BUSY_POLL value: poll without ever sleeping while the connection is open. */
@@ -483,7 +494,10 @@ typedef struct ibmsg_stats {
   uint64_t keepalives_sent;     /**< keepalive probes sent (the peer was silent) */
   uint64_t keepalives_received; /**< probes of the peer, each answered */
   uint64_t keepalive_misses;    /**< intervals a probe went unanswered, and the close */
-  uint64_t reserved[8];         /**< zero: room for later versions */
+  uint64_t requests_timed_out;  /**< requests whose done got IBMSG_ETIMEDOUT (1.5) */
+  uint64_t replies_dropped;     /**< replies that came for no posted request: late (1.5) */
+  uint64_t replies_resent;      /**< kept replies sent again for a retried request (1.5) */
+  uint64_t reserved[5];         /**< zero: room for later versions */
 } ibmsg_stats;
 /** Copies the connection's counters into out, at most size bytes (sizeof(ibmsg_stats)):
  *  for an open connection, and in the connection_closed callback for the closing one.
@@ -700,6 +714,63 @@ IBMSG_EXPORT int ibmsg_atomic_cas(ibmsg_socket *socket, ibmsg_op *op, ibmsg_regi
 IBMSG_EXPORT int ibmsg_atomic_fadd(ibmsg_socket *socket, ibmsg_op *op, ibmsg_region *local,
                                    size_t local_offset, const ibmsg_descriptor *remote,
                                    size_t remote_offset, uint64_t add);
+
+/* ---------------------------------------------------------------------------------------------
+ * Requests and replies (since 1.5; see ibmsg(7), REQUESTS AND REPLIES)
+ * ------------------------------------------------------------------------------------------ */
+
+typedef struct ibmsg_request ibmsg_request; /**< see struct ibmsg_request */
+/** Called exactly once per posted request (ibmsg_post_request(), ibmsg_retry_request()): with
+ *  status IBMSG_OK and the reply, lent like a received message until ibmsg_free_msg(); or with
+ *  reply NULL and IBMSG_ETIMEDOUT (no reply within the timeout: a reply that comes later is
+ *  dropped) or the reason the connection closed (IBMSG_ECANCELED after ibmsg_disconnect(),
+ *  IBMSG_ECONNRESET, ...). */
+typedef void (*ibmsg_reply_cb)(ibmsg_socket *socket, ibmsg_request *req, ibmsg_buffer *reply,
+                               int status);
+
+/**
+ * One request. The application owns the struct, sets `done` (and user_data), and keeps it at
+ * the same address from the posting call until `done` has been called; then it may post it
+ * again (a new request) or retry it (the same request again).
+ */
+struct ibmsg_request {
+  ibmsg_reply_cb done;          /**< rw: the reply callback (NULL: none) */
+  void *user_data;              /**< rw: the application's */
+  uint64_t id;                  /**< ro: the request's identity, unique within its loop */
+  int status;                   /**< ro: IBMSG_EINPROGRESS while posted, then what done got */
+  int retries;                  /**< ro: times it was retried */
+  struct ibmsg__req *impl;      /**< private */
+  uintptr_t check;              /**< private */
+  void *reserved[4];            /**< private: room for later versions */
+};
+
+/** Sends msg as a request; req->done gets the reply, or IBMSG_ETIMEDOUT if none came within
+ *  timeout_ms. The message itself is sent as with ibmsg_post_send(): message_sent follows for
+ *  it, and it may be posted again (or freed) after that. Requests, replies and messages go in
+ *  one order; replies may come in any order. IBMSG_EINVAL (NULL, timeout_ms 0 or negative),
+ *  IBMSG_EBUSY (req is posted still), IBMSG_EOPNOTSUPP (the peer's ibmsg has no requests),
+ *  IBMSG_EMSGSIZE (msg above the connection's eager size: requests and replies go eagerly in
+ *  1.5), and the codes of ibmsg_post_send(). On failure no callback fires. */
+IBMSG_EXPORT int ibmsg_post_request(ibmsg_socket *socket, ibmsg_buffer *msg, ibmsg_request *req,
+                                    int timeout_ms);
+/** Sends req again with the same identity, after its done callback said IBMSG_ETIMEDOUT or a
+ *  close reason, on the same connection or another one of the same loop to the same responder
+ *  (a reconnection). The responder runs a request at most once: a retry of one it has answered
+ *  gets the kept reply, one it is still working on gets the reply once it is posted.
+ *  IBMSG_ESTATE if req got its reply or was never posted, IBMSG_ETIMEDOUT if it was first posted
+ *  longer ago than IBMSG_OPT_REQUEST_WINDOW (its identity is forgotten: post it anew);
+ *  otherwise as ibmsg_post_request(). */
+IBMSG_EXPORT int ibmsg_retry_request(ibmsg_socket *socket, ibmsg_buffer *msg, ibmsg_request *req,
+                                     int timeout_ms);
+/** Answers request, a received message with IBMSG_MSG_REQUEST that the application still holds
+ *  (it may free it before or after replying), with reply, a message of the same connection
+ *  allocated with ibmsg_alloc_msg() (message_sent follows for it). IBMSG_EINVAL if request is
+ *  not a request or reply is invalid, IBMSG_ENOTALLOC if request was freed, IBMSG_EALREADY if
+ *  it was answered already, IBMSG_EMSGSIZE above the eager size; IBMSG_ENOTCONN if its
+ *  connection closed: the reply is kept (IBMSG_OPT_REPLY_CACHE) for the requester's retry over
+ *  a new connection, and the message stays the application's. Otherwise as ibmsg_post_send(). */
+IBMSG_EXPORT int ibmsg_post_reply(ibmsg_socket *socket, ibmsg_buffer *request,
+                                  ibmsg_buffer *reply);
 
 /* ---------------------------------------------------------------------------------------------
  * Names of the original ibmsg, kept so that programs written for it compile unchanged.

@@ -27,7 +27,6 @@ const Options *options_of(const ibmsg_options *o, bool *bad) {
   return o && !*bad ? &o->opts : nullptr;
 }
 
-
 }  // namespace
 
 extern "C" {
@@ -64,14 +63,12 @@ int ibmsg_init_event_loop_ev(ibmsg_event_loop *loop, struct ev_loop *ev) {
 
 int ibmsg_destroy_event_loop(ibmsg_event_loop *pub) {
   Loop *loop = loop_of(pub);
-  if (!loop) return IBMSG_EINVAL;
-  return loop_destroy(loop);
+  return loop ? loop_destroy(loop) : IBMSG_EINVAL;
 }
 
 int ibmsg_dispatch_event_loop(ibmsg_event_loop *pub) {
   Loop *loop = loop_of(pub);
-  if (!loop) return IBMSG_EINVAL;
-  return loop_run(loop, EVRUN_ONCE, 0);
+  return loop ? loop_run(loop, EVRUN_ONCE, 0) : IBMSG_EINVAL;
 }
 
 int ibmsg_dispatch_event_loop_timeout(ibmsg_event_loop *pub, int timeout_ms) {
@@ -81,34 +78,27 @@ int ibmsg_dispatch_event_loop_timeout(ibmsg_event_loop *pub, int timeout_ms) {
   return loop_run(loop, EVRUN_ONCE, timeout_ms / 1000.0);
 }
 
-int ibmsg_event_loop_fd(ibmsg_event_loop *pub) {
-  Loop *loop = loop_of(pub);
-  return loop ? loop_fd(loop) : -1;
-}
+int ibmsg_event_loop_fd(ibmsg_event_loop *pub) { return loop_of(pub) ? loop_fd(loop_of(pub)) : -1; }
 
 int ibmsg_event_loop_process(ibmsg_event_loop *pub) {
   Loop *loop = loop_of(pub);
-  if (!loop) return IBMSG_EINVAL;
-  return loop_run(loop, EVRUN_NOWAIT, 0);
+  return loop ? loop_run(loop, EVRUN_NOWAIT, 0) : IBMSG_EINVAL;
 }
 
 int ibmsg_event_loop_timeout(ibmsg_event_loop *pub) {
-  Loop *loop = loop_of(pub);
-  return loop ? loop_timeout_ms(loop) : -1;
+  return loop_of(pub) ? loop_timeout_ms(loop_of(pub)) : -1;
 }
 
 // --- options ---
 
 int ibmsg_setopt(ibmsg_event_loop *pub, int option, const void *value, size_t len) {
   Loop *loop = loop_of(pub);
-  if (!loop) return IBMSG_EINVAL;
-  return options_set(&loop->opts, option, value, len);
+  return loop ? options_set(&loop->opts, option, value, len) : IBMSG_EINVAL;
 }
 
 int ibmsg_getopt(ibmsg_event_loop *pub, int option, void *value, size_t *len) {
   Loop *loop = loop_of(pub);
-  if (!loop) return IBMSG_EINVAL;
-  return options_get(&loop->opts, option, value, len);
+  return loop ? options_get(&loop->opts, option, value, len) : IBMSG_EINVAL;
 }
 
 ibmsg_options *ibmsg_options_new(ibmsg_event_loop *pub) {
@@ -263,6 +253,23 @@ int ibmsg_post_send(ibmsg_socket *socket, ibmsg_buffer *msg) {
   Socket *s = socket_of(socket);
   if (!s) return IBMSG_ENOTCONN;
   return msg_post(s, msg, false, 0);
+}
+
+int ibmsg_post_request(ibmsg_socket *socket, ibmsg_buffer *msg, ibmsg_request *req, int ms) {
+  Socket *s = socket_of(socket);
+  if (!socket || !msg || !req) return IBMSG_EINVAL;
+  return s ? req_post(s, msg, req, ms, false) : IBMSG_ENOTCONN;
+}
+
+int ibmsg_retry_request(ibmsg_socket *socket, ibmsg_buffer *msg, ibmsg_request *req, int ms) {
+  Socket *s = socket_of(socket);
+  if (!socket || !msg || !req) return IBMSG_EINVAL;
+  return s ? req_post(s, msg, req, ms, true) : IBMSG_ENOTCONN;
+}
+
+int ibmsg_post_reply(ibmsg_socket *socket, ibmsg_buffer *request, ibmsg_buffer *reply) {
+  if (!socket || !request || !reply) return IBMSG_EINVAL;
+  return reply_post(socket_of(socket), request, reply);  // a closed socket: the reply is kept
 }
 
 int ibmsg_post_send_imm(ibmsg_socket *socket, ibmsg_buffer *msg, uint32_t imm) {

@@ -49,6 +49,8 @@ void teardown(Socket *s) {
   if (s->was_connected && s->id) tp::cm_disconnect(s->id);
   conn_release(s, true);  // the pools stay while the canceled messages below are the application's
   cancel_sends(s);
+  requests_closed(s, s->close_reason);  // each posted request's done, with the reason
+  answers_closed(s);
   if (s->id) tp::cm_id_destroy(s->id);
   s->id = nullptr;
   while (Socket *c = s->accepted.pop_front()) c->from_listener = nullptr;

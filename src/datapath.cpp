@@ -1,4 +1,5 @@
-// The data path: send queue, in-flight list, credit-only messages, completions (no allocation).
+// The data path: send queue, in-flight list, credit-only messages, completions (no allocation);
+// what arrives is inbound.cpp's.
 #include <initializer_list>
 
 #include "internal.hpp"
@@ -25,6 +26,17 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
     if (slot->region) tail = {t, wire::kImmTrailer, slot->pool->mr};
     else len += wire::kImmTrailer;
     imm.op = wire::Opcode::DataImm;
+  } else if (slot->req_kind != uint8_t(MsgKind::Plain)) {
+    // A request or reply: its trailer follows the payload, as an immediate does.
+    uint8_t *t = slot->region ? slot->buf : slot->buf + len;
+    wire::ReqTrailer tr;
+    tr.id = slot->req_id;
+    tr.retry = slot->req_retry;
+    tr.floor = slot->req_floor;
+    wire::encode_req_trailer(tr, t);
+    if (slot->region) tail = {t, uint32_t(wire::kReqTrailer), slot->pool->mr};
+    else len += wire::kReqTrailer;
+    imm.op = slot->req_kind == uint8_t(MsgKind::Request) ? wire::Opcode::Request : wire::Opcode::Reply;
   }
   if (slot->region && !slot->work.rndv) {  // zero copy: straight from the region
     buf = static_cast<const uint8_t *>(slot->msg->data);
@@ -209,6 +221,11 @@ void notify_sent(Socket *s, Slot *slot, int status) {
     ++s->stats.msgs_sent;
     s->stats.bytes_sent += msg->size;
   }
+  if (slot->req_internal) {  // a kept reply sent again (dedup.cpp): the library's own
+    slot->req_internal = false;
+    msg_free(msg);
+    return;
+  }
   if (auto cb = s->loop->pub->message_sent) cb(s->pub, msg, status);
 }
 
@@ -217,101 +234,6 @@ void on_send_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   const bool ok = wc.status == tp::WcStatus::Ok;
   const int st = ok ? IBMSG_OK : wc.status == tp::WcStatus::Flushed ? IBMSG_ECANCELED : wc_error(wc.status);
   work_done(s, &slot->work, st, ok ? IBMSG_OK : wc_error(wc.status));
-}
-
-void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, wire::Imm imm) {
-  const bool ret = imm.op == wire::Opcode::Return;
-  const bool probe = imm.op == wire::Opcode::Keepalive;
-  const uint32_t back = ret ? imm.credits : 0;
-  if (ret) imm.credits = 0;  // it returns none of ours
-  if (wc.len != 0 || (ret && imm.wants) || !s->credits.on_ctrl_arrived() ||
-      (probe && !(s->features & wire::kFeatureKeepalive)) ||
-      !s->credits.on_returned(imm) ||
-      (imm.op == wire::Opcode::Return &&
-       (!(s->features & wire::kFeatureShared) || !back || !recv_given_back(s, back)))) {
-    // a payload on a credit-only message, no credit for it, credits it never had, or a Return
-    // not agreed on or of more than it had
-    recv_drop(s, slot, IBMSG_EPROTO);
-    return;
-  }
-  recv_ctrl_back(s, slot);
-  if (probe) {
-    s->live.answer_due = true;
-    ++s->stats.keepalives_received;
-  }
-  if (imm.wants) recv_wants(s);  // data waits at the peer: more credits if the pool has them
-  flush_sends(s);
-  maybe_send_ctrl(s);
-}
-
-void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
-  uint32_t len = wc.len;
-  bool has_imm = imm.op == wire::Opcode::DataImm;
-  if (has_imm) {
-    if (!(s->features & wire::kFeatureImm) || len < wire::kImmTrailer) {
-      recv_drop(s, slot, IBMSG_EPROTO);  // not agreed on, or no room for the immediate
-      return;
-    }
-    len -= wire::kImmTrailer;
-  }
-  if (len > eager_recv_size(s) || !recv_arrived(s, slot, imm.wants) ||
-      !s->credits.on_returned(imm)) {
-    // larger than we take, more data messages than the credits we granted, or credits returned
-    // that it never had
-    recv_drop(s, slot, IBMSG_EPROTO);
-    return;
-  }
-  const uint8_t *t = slot->buf + len;
-  recv_lend(s, slot, slot->buf, len, has_imm,
-            has_imm ? uint32_t(t[0]) | uint32_t(t[1]) << 8 | uint32_t(t[2]) << 16 | uint32_t(t[3]) << 24 : 0);
-  flush_sends(s);
-  maybe_send_ctrl(s);
-  deliver_msg(s, slot);
-}
-
-// The peer's RDMA write with immediate landed: its immediate is the application's, its data
-// credit returns at once (the buffer was not used).
-void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
-  // Its immediate is the application's: no wants bit, the connection's last word on it stands.
-  if (!(s->features & wire::kFeatureRdma) || !recv_arrived(s, slot, s->share.wants)) {
-    recv_drop(s, slot, IBMSG_EPROTO);
-    return;
-  }
-  if (s->state == State::Accepting) establish(s, true);
-  recv_back(s, slot);
-  if (auto cb = s->loop->pub->write_received) cb(s->pub, wc.imm, wc.len);
-}
-
-void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
-  if (wc.status != tp::WcStatus::Ok) {
-    recv_drop(s, slot, wc_error(wc.status));
-    return;
-  }
-  ++s->live.heard;  // the peer lives (keepalive.cpp)
-  if (wc.write_imm) {
-    on_write_imm(s, slot, wc);
-    return;
-  }
-  wire::Imm imm;
-  if (!wc.has_imm || !wire::decode_imm(wc.imm, &imm)) {
-    recv_drop(s, slot, IBMSG_EPROTO);
-    return;
-  }
-  if (s->features & wire::kFeatureShared) wire::split_wants(&imm);
-  // The peer read rendezvous messages of ours: they are done (message_sent, in order).
-  if (imm.done && (!(s->features & wire::kFeatureRndv) || !rndv_on_done(s, imm.done))) {
-    recv_drop(s, slot, IBMSG_EPROTO);
-    return;
-  }
-  switch (imm.op) {
-    case wire::Opcode::Data:
-    case wire::Opcode::DataImm: on_data_msg(s, slot, wc, imm); break;
-    case wire::Opcode::Credit:
-    case wire::Opcode::Keepalive:
-    case wire::Opcode::Return: on_credit_msg(s, slot, wc, imm); break;
-    case wire::Opcode::Rendezvous: rndv_on_msg(s, slot, wc, imm); break;
-    default: recv_drop(s, slot, IBMSG_EPROTO); break;  // no feature agreed that uses it
-  }
 }
 
 }  // namespace

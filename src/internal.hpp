@@ -76,6 +76,7 @@ double timers_next(Loop *loop);
 #include "onesided.hpp"  // ibmsg__region, ibmsg__op
 #include "buffers.hpp"   // receive and send buffers (recv.cpp, send_slots.cpp)
 #include "keepalive.hpp"  // Liveness
+#include "requests.hpp"   // requests and replies
 
 struct ibmsg__socket {
   using Loop = ibmsg::Loop;
@@ -153,6 +154,8 @@ struct ibmsg__socket {
   ibmsg::Liveness live;        // keepalive (keepalive.hpp)
   ibmsg::ListNode ka_node;     // in the loop's list of connections with keepalive
   ibmsg_stats stats{};         // ibmsg_socket_stats
+  ibmsg::ReqConn reqs;         // requests posted on it (requests.cpp)
+  ibmsg::Timer req_timer;      // for the first of their deadlines
   // closing
   int close_reason = IBMSG_OK;
   ibmsg::ListNode close_node;  // in the loop's list of sockets due for teardown
@@ -190,6 +193,7 @@ struct ibmsg__loop {
   const ibmsg_socket *closed_pub = nullptr;
   ibmsg_stats closed_stats{};
   ibmsg::Options opts;
+  ibmsg::ReqLoop req;  // requests and the answers kept for retries (requests.cpp, dedup.cpp)
 };
 
 // An options set (ibmsg_options_new).
@@ -275,6 +279,7 @@ void on_cq_ready(void *cq_user, void *arg);      // for tp::device_take_events
 
 // --- datapath.cpp ---
 void on_completion(Socket *s, const tp::Completion &wc);
+void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc);  // inbound.cpp
 // What a failed completion closes its connection with (IBMSG_ECONNRESET for a flushed one,
 // IBMSG_ETIMEDOUT when the transport's resends ran out).
 int wc_error(tp::WcStatus st);
@@ -303,7 +308,7 @@ void send_last_done(Socket *s);
 
 // --- message.cpp ---
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
-int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm);
+int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const PostAs *as = nullptr);
 int msg_free(ibmsg_buffer *msg);
 int msg_from_region(Socket *s, ibmsg_buffer *msg, ::ibmsg__region *r, size_t off, size_t size);
 
@@ -366,6 +371,8 @@ void poll_touch(Socket *s);
 void poll_cq_ready(Device *dev);
 void poll_stop(Socket *s);       // the connection releases its CQ
 void poll_rearm(Device *dev);    // polling on dev stopped: arm its CQ, poll it once more
+
+// --- requests.cpp, dedup.cpp: requests.hpp ---
 
 // --- close.cpp ---
 // The one close path, for every cause: records the first reason (a socket already closing keeps

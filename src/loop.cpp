@@ -100,6 +100,7 @@ int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev) {
   loop->idle.data = loop;
   ev_timer_init(&loop->wakeup, on_wakeup, 0., 0.);
   log_init(loop);
+  requests_init(loop);
   pub->impl = loop;
   return IBMSG_OK;
 }
@@ -117,6 +118,7 @@ int loop_destroy(Loop *loop) {
   tp::cm_channel_destroy(loop->cm);
   if (loop->epfd >= 0) close(loop->epfd);
   if (loop->own_ev) ev_loop_destroy(loop->ev);
+  requests_destroy(loop);
   loop->pub->impl = nullptr;
   loop->magic = 0;
   delete loop;

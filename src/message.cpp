@@ -24,6 +24,7 @@ int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
   if (!slot) return err;
   slot->large = nullptr;
   slot->region = nullptr;
+  slot->req_internal = false;
   if (size > send_eager(s)) {
     // Rendezvous: the payload in a large buffer the peer reads; the slot carries the RTS.
     slot->large = large_get(s->dev, true, s->serial, size, &err);
@@ -52,6 +53,7 @@ int msg_from_region(Socket *s, ibmsg_buffer *msg, Region *r, size_t off, size_t 
   Slot *slot = send_get(s, &err);
   if (!slot) return err;
   slot->large = nullptr;
+  slot->req_internal = false;
   slot->region = r;
   slot->region_off = off;
   slot->rmr = mr;
@@ -64,7 +66,7 @@ int msg_from_region(Socket *s, ibmsg_buffer *msg, Region *r, size_t off, size_t 
   return IBMSG_OK;
 }
 
-int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
+int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const PostAs *as) {
   if (s->listener) return IBMSG_ESTATE;
   if (!state_can_post(s->state) || s->lingering) return IBMSG_ENOTCONN;
   Slot *slot = msg->impl;
@@ -78,10 +80,14 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
         msg->size > slot->region->length - slot->region_off)
       return IBMSG_ERANGE;  // moved or grown beyond its region
   } else if (slot->large ? msg->size > slot->large->bytes
-                          : msg->size > slot->pool->slot_size - wire::kImmTrailer) {
+                          : msg->size > slot->pool->slot_size - wire::kMaxTrailer) {
     return IBMSG_EMSGSIZE;  // more than its buffer holds
   }
   if (has_imm && !(s->features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
+  if (as && as->kind != MsgKind::Plain) {
+    if (!(s->features & wire::kFeatureRequest)) return IBMSG_EOPNOTSUPP;
+    if (rndv) return IBMSG_EMSGSIZE;  // requests and replies go eagerly (1.5)
+  }
   const bool now = s->queue.empty() && s->credits.can_send_data();
   if (!now && s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
   if (rndv && slot->region) {
@@ -104,6 +110,10 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm) {
   }
   slot->has_imm = has_imm;
   slot->imm = imm;
+  slot->req_kind = uint8_t(as ? as->kind : MsgKind::Plain);
+  slot->req_retry = as && as->retry;
+  slot->req_id = as ? as->id : 0;
+  slot->req_floor = as ? as->floor : 0;
   // A large buffer's message that fits the eager size goes eagerly, copied into the slot.
   if (!rndv && slot->large && msg->size) memcpy(slot->buf, slot->large->mem, msg->size);
   slot->work.rndv = rndv;
@@ -152,6 +162,7 @@ int msg_free(ibmsg_buffer *msg) {
   if (slot->state != SlotState::Lent || slot->in.ready || slot->in.declined ||
       slot->link.linked() || slot->in.read_link.linked())
     return IBMSG_ENOTALLOC;  // not lent to the application (yet)
+  answer_on_free(slot);  // a request it did not answer: its retries get no answer
   msg->status = IBMSG_FREED;
   if (slot->large) large_put(slot->large);
   slot->large = nullptr;

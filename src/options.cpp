@@ -24,6 +24,8 @@ int *int_option(Options *o, int option) {
     case IBMSG_OPT_KEEPALIVE_COUNT: return &o->keepalive_count;
     case IBMSG_OPT_ACK_TIMEOUT: return &o->ack_timeout;
     case IBMSG_OPT_RETRY_COUNT: return &o->retry_count;
+    case IBMSG_OPT_REQUEST_WINDOW: return &o->request_window_ms;
+    case IBMSG_OPT_REPLY_CACHE: return &o->reply_cache;
     default: return nullptr;
   }
 }
@@ -52,6 +54,8 @@ bool int_option_valid(int option, int v) {
     case IBMSG_OPT_KEEPALIVE_COUNT: return v >= 2 && v <= 255;
     case IBMSG_OPT_ACK_TIMEOUT: return v >= 0 && v <= 31;
     case IBMSG_OPT_RETRY_COUNT: return v >= 0 && v <= 7;
+    case IBMSG_OPT_REQUEST_WINDOW: return v >= 1 && v <= 24 * 3600 * 1000;
+    case IBMSG_OPT_REPLY_CACHE: return v >= 0;
     default: return false;
   }
 }

@@ -26,6 +26,8 @@ struct Options {
   int keepalive_count = 3;
   int ack_timeout = 18;  // 4.096 us * 2^n; 0: the CM's default
   int retry_count = 7;
+  int request_window_ms = 10000;  // loop-wide (the loop's value counts): requests.cpp, dedup.cpp
+  int reply_cache = 1 << 20;      // loop-wide: reply bytes kept for retries
   char source_addr[kNameMax] = "";
   char device[kNameMax] = "";
 };

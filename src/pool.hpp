@@ -87,6 +87,16 @@ struct ibmsg__slot {
   ibmsg::Work work;      // what the transport hands back when its work request completes
   bool has_imm;          // send: posted with ibmsg_post_send_imm
   uint32_t imm;
+  // Requests and replies (requests.hpp): send: what it is posted as (MsgKind), its trailer;
+  // a kept reply the library sends again itself (no message_sent; freed once sent). recv: what
+  // arrived, the requester's session, and whether the application answered it.
+  uint8_t req_kind;
+  bool req_retry;
+  bool req_internal;
+  bool req_answered;
+  uint64_t req_id;
+  uint64_t req_floor;
+  uint64_t req_session;
   ibmsg::LargeMem *large;  // the payload's large buffer (send) or destination (recv), if any
   ibmsg::RndvIn in;        // recv: a rendezvous message
   // send: the connection that allocated it (nullptr once it closed).

@@ -102,9 +102,10 @@ bool shared_post(SharedRecv *r, Slot *slot) {
 }  // namespace
 
 size_t msg_slot_size(const Socket *s) {
-  // Room for an eager message and the immediate that may follow it (DataImm), or an RTS.
+  // Room for an eager message and what may follow it (an immediate, a request's trailer), or an
+  // RTS.
   const size_t size = eager_recv_size(s) > wire::kRtsSize ? eager_recv_size(s) : wire::kRtsSize;
-  return size + wire::kImmTrailer;
+  return size + wire::kMaxTrailer;
 }
 
 void recv_join(Socket *s, tp::QpCaps *caps) {
@@ -207,6 +208,8 @@ void recv_lend(Socket *s, Slot *slot, uint8_t *data, size_t size, bool has_imm, 
   msg->user_data = nullptr;
   msg->flags = has_imm ? IBMSG_MSG_IMM : 0;
   msg->imm = imm;
+  slot->req_kind = uint8_t(MsgKind::Plain);
+  slot->req_answered = false;
 }
 
 void recv_back(Socket *s, Slot *slot) {

@@ -63,6 +63,7 @@ Socket *new_socket(Loop *loop, ibmsg_socket *pub, const Options *opts) {
   s->opts = opts ? *opts : loop->opts;
   s->ctrl_wr.owner = s;
   timer_init(&s->connect_timer, loop, on_connect_timeout, s);
+  req_timer_init(s);
   return s;
 }
 
@@ -154,12 +155,16 @@ wire::Hello my_hello(const Socket *s) {
   h.features = wire::kFeatures & ~(s->opts.rdma ? 0 : wire::kFeatureRdma);
   if (rndv_offered(s)) h.rndv_max_size = s->opts.max_msg_size;
   else h.features &= ~wire::kFeatureRndv;
+  h.session = s->loop->req.session;
   return h;
 }
 
 void set_peer(Socket *s, const wire::Hello &h) {
   const wire::Hello me = my_hello(s);
   s->features = h.features & me.features;
+  // Requests need the peer's session: a hello without one has none (its requests: EPROTO).
+  if (!h.session) s->features &= ~wire::kFeatureRequest;
+  s->reqs.peer_session = h.session;
   s->credits.init(h.recv_depth, h.ctrl_depth, me.recv_depth, h.cap,
                   s->srecv ? &s->share : nullptr, (s->features & wire::kFeatureShared) != 0);
   // Without rendezvous on both sides only eager messages go, either way.

@@ -72,6 +72,7 @@ void encode_hello(const Hello &h, uint8_t out[kHelloSize]) {
   put32(out + 20, h.max_msg_size);
   put32(out + 24, h.rndv_max_size);
   put32(out + 28, h.cap);
+  put64(out + 32, h.session);
 }
 
 HelloResult decode_hello(const void *data, size_t len, Hello *out) {
@@ -87,7 +88,8 @@ HelloResult decode_hello(const void *data, size_t len, Hello *out) {
   out->ctrl_depth = get32(p + 16);
   out->max_msg_size = get32(p + 20);
   out->rndv_max_size = len >= 28 ? get32(p + 24) : 0;
-  out->cap = len >= kHelloSize ? get32(p + 28) : 0;
+  out->cap = len >= 32 ? get32(p + 28) : 0;
+  out->session = len >= kHelloSize ? get64(p + 32) : 0;
   if (out->cap < out->recv_depth) out->cap = out->recv_depth;  // 0: a hello before 1.3
   if (out->recv_depth == 0 || out->recv_depth > kMaxDepth || out->cap > kMaxDepth)
     return HelloResult::Invalid;
@@ -202,6 +204,7 @@ void encode_req_trailer(const ReqTrailer &t, uint8_t out[kReqTrailer]) {
   out[8] = uint8_t((t.has_imm ? 1 : 0) | (t.retry ? 2 : 0));
   out[9] = out[10] = out[11] = 0;
   put32(out + 12, t.has_imm ? t.imm : 0);
+  put64(out + 16, t.floor);
 }
 
 bool decode_req_trailer(const void *payload, size_t len, ReqTrailer *out) {
@@ -213,6 +216,7 @@ bool decode_req_trailer(const void *payload, size_t len, ReqTrailer *out) {
   out->has_imm = (p[8] & 1) != 0;
   out->retry = (p[8] & 2) != 0;
   out->imm = imm;
+  out->floor = get64(p + 16);
   return true;
 }
 

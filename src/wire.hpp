@@ -17,13 +17,16 @@
 //                credit-only message, spending a control credit, whose bits 0..14 give data
 //                credits back: its sender held more than the peer's base and had nothing to send
 //                with them; needs kFeatureShared), 2 keepalive probe (a credit-only message that
-//                asks the peer to answer at once with any message; needs kFeatureKeepalive);
-//                4 and 7..15 reserved (4 RDMA notice is set aside for the feature that will use it)
+//                asks the peer to answer at once with any message; needs kFeatureKeepalive),
+//                7 request and 8 reply (data messages whose payload ends in a ReqTrailer, below;
+//                need kFeatureRequest); 4 and 9..15 reserved (4 RDMA notice is set aside for the
+//                feature that will use it)
 // An RDMA write with immediate (kFeatureRdma) carries the application's immediate in all 32 bits:
 // the receiver tells it from a message by its completion (not a receive), and it spends one data
 // credit without returning any.
 // Connection set-up exchanges a Hello in the rdma_cm private data (connect and accept): protocol
-// major/minor version and feature bits, and the receive depths and maximum size; a rejection
+// major/minor version and feature bits, the receive depths and maximum size, and (1.5) the
+// session of the sender's requests; a rejection
 // carries a Reject with the reason text. Multi-byte fields are little-endian.
 #pragma once
 #include <cstddef>
@@ -46,6 +49,7 @@ enum class Opcode : uint8_t {
   Reply = 8,       // a data message that answers a Request: payload + ReqTrailer (kFeatureRequest)
 };
 constexpr uint32_t kImmTrailer = 4;  // bytes a DataImm message adds after the payload
+constexpr uint32_t kMaxTrailer = 24;  // the most any message adds (a Request or Reply: kReqTrailer)
 constexpr uint8_t kOpcodeCount = 16;  // the opcode field has 4 bits
 
 struct Imm {
@@ -75,7 +79,7 @@ constexpr uint32_t kMagic = 0x49424d53;  // "IBMS"
 // The protocol version: peers with the same major connect, using the features both have; a
 // different major is refused with a reject text naming both versions.
 constexpr uint8_t kMajor = 1;
-constexpr uint8_t kMinor = 4;
+constexpr uint8_t kMinor = 5;
 // Feature bits of the hello: a connection uses a feature when both hellos have its bit.
 constexpr uint32_t kFeatureRdma = 1u << 0;  // one-sided RDMA: this side accepts RDMA reads,
                                             // writes, write-immediates and atomics on the regions
@@ -93,12 +97,12 @@ constexpr uint32_t kFeatureShared = 1u << 3;
 // credit-only message if nothing else goes), so a peer that hears nothing from it for long knows
 // it is dead, frozen or cut off.
 constexpr uint32_t kFeatureKeepalive = 1u << 4;
-// Requests (protocol 1.5, work in progress: not yet in kFeatures): Request and Reply messages,
-// whose payload ends in a ReqTrailer naming the request.
+// Requests (protocol 1.5): Request and Reply messages, whose payload ends in a ReqTrailer naming
+// the request; the hello carries the session of the requests its sender posts.
 constexpr uint32_t kFeatureRequest = 1u << 5;
 // every feature this version offers
-constexpr uint32_t kFeatures =
-    kFeatureRdma | kFeatureImm | kFeatureRndv | kFeatureShared | kFeatureKeepalive;
+constexpr uint32_t kFeatures = kFeatureRdma | kFeatureImm | kFeatureRndv | kFeatureShared |
+                               kFeatureKeepalive | kFeatureRequest;
 
 // Limits a hello must respect to make sense.
 constexpr uint32_t kMaxDepth = 65535;     // data credits fit 16 bits
@@ -123,8 +127,12 @@ struct Hello {
   // recv_depth, which is what it grants at first and always gives back). 0 in the hello of a
   // peer before protocol 1.3 (28 bytes): recv_depth.
   uint32_t cap = 0;
+  // The session of the requests the sender of this hello posts (kFeatureRequest): its event
+  // loop's, random, never 0. A responder tells requests apart by session and id, also across
+  // connections (a retry after a reconnection). 0 in a hello before 1.5 (32 bytes).
+  uint64_t session = 0;
 };
-constexpr size_t kHelloSize = 32;
+constexpr size_t kHelloSize = 40;
 constexpr size_t kHelloMinSize = 24;  // protocol 1.1's hello, without rndv_max_size
 void encode_hello(const Hello &h, uint8_t out[kHelloSize]);
 
@@ -201,16 +209,19 @@ bool rndv_kind(const void *data, size_t len, RndvKind *out);
 bool decode_rts(const void *data, size_t len, Rts *out);
 bool decode_fin(const void *data, size_t len, Fin *out);
 
-// The end of a Request or Reply message's payload (kFeatureRequest), 16 bytes, little-endian:
-//   0..7 id (the requester's, unique within its session), 8 flags (bit 0: imm carries the
-//   application's immediate; bit 1: a retry of a request sent before with this id), 9..11 zero,
-//   12..15 imm (zero without flag bit 0)
-constexpr size_t kReqTrailer = 16;
+// The end of a Request or Reply message's payload (kFeatureRequest), 24 bytes, little-endian:
+//   0..7 id (the requester's, unique within its session, never 0), 8 flags (bit 0: imm carries
+//   the application's immediate; bit 1: a retry of a request sent before with this id), 9..11
+//   zero, 12..15 imm (zero without flag bit 0), 16..23 floor: in a Request, the lowest id of its
+//   session the requester may still send (again), at most id: the responder forgets the requests
+//   below it; zero in a Reply. (1.5 sends no immediates: flag bit 0 and imm are zero.)
+constexpr size_t kReqTrailer = 24;
 struct ReqTrailer {
   uint64_t id = 0;
   bool has_imm = false;
   bool retry = false;
   uint32_t imm = 0;
+  uint64_t floor = 0;
 };
 void encode_req_trailer(const ReqTrailer &t, uint8_t out[kReqTrailer]);
 // The trailer at the end of a payload of len bytes (len >= kReqTrailer); false if a reserved bit

@@ -582,7 +582,7 @@ void hello_of_another_major_is_rejected_naming_both_versions(void **state) {
   hh.major = 2;
   hh.minor = 0;
   expect_refused(h_of(state), hello_bytes(hh),
-                 "incompatible ibmsg protocol: peer speaks 2.0, this side 1.4");
+                 "incompatible ibmsg protocol: peer speaks 2.0, this side 1.5");
 }
 
 void hello_of_a_higher_minor_with_unknown_features_connects(void **state) {
@@ -960,6 +960,133 @@ void message_without_immediate_is_eproto(void **state) {
   expect_code(p.r->send_without_imm("data", 4), IBMSG_OK);
   expect_eproto_only_there(h, p);
   assert_int_equal(p.a->received, 0);
+}
+
+// --- requests and replies on the wire (protocol 1.5): a raw peer as the requester ---------------
+
+wire::Hello req_hello(uint32_t depth = 8) {
+  wire::Hello h = fake::hello(depth);
+  h.session = 0x5e5510;  // a requester has a session
+  return h;
+}
+
+// A Request's payload: the application's bytes, then the trailer.
+std::vector<uint8_t> req_bytes(const char *payload, uint64_t id, bool retry = false,
+                               uint64_t floor = 0) {
+  const size_t n = strlen(payload);
+  std::vector<uint8_t> b(n + wire::kReqTrailer);
+  memcpy(b.data(), payload, n);
+  wire::ReqTrailer t;
+  t.id = id;
+  t.retry = retry;
+  t.floor = floor;
+  wire::encode_req_trailer(t, b.data() + n);
+  return b;
+}
+
+int send_req(Raw *r, const std::vector<uint8_t> &b, uint32_t opcode = 7) {
+  return r->send(fake::imm(opcode), b.data(), b.size());
+}
+
+void request_from_a_peer_without_a_session_is_eproto(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8));  // features say requests, but no session: not agreed
+  expect_code(send_req(p.r, req_bytes("get", 1)), IBMSG_OK);
+  expect_eproto_only_there(h, p);
+  assert_int_equal(p.a->received, 0);
+}
+
+void request_with_a_broken_trailer_is_eproto(void **state) {
+  H *h = h_of(state);
+  for (int kind = 0; kind < 5; ++kind) {
+    RawPair p = raw_client(h, req_hello());
+    std::vector<uint8_t> b = req_bytes("get", 9);
+    if (kind == 0) b.resize(wire::kReqTrailer - 1);    // no room for it
+    if (kind == 1) b[3 + 8] |= 0x80;                   // a reserved flag
+    if (kind == 2) b = req_bytes("get", 0);            // id 0
+    if (kind == 3) b = req_bytes("get", 5, false, 6);  // floor above the id
+    if (kind == 4) b = req_bytes("get", 5, true);      // a reply flagged as a retry
+    expect_code(send_req(p.r, b, kind == 4 ? 8 : 7), IBMSG_OK);
+    expect_eproto_only_there(h, p);
+    if (p.a->received) fail_msg("kind %d: a broken request was delivered", kind);
+  }
+}
+
+void request_is_delivered_once_and_its_copies_get_the_kept_reply(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, req_hello());
+  p.a->hold = true;
+  expect_code(send_req(p.r, req_bytes("query", 42, false, 1)), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1);
+  ibmsg_buffer *q = p.a->held.front();
+  assert_int_equal(q->size, 5);  // the trailer is not the application's
+  assert_true(q->flags & IBMSG_MSG_REQUEST);
+  assert_string_equal(p.a->last_payload.c_str(), "query");
+  // A retry while the application still works on it: not delivered again.
+  expect_code(send_req(p.r, req_bytes("query", 42, true, 1)), IBMSG_OK);
+  settle(h);
+  assert_int_equal(p.a->received, 1);
+  assert_int_equal(p.r->received.size(), 0u);
+  // (the harness's message_sent frees what was sent: each reply is an Out of the connection's)
+  auto new_reply = [&](const char *text) -> ibmsg_buffer * {
+    Out &o = p.a->outs.emplace_back();
+    expect_code(ibmsg_alloc_msg(&o.m, &p.a->s, strlen(text)), IBMSG_OK);
+    o.allocated = true;
+    o.m.user_data = &o;
+    memcpy(o.m.data, text, strlen(text));
+    return &o.m;
+  };
+  ibmsg_buffer *reply = new_reply("answer");
+  expect_code(ibmsg_post_reply(&p.a->s, q, reply), IBMSG_OK);
+  ++p.a->outs.back().posts;
+  ibmsg_buffer *other = new_reply("again!");
+  expect_code(ibmsg_post_reply(&p.a->s, q, other), IBMSG_EALREADY);
+  RUN_UNTIL(h, p.r->received.size() >= 1);
+  // One Reply (the copy that came while it was in progress shares it: same connection).
+  auto check_reply = [&](const fake::RawMsg &m) {
+    wire::Imm imm;
+    wire::decode_imm(m.imm, &imm);
+    assert_true(imm.op == wire::Opcode::Reply);
+    assert_int_equal(m.data.size(), 6 + wire::kReqTrailer);
+    wire::ReqTrailer t;
+    assert_true(wire::decode_req_trailer(m.data.data(), m.data.size(), &t));
+    assert_true(t.id == 42 && !t.retry && t.floor == 0);
+    assert_memory_equal(m.data.data(), "answer", 6);
+  };
+  check_reply(p.r->received.front());
+  // Another retry after the reply: the kept reply again, still no second delivery.
+  expect_code(send_req(p.r, req_bytes("query", 42, true, 1)), IBMSG_OK);
+  RUN_UNTIL(h, p.r->received.size() >= 2);
+  check_reply(p.r->received.back());
+  assert_int_equal(p.a->received, 1);
+  ibmsg_stats st{};
+  expect_code(ibmsg_socket_stats(&p.a->s, &st, sizeof st), IBMSG_OK);
+  assert_int_equal(st.replies_resent, 1);
+  // A plain message is no request: replying to it is refused.
+  expect_code(p.r->send(fake::imm(0), "plain", 5), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 2);
+  expect_code(ibmsg_post_reply(&p.a->s, p.a->held.back(), other), IBMSG_EINVAL);
+  // A retry below the floor the requester declared is forgotten: not delivered, not answered.
+  expect_code(send_req(p.r, req_bytes("new", 50, false, 50)), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 3);
+  expect_code(send_req(p.r, req_bytes("query", 42, true, 50)), IBMSG_OK);
+  settle(h);
+  assert_int_equal(p.a->received, 3);
+  assert_int_equal(p.a->sent_ok, 1);  // the reply's message_sent (the kept copy has none)
+  free_held(*p.a);
+}
+
+void reply_for_no_posted_request_is_dropped_and_counted(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, req_hello());
+  expect_code(send_req(p.r, req_bytes("stray", 77), 8), IBMSG_OK);
+  expect_code(p.r->send(fake::imm(0), "after", 5), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1);  // only the plain message reaches message_received
+  assert_string_equal(p.a->last_payload.c_str(), "after");
+  ibmsg_stats st{};
+  expect_code(ibmsg_socket_stats(&p.a->s, &st, sizeof st), IBMSG_OK);
+  assert_int_equal(st.replies_dropped, 1);
+  assert_int_equal(p.a->s.status, IBMSG_CONNECTED);
 }
 
 // === 5. close paths ===========================================================================
@@ -2283,6 +2410,10 @@ int main(void) {
       T(credit_only_message_with_payload_is_eproto),
       T(more_credit_only_messages_than_control_credits_is_eproto),
       T(reserved_opcode_is_eproto),
+      T(request_from_a_peer_without_a_session_is_eproto),
+      T(request_with_a_broken_trailer_is_eproto),
+      T(request_is_delivered_once_and_its_copies_get_the_kept_reply),
+      T(reply_for_no_posted_request_is_dropped_and_counted),
       T(credits_returned_beyond_what_ibmsg_spent_are_eproto),
       T(control_credits_returned_beyond_what_ibmsg_spent_are_eproto),
       T(reserved_immediate_bits_are_eproto),

@@ -296,6 +296,7 @@ void hello_layout_is_little_endian_byte_by_byte(void **) {
   h.features = 0x11223344u;
   h.rndv_max_size = 0x40000000u;
   h.cap = 0x0000fedcu;
+  h.session = 0x0102030405060708ull;
   wire::encode_hello(h, buf);
   const uint8_t expected[wire::kHelloSize] = {
       0x53, 0x4d, 0x42, 0x49,  // magic 0x49424d53 ("IBMS" read as a big-endian word)
@@ -309,6 +310,7 @@ void hello_layout_is_little_endian_byte_by_byte(void **) {
       0x00, 0x00, 0x01, 0x00,  // max_msg_size
       0x00, 0x00, 0x00, 0x40,  // rndv_max_size
       0xdc, 0xfe, 0x00, 0x00,  // cap
+      0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,  // session
   };
   for (size_t i = 0; i < sizeof expected; ++i)
     if (buf[i] != expected[i])
@@ -752,13 +754,15 @@ void feature_bits_have_their_documented_values(void **) {
   assert_int_equal(wire::kFeatureRndv, 1u << 2);
   assert_int_equal(wire::kFeatureShared, 1u << 3);
   assert_int_equal(wire::kFeatureKeepalive, 1u << 4);
+  assert_int_equal(wire::kFeatureRequest, 1u << 5);
   assert_int_equal(wire::kFeatures, wire::kFeatureRdma | wire::kFeatureImm | wire::kFeatureRndv |
-                                        wire::kFeatureShared | wire::kFeatureKeepalive);
+                                        wire::kFeatureShared | wire::kFeatureKeepalive |
+                                        wire::kFeatureRequest);
   assert_int_equal(wire::kFeatureRdma & wire::kFeatureImm, 0);
   // The features came with protocol 1.1 (a 1.0 peer sends features 0), rendezvous with 1.2,
-  // shared receive buffers with 1.3, keepalive with 1.4.
+  // shared receive buffers with 1.3, keepalive with 1.4, requests with 1.5.
   assert_int_equal(wire::kMajor, 1);
-  assert_int_equal(wire::kMinor, 4);
+  assert_int_equal(wire::kMinor, 5);
   wire::Hello h;
   assert_int_equal(h.features, wire::kFeatures);  // a hello offers everything by default
 }
@@ -1151,19 +1155,25 @@ void req_trailer_round_trips_at_the_end_of_a_payload(void **) {
   t.has_imm = true;
   t.retry = true;
   t.imm = 0xfeedbeef;
+  t.floor = 0x1122334455667788ull;
   wire::encode_req_trailer(t, msg + sizeof msg - wire::kReqTrailer);
   wire::ReqTrailer d;
   assert_true(wire::decode_req_trailer(msg, sizeof msg, &d));
   assert_true(d.id == t.id);
   assert_true(d.has_imm && d.retry);
   assert_int_equal(d.imm, 0xfeedbeef);
-  // the documented layout: id little-endian first, flags, zeros, imm
+  assert_true(d.floor == t.floor);
+  assert_int_equal(msg[sizeof msg - wire::kReqTrailer - 1], 0xaa);  // the payload is untouched
+  // the documented layout: id little-endian first, flags, zeros, imm, floor
   const uint8_t *p = msg + sizeof msg - wire::kReqTrailer;
   assert_int_equal(p[0], 0xef);
   assert_int_equal(p[7], 0x01);
   assert_int_equal(p[8], 3);
   assert_int_equal(p[12], 0xef);
   assert_int_equal(p[15], 0xfe);
+  assert_int_equal(p[16], 0x88);
+  assert_int_equal(p[23], 0x11);
+  assert_int_equal(wire::kReqTrailer, 24);
 }
 
 void req_trailer_without_imm_carries_zero_there(void **) {

@@ -1,0 +1,186 @@
+// The responder's side of requests and replies (requests.hpp): each request is delivered once per
+// identity (the requester's session and id), ibmsg_post_reply answers it, and a copy that comes
+// again (a retry, maybe over a new connection) gets the kept reply instead of a second delivery.
+#include <cstring>
+
+#include "internal.hpp"
+
+namespace ibmsg {
+namespace {
+
+double window_s(const Loop *loop) { return loop->opts.request_window_ms / 1000.0; }
+
+// The most answers a session keeps: a requester whose floor stays (a request of its it may still
+// retry) while it posts on would otherwise grow the table for the whole window. Beyond it the
+// oldest answered ones are forgotten early (their retries get no answer; none runs twice).
+constexpr size_t kMaxAnswers = 1 << 16;
+
+void drop_kept(ReqLoop &rl, Answer &a) {
+  rl.kept_bytes -= a.reply.size();
+  std::vector<uint8_t>().swap(a.reply);
+  a.kept = false;
+}
+
+// Forgets the answers the requester will never ask for again (below its floor), and those
+// answered longer ago than the window (from the lowest id on).
+void prune(Loop *loop, Session &ss, double now) {
+  ReqLoop &rl = loop->req;
+  auto below = ss.answers.lower_bound(ss.floor);
+  for (auto it = ss.answers.begin(); it != below; it = ss.answers.erase(it)) drop_kept(rl, it->second);
+  while (!ss.answers.empty()) {
+    auto it = ss.answers.begin();
+    if (!it->second.answered || it->second.answered_at + window_s(loop) > now) break;
+    if (it->first > ss.forgotten) ss.forgotten = it->first;
+    drop_kept(rl, it->second);
+    ss.answers.erase(it);
+  }
+}
+
+// Once a window: every session's old answers go, and the sessions idle for two windows with
+// nothing kept.
+void sweep(Loop *loop, double now) {
+  ReqLoop &rl = loop->req;
+  if (now - rl.last_sweep < window_s(loop)) return;
+  rl.last_sweep = now;
+  for (auto it = rl.sessions.begin(); it != rl.sessions.end();) {
+    prune(loop, it->second, now);
+    if (it->second.answers.empty() && now - it->second.last > 2 * window_s(loop))
+      it = rl.sessions.erase(it);
+    else ++it;
+  }
+}
+
+// A kept reply goes to s again, from a send buffer of the library's own (no message_sent). Without
+// a buffer or room in the send queue it does not go: the requester's next retry asks again.
+void resend(Socket *s, uint64_t id, const Answer &a) {
+  if (!state_can_post(s->state) || s->lingering) return;
+  int err = IBMSG_OK;
+  Slot *slot = send_get(s, &err);
+  if (!slot) return;
+  slot->large = nullptr;
+  slot->region = nullptr;
+  slot->req_internal = true;
+  slot->msg = &slot->own;
+  slot->own.impl = slot;
+  slot->own.data = slot->buf;
+  slot->own.size = a.reply.size();
+  if (!a.reply.empty()) memcpy(slot->buf, a.reply.data(), a.reply.size());
+  PostAs as;
+  as.kind = MsgKind::Reply;
+  as.id = id;
+  if (msg_post(s, &slot->own, false, 0, &as) != IBMSG_OK) {
+    slot->req_internal = false;
+    msg_free(&slot->own);
+    return;
+  }
+  ++s->stats.replies_resent;
+}
+
+Answer *find_answer(Loop *loop, const Slot *q) {
+  auto sit = loop->req.sessions.find(q->req_session);
+  if (sit == loop->req.sessions.end()) return nullptr;
+  auto it = sit->second.answers.find(q->req_id);
+  return it == sit->second.answers.end() ? nullptr : &it->second;
+}
+
+Loop *loop_of_slot(const Slot *q) { return q->pool->dev->loop; }
+
+}  // namespace
+
+bool answer_on_request(Socket *s, Slot *slot) {
+  Loop *loop = s->loop;
+  const double now = ev_now(loop->ev);
+  sweep(loop, now);
+  Session &ss = loop->req.sessions[slot->req_session];
+  ss.last = now;
+  if (slot->req_floor > ss.floor) ss.floor = slot->req_floor;
+  prune(loop, ss, now);
+  const uint64_t id = slot->req_id;
+  auto it = ss.answers.find(id);
+  if (it == ss.answers.end()) {
+    // A first copy is new; a retry is new unless it may have been answered and forgotten (then
+    // it may have run: it gets no answer rather than a second run).
+    if (slot->req_retry && (id < ss.floor || id <= ss.forgotten)) {
+      slot->req_answered = true;  // (not the application's: its freeing answers nothing)
+      msg_free(&slot->own);
+      return false;
+    }
+    ss.answers.emplace(id, Answer());
+    for (auto f = ss.answers.begin(); ss.answers.size() > kMaxAnswers && f != ss.answers.end();) {
+      if (!f->second.answered) {
+        ++f;
+        continue;
+      }
+      if (f->first > ss.forgotten) ss.forgotten = f->first;
+      drop_kept(loop->req, f->second);
+      f = ss.answers.erase(f);
+    }
+    return true;
+  }
+  // A copy of a request delivered before: it runs once.
+  slot->req_answered = true;
+  msg_free(&slot->own);
+  Answer &a = it->second;
+  if (!a.answered) a.waiting = s;  // answered on it too, once the reply is posted
+  else if (a.kept) resend(s, id, a);
+  return false;
+}
+
+int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply) {
+  Slot *q = request->impl;
+  if (!slot_valid(q) || q->msg != request || !q->pool->recv) return IBMSG_EINVAL;
+  if (q->state != SlotState::Lent || request->status != IBMSG_RECEIVED) return IBMSG_ENOTALLOC;
+  if (!(request->flags & IBMSG_MSG_REQUEST) || q->req_kind != uint8_t(MsgKind::Request))
+    return IBMSG_EINVAL;
+  if (q->req_answered) return IBMSG_EALREADY;
+  Slot *rs = reply->impl;
+  if (!slot_valid(rs) || rs->msg != reply || rs->pool->recv) return IBMSG_EINVAL;
+  Loop *loop = loop_of_slot(q);
+  Socket *owner = recv_owner(q);
+  if (s && owner != s) {
+    if (owner) return IBMSG_EINVAL;  // the request came on another connection
+    s = nullptr;                     // its connection closed
+  }
+  if (s && s->loop != loop) return IBMSG_EINVAL;
+  PostAs as;
+  as.kind = MsgKind::Reply;
+  as.id = q->req_id;
+  const int rc = s ? msg_post(s, reply, false, 0, &as) : IBMSG_ENOTCONN;
+  if (rc != IBMSG_OK && rc != IBMSG_ENOTCONN) return rc;
+  q->req_answered = true;
+  Answer *a = find_answer(loop, q);
+  if (!a || a->answered) return rc;
+  a->answered = true;
+  a->answered_at = ev_now(loop->ev);
+  ReqLoop &rl = loop->req;
+  if (reply->size <= size_t(loop->opts.reply_cache) &&
+      rl.kept_bytes <= size_t(loop->opts.reply_cache) - reply->size) {
+    const uint8_t *d = static_cast<const uint8_t *>(reply->data);
+    a->reply.assign(d, d + reply->size);
+    a->kept = true;
+    rl.kept_bytes += reply->size;
+  }
+  Socket *w = a->waiting;
+  a->waiting = nullptr;
+  if (w && w != s && a->kept) resend(w, q->req_id, *a);
+  return rc;
+}
+
+void answer_on_free(Slot *slot) {
+  if (slot->req_kind != uint8_t(MsgKind::Request) || slot->req_answered) return;
+  slot->req_answered = true;
+  Loop *loop = loop_of_slot(slot);
+  Answer *a = find_answer(loop, slot);
+  if (!a || a->answered) return;
+  a->answered = true;  // with nothing: its retries get no answer (it ran once)
+  a->answered_at = ev_now(loop->ev);
+  a->waiting = nullptr;
+}
+
+void answers_closed(Socket *s) {
+  for (auto &ss : s->loop->req.sessions)
+    for (auto &a : ss.second.answers)
+      if (a.second.waiting == s) a.second.waiting = nullptr;
+}
+
+}  // namespace ibmsg
