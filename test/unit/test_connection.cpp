@@ -1089,6 +1089,125 @@ void reply_for_no_posted_request_is_dropped_and_counted(void **state) {
   assert_int_equal(p.a->s.status, IBMSG_CONNECTED);
 }
 
+// The ibmsg side as the requester, a raw peer answering by hand.
+struct ReqSeen {
+  int calls = 0;
+  int status = -1;
+  std::string reply;
+};
+
+void on_reply(ibmsg_socket *, ibmsg_request *req, ibmsg_buffer *reply, int status) {
+  ReqSeen *seen = static_cast<ReqSeen *>(req->user_data);
+  ++seen->calls;
+  seen->status = status;
+  if ((status == IBMSG_OK) != (reply != nullptr)) seen->status = -2;  // the contract broken
+  if (reply) {
+    seen->reply.assign(static_cast<const char *>(reply->data), reply->size);
+    expect_code(ibmsg_free_msg(reply), IBMSG_OK);
+  }
+}
+
+// Posts an Out of c as a request (message_sent frees it, as for any message of the harness).
+int post_req(Conn &c, ibmsg_request *req, const char *text, int timeout_ms, bool retry = false) {
+  Out &o = c.outs.emplace_back();
+  expect_code(ibmsg_alloc_msg(&o.m, &c.s, strlen(text)), IBMSG_OK);
+  o.allocated = true;
+  o.m.user_data = &o;
+  memcpy(o.m.data, text, strlen(text));
+  int rc = retry ? ibmsg_retry_request(&c.s, &o.m, req, timeout_ms)
+                 : ibmsg_post_request(&c.s, &o.m, req, timeout_ms);
+  if (rc == IBMSG_OK) ++o.posts;
+  return rc;
+}
+
+// The last Request the raw peer got: its trailer.
+wire::ReqTrailer last_request(Raw *r) {
+  const fake::RawMsg &m = r->received.back();
+  wire::Imm imm;
+  wire::decode_imm(m.imm, &imm);
+  assert_true(imm.op == wire::Opcode::Request);
+  wire::ReqTrailer t;
+  assert_true(wire::decode_req_trailer(m.data.data(), m.data.size(), &t));
+  return t;
+}
+
+void request_to_a_peer_without_requests_is_eopnotsupp(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8));  // no session: a peer before 1.5
+  wire::Hello got;
+  assert_true(wire::decode_hello(p.r->event_pdata().data(), p.r->event_pdata().size(), &got) ==
+              wire::HelloResult::Ok);
+  assert_true(got.session != 0);  // ibmsg's own hello names its session
+  ibmsg_request req{};
+  ReqSeen seen;
+  req.done = on_reply;
+  req.user_data = &seen;
+  expect_code(post_req(*p.a, &req, "q", 100), IBMSG_EOPNOTSUPP);
+  settle(h);
+  assert_int_equal(p.r->received.size(), 0u);  // nothing went
+  assert_int_equal(seen.calls, 0);
+}
+
+void request_gets_its_reply_timeout_retry_and_close_each_once(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, req_hello());
+  Conn &c = *p.a;
+  ibmsg_request req{};
+  ReqSeen seen;
+  req.done = on_reply;
+  req.user_data = &seen;
+  // Bad arguments: nothing goes, no callback.
+  expect_code(post_req(c, &req, "q", 0), IBMSG_EINVAL);
+  expect_code(post_req(c, &req, "q", -1), IBMSG_EINVAL);
+  expect_code(ibmsg_post_request(&c.s, nullptr, &req, 10), IBMSG_EINVAL);
+  expect_code(post_req(c, &req, "q", 100, true), IBMSG_ESTATE);  // never posted: no retry
+  // Answered.
+  expect_code(post_req(c, &req, "q1", 5000), IBMSG_OK);
+  assert_int_equal(req.status, IBMSG_EINPROGRESS);
+  expect_code(post_req(c, &req, "q1", 5000), IBMSG_EBUSY);  // still posted
+  RUN_UNTIL(h, p.r->received.size() == 1);
+  wire::ReqTrailer t = last_request(p.r);
+  assert_true(t.id == req.id && !t.retry && t.floor == t.id);
+  assert_memory_equal(p.r->received.back().data.data(), "q1", 2);
+  expect_code(send_req(p.r, req_bytes("a1", t.id), 8), IBMSG_OK);
+  RUN_UNTIL(h, seen.calls == 1);
+  expect_code(seen.status, IBMSG_OK);
+  assert_string_equal(seen.reply.c_str(), "a1");
+  expect_code(post_req(c, &req, "q1", 100, true), IBMSG_ESTATE);  // it has its reply
+  // Timed out: once, then the late reply is dropped and counted.
+  expect_code(post_req(c, &req, "q2", 30), IBMSG_OK);
+  const uint64_t id2 = req.id;
+  assert_true(id2 > t.id);
+  RUN_UNTIL(h, seen.calls == 2);
+  expect_code(seen.status, IBMSG_ETIMEDOUT);
+  expect_code(send_req(p.r, req_bytes("late", id2), 8), IBMSG_OK);
+  settle(h);
+  assert_int_equal(seen.calls, 2);
+  assert_int_equal(c.received, 0);  // not delivered as a message either
+  ibmsg_stats st{};
+  expect_code(ibmsg_socket_stats(&c.s, &st, sizeof st), IBMSG_OK);
+  assert_int_equal(st.replies_dropped, 1);
+  assert_int_equal(st.requests_timed_out, 1);
+  // Retried: the same id, flagged; the floor stays at it while it may be retried.
+  expect_code(post_req(c, &req, "q2", 5000, true), IBMSG_OK);
+  assert_true(req.id == id2);
+  assert_int_equal(req.retries, 1);
+  RUN_UNTIL(h, p.r->received.size() == 3);
+  t = last_request(p.r);
+  assert_true(t.id == id2 && t.retry && t.floor == id2);
+  expect_code(send_req(p.r, req_bytes("a2", id2), 8), IBMSG_OK);
+  RUN_UNTIL(h, seen.calls == 3);
+  expect_code(seen.status, IBMSG_OK);
+  assert_string_equal(seen.reply.c_str(), "a2");
+  // Outstanding when the peer goes: the close reason, once.
+  expect_code(post_req(c, &req, "q3", 5000), IBMSG_OK);
+  RUN_UNTIL(h, p.r->received.size() == 4);
+  expect_code(p.r->disconnect(), IBMSG_OK);
+  RUN_UNTIL(h, c.closed == 1);
+  assert_int_equal(seen.calls, 4);
+  expect_code(seen.status, IBMSG_ECONNRESET);
+}
+
 // === 5. close paths ===========================================================================
 
 ibmsg_options *small_queues(H *h) {
@@ -2414,6 +2533,8 @@ int main(void) {
       T(request_with_a_broken_trailer_is_eproto),
       T(request_is_delivered_once_and_its_copies_get_the_kept_reply),
       T(reply_for_no_posted_request_is_dropped_and_counted),
+      T(request_to_a_peer_without_requests_is_eopnotsupp),
+      T(request_gets_its_reply_timeout_retry_and_close_each_once),
       T(credits_returned_beyond_what_ibmsg_spent_are_eproto),
       T(control_credits_returned_beyond_what_ibmsg_spent_are_eproto),
       T(reserved_immediate_bits_are_eproto),
