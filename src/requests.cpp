@@ -113,6 +113,9 @@ int req_post(Socket *s, ibmsg_buffer *msg, ibmsg_request *req, int timeout_ms, b
   if (s->listener) return IBMSG_ESTATE;
   Loop *loop = s->loop;
   ReqLoop &rl = loop->req;
+  // The timeout counts from now, not from the loop's last wake-up (the application may have
+  // worked for a while since).
+  ev_now_update(loop->ev);
   auto it = rl.live.find(req->id);
   Req *r = it == rl.live.end() ? nullptr : it->second;
   if (r && r->posted && r->pub == req) return IBMSG_EBUSY;
