@@ -12,12 +12,15 @@
  *                              message_incoming callback: where its data goes, or decline it
  *   ibmsg::region              owns a memory region registered for one-sided RDMA
  *   ibmsg::descriptor          a remote descriptor (value type): what a peer needs to reach a range
+ *   ibmsg::unanswered_request  a request that got no reply (timed out, or its connection closed),
+ *                              handed to a request's handler: retry() sends it again
  *
  * Every class exposes its C object with handle(), so any C function can be used alongside, and
  * adds no behaviour of its own beyond RAII and error translation: a C function that fails throws
  * ibmsg::error carrying its code, except would-block (IBMSG_EAGAIN from message::alloc(),
  * message::from_region(), message::post(), message::post_imm() and the one-sided operations of
- * ibmsg::socket), which returns false as cppzmq does, and a large message that does not fit
+ * ibmsg::socket, and from socket::request(), socket::reply() and unanswered_request::retry()),
+ * which returns false as cppzmq does, and a large message that does not fit
  * where incoming::to_region() would put it (IBMSG_ERANGE), which returns false as well: in both
  * cases nothing changed, and the caller may try again or otherwise.
  *
@@ -34,6 +37,49 @@
  *     bool posted = conn.rdma_read(mem, 0, 4096, remote, 0, [&](ibmsg::socket &, int status) {
  *       if (status == IBMSG_OK) use(mem.data());
  *     });
+ *
+ * Requests and replies (ibmsg 1.5): socket::request() sends a message as a request and takes a
+ * std::function handler instead of an ibmsg_request, which the wrapper allocates (with the
+ * handler) for each request and frees after the library's done callback, as for the one-sided
+ * operations. The handler runs exactly once per request() (and per retry()): with IBMSG_OK and
+ * the reply, or with an empty message and IBMSG_ETIMEDOUT (no reply within timeout_ms; a later
+ * reply is dropped) or the reason the connection closed (IBMSG_ECANCELED after disconnect(),
+ * IBMSG_ECONNRESET, ...); unless the socket's wrapper died first (then nothing reaches the
+ * application, and the reply is freed). The reply is an owning ibmsg::message like a received
+ * one: freed when the handler's parameter dies, so move it to keep it. The request message
+ * itself gets its message_sent callback as with post(). The responder gets the request in
+ * message_received (message::is_request()), keeps it until it answers with socket::reply(), and
+ * may drop it after.
+ *
+ *     loop.on_message_received([&](ibmsg::socket &s, ibmsg::message m) {
+ *       if (!m.is_request()) return;
+ *       ibmsg::message answer;
+ *       if (answer.alloc(s, 2)) {
+ *         std::memcpy(answer.data(), "ok", 2);
+ *         if (s.reply(m, answer)) outbox.push_back(std::move(answer));  // until message_sent
+ *       }
+ *     });  // m dies here: answered, or never (a request freed unanswered gets no reply)
+ *     bool posted = conn.request(msg, 1000, [&](ibmsg::socket &, ibmsg::message reply, int st) {
+ *       if (st == IBMSG_OK) use(reply.to_string_view());
+ *     });
+ *
+ * Retrying: a handler with a fourth parameter, an ibmsg::unanswered_request, may send the same
+ * request again (ibmsg_retry_request(): the responder runs it at most once, so a retry is safe
+ * also for a request the responder has seen). It holds the request after IBMSG_ETIMEDOUT or a
+ * close reason (and is empty after IBMSG_OK); unanswered_request::retry(socket, msg, timeout_ms)
+ * sends it with a message of that socket, from inside the handler or later (after a
+ * reconnection, on the new socket: move the unanswered_request out of the handler to keep it),
+ * and the same handler runs again, once, for the retry. Dropping it gives the request up. The
+ * wrapper never retries by itself:
+ *
+ *     bool posted = conn.request(msg, 200, [&](ibmsg::socket &s, ibmsg::message reply, int st,
+ *                                              ibmsg::unanswered_request req) {
+ *       if (st == IBMSG_ETIMEDOUT && req.retries() < 3 && req.retry(s, msg, 200)) return;
+ *       done(st, std::move(reply));  // IBMSG_OK, or the last failure
+ *     });
+ *
+ * (msg must not be posted when retry() sends it: its message_sent callback came, which it
+ * normally has by the time the request timed out; retry() throws otherwise.)
  *
  * A complete program, which says hello to a server and disconnects:
  *
@@ -114,6 +160,7 @@ class connection_request;
 class region;
 class descriptor;
 class incoming;
+class unanswered_request;
 
 namespace detail {
 /* The user_data of a C struct whose wrapper has died while the library still holds it: the
@@ -367,6 +414,10 @@ struct region_box {
   region_box *next = nullptr;        // orphans: the next in the loop wrapper's list
 };
 
+/* One request posted through the wrapper (socket::request()): defined with the socket's
+ * functions, once message and unanswered_request are complete. */
+struct request_box;
+
 /* One operation posted through the wrapper: the ibmsg_op the library holds, and the handler.
  * Allocated by the posting call, freed after the library's done callback. */
 struct op_box {
@@ -408,6 +459,16 @@ struct op_box {
  * (see ibmsg_rdma_write()). The local region must stay registered, and its bytes untouched while
  * a read or an atomic writes them, until the handler runs (region::~region() keeps it registered
  * until then).
+ *
+ * Requests (request()) need a CONNECTED socket whose peer's ibmsg has requests (1.5). Each
+ * successful call runs its handler exactly once from the loop (see the comment at the top of this
+ * file): IBMSG_OK with the reply; IBMSG_ETIMEDOUT; or the reason the connection closed (all
+ * handlers of a socket run before its connection_closed callback). The handler may be empty (the
+ * reply is then freed unread). A call returns false when the send queue is full (IBMSG_EAGAIN:
+ * nothing was sent, the handler is dropped), and throws ibmsg::error when the library refuses the
+ * request (nothing was sent, no handler runs): IBMSG_EINVAL (timeout_ms 0 or negative, an empty
+ * message), IBMSG_EOPNOTSUPP (the peer's ibmsg has no requests), IBMSG_EMSGSIZE (above the eager
+ * size: requests and replies go eagerly), IBMSG_ENOTCONN, ... (see ibmsg_post_request()).
  */
 class socket {
  public:
@@ -417,6 +478,15 @@ class socket {
   /** Handler of an atomic: like op_handler, and previous is the remote word's value before
    *  the atomic (read from the local region at completion; 0 unless status is IBMSG_OK). */
   using atomic_handler = std::function<void(socket &, int status, std::uint64_t previous)>;
+  /** Handler of a request (request()): runs exactly once with IBMSG_OK and the reply, a received
+   *  message the handler owns (freed when the parameter dies: move it to keep it), or with an
+   *  empty message and IBMSG_ETIMEDOUT or the reason the connection closed. */
+  using reply_handler = std::function<void(socket &, message reply, int status)>;
+  /** reply_handler that may retry the request: after IBMSG_ETIMEDOUT or a close reason, req
+   *  holds it (unanswered_request::retry() sends it again and this handler runs again, once);
+   *  after IBMSG_OK req is empty. */
+  using retry_handler =
+      std::function<void(socket &, message reply, int status, unanswered_request req)>;
 
   /** An empty socket: nothing allocated, status IBMSG_UNCONNECTED. */
   socket() noexcept = default;
@@ -568,6 +638,34 @@ class socket {
                                  std::size_t remote_offset, std::uint64_t add,
                                  atomic_handler done);
 
+  /**
+   * Sends msg, a message allocated on this socket, as a request (ibmsg_post_request()); done
+   * runs once with the reply, or with IBMSG_ETIMEDOUT if none came within timeout_ms, or with
+   * the reason the connection closed. msg gets its message_sent callback as with
+   * message::post(), independently of done. Returns false if the send queue is full; throws
+   * ibmsg::error (see the class comment; IBMSG_EINVAL for timeout_ms 0 or negative).
+   */
+  [[nodiscard]] bool request(message &msg, int timeout_ms, reply_handler done);
+  /** request() whose handler may retry it: see retry_handler and unanswered_request. */
+  [[nodiscard]] bool request(message &msg, int timeout_ms, retry_handler done);
+  /** request() without a handler: the reply, if any, is freed unread. */
+  [[nodiscard]] bool request(message &msg, int timeout_ms, std::nullptr_t) {
+    return request(msg, timeout_ms, reply_handler());
+  }
+  /**
+   * Answers request, a received message of this socket with is_request() that the application
+   * still holds, with reply, a message allocated on this socket (ibmsg_post_reply()); reply
+   * gets its message_sent callback as with message::post(). The request may be dropped after
+   * (before, it is never answered: a request freed unanswered gets no reply, nor do its
+   * retries). Returns false if the send queue is full (IBMSG_EAGAIN: nothing was sent, the
+   * request is still unanswered). Throws ibmsg::error: IBMSG_EINVAL if request is not a request
+   * (a plain message, a send message, an empty one), IBMSG_EALREADY if it was answered already,
+   * IBMSG_EMSGSIZE above the eager size, IBMSG_ENOTCONN if the connection closed (the library
+   * keeps the reply's bytes for a retry over a new connection; reply stays the application's),
+   * ... (see ibmsg_post_reply()).
+   */
+  [[nodiscard]] bool reply(message &request, message &reply);
+
   /** The C socket, or nullptr for an empty socket. Stays the same across moves. */
   ibmsg_socket *handle() const noexcept { return s_; }
   /** True if the socket holds a C socket. */
@@ -600,6 +698,11 @@ class socket {
                atomic_handler atomic_done, Call &&call);
   /* The done callback of every operation posted through the wrapper. */
   static void on_op_done(ibmsg_socket *s, ibmsg_op *op, int status) noexcept;
+  /* Posts a request whose box holds the handler; see request(). */
+  bool post_request(message &msg, int timeout_ms, std::unique_ptr<detail::request_box> box);
+  /* The done callback of every request posted or retried through the wrapper. */
+  static void on_reply(ibmsg_socket *s, ibmsg_request *req, ibmsg_buffer *reply,
+                       int status) noexcept;
 
   ibmsg_socket *s_ = nullptr;
   bool open_ = false;
@@ -743,9 +846,15 @@ class message {
   bool has_imm() const noexcept { return b_ && received_ && (b_->flags & IBMSG_MSG_IMM) != 0; }
   /** A received message's immediate (0 unless has_imm()). */
   std::uint32_t imm() const noexcept { return has_imm() ? b_->imm : 0; }
-  /** A received message's IBMSG_MSG_* flags (0 for a send message): IBMSG_MSG_IMM, and
-   *  IBMSG_MSG_REGION when its data() lies in a region (incoming::to_region()). */
+  /** A received message's IBMSG_MSG_* flags (0 for a send message): IBMSG_MSG_IMM,
+   *  IBMSG_MSG_REGION when its data() lies in a region (incoming::to_region()), and
+   *  IBMSG_MSG_REQUEST for a request. */
   std::uint32_t flags() const noexcept { return b_ && received_ ? b_->flags : 0; }
+  /** True for a received message that the sender posted as a request (socket::request()):
+   *  answer it with socket::reply() before dropping it. */
+  bool is_request() const noexcept {
+    return b_ && received_ && (b_->flags & IBMSG_MSG_REQUEST) != 0;
+  }
 
   /** The C message, or nullptr for an empty one. Stays the same across moves. */
   ibmsg_buffer *handle() const noexcept { return b_; }
@@ -754,8 +863,9 @@ class message {
 
  private:
   friend class loop;
+  friend class socket;
 
-  /* A received message, owned from now on (the library owns the struct itself). */
+  /* A received message (or a reply), owned from now on (the library owns the struct itself). */
   static message adopt_received(ibmsg_buffer *b, ibmsg_event_loop *l) noexcept {
     message m;
     m.b_ = b;
@@ -1042,6 +1152,80 @@ class incoming {
   explicit incoming(ibmsg_incoming *in) noexcept : in_(in) {}
 
   ibmsg_incoming *in_;
+};
+
+/* ---------------------------------------------------------------------------------------------
+ * Unanswered request
+ * ------------------------------------------------------------------------------------------ */
+
+/**
+ * A request that got no reply, as a socket::retry_handler gets it after IBMSG_ETIMEDOUT or the
+ * reason its connection closed: owns the request's storage (its ibmsg_request and the handler)
+ * while the library does not hold it. Move-only. retry() sends the request again with the same
+ * identity (ibmsg_retry_request()) and hands it back to the library: the same handler then runs
+ * once more, with the reply or the next failure, and gets the request back in a new
+ * unanswered_request if it fails again. Dropping it gives the request up (nothing is sent; the
+ * responder forgets it after IBMSG_OPT_REQUEST_WINDOW).
+ *
+ * An empty one (default-constructed, moved from, retried, or the one a handler gets with
+ * IBMSG_OK) holds nothing: retry() throws ibmsg::error (IBMSG_EINVAL).
+ */
+class unanswered_request {
+ public:
+  /** An empty one (holds no request). */
+  unanswered_request() noexcept = default;
+  /** Gives the request up (frees its storage and the handler). */
+  ~unanswered_request() { reset(); }
+
+  /** Takes over other's request; other becomes empty. */
+  unanswered_request(unanswered_request &&other) noexcept
+      : b_(std::exchange(other.b_, nullptr)) {}
+  /** Gives up this request as the destructor does, then takes over other's. */
+  unanswered_request &operator=(unanswered_request &&other) noexcept {
+    if (this != &other) {
+      reset();
+      b_ = std::exchange(other.b_, nullptr);
+    }
+    return *this;
+  }
+  /** Not copyable: a request is sent again at most once at a time. */
+  unanswered_request(const unanswered_request &) = delete;
+  /** Not copyable. */
+  unanswered_request &operator=(const unanswered_request &) = delete;
+
+  /**
+   * Sends the request again with msg, a message allocated on s that is not posted (a new one,
+   * or the first one after its message_sent callback), with the same identity
+   * (ibmsg_retry_request()); s may be the socket it was sent on or, after that closed, a new
+   * connection of the same loop to the same responder. The responder runs a request at most
+   * once: a retry of one it answered gets the kept reply. On success this object becomes empty
+   * and the handler runs once more from the loop, on s. Returns false if the send queue is full
+   * (IBMSG_EAGAIN: nothing was sent, this object keeps the request). Throws ibmsg::error, keeping
+   * the request (nothing was sent, no handler runs): IBMSG_EINVAL for an empty one or timeout_ms
+   * 0 or negative, IBMSG_ETIMEDOUT if it was first sent longer ago than IBMSG_OPT_REQUEST_WINDOW
+   * (the responder may have forgotten it: send it anew with socket::request()), IBMSG_ENOTCONN,
+   * and the other codes of socket::request().
+   */
+  [[nodiscard]] bool retry(socket &s, message &msg, int timeout_ms);
+
+  /** The request's identity, unique within its loop; the same for every retry (0 if empty). */
+  std::uint64_t id() const noexcept;
+  /** How many times it was retried so far (0 if empty). */
+  int retries() const noexcept;
+  /** Why it failed last: IBMSG_ETIMEDOUT or a close reason (IBMSG_OK if empty). */
+  int status() const noexcept;
+  /** The C request, or nullptr if empty: to read; posting it through the C API is not allowed
+   *  (retry() does that). */
+  const ibmsg_request *handle() const noexcept;
+  /** True if it holds a request. */
+  explicit operator bool() const noexcept { return b_ != nullptr; }
+
+ private:
+  friend class socket;
+  explicit unanswered_request(detail::request_box *b) noexcept : b_(b) {}
+  void reset() noexcept;
+
+  detail::request_box *b_ = nullptr;
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -1633,6 +1817,93 @@ inline void socket::on_op_done(ibmsg_socket *s, ibmsg_op *op, int status) noexce
     loop::hold(s->loop);
   }
 }
+
+namespace detail {
+/* One request posted through the wrapper: the ibmsg_request the library holds, and the handler.
+ * Allocated by socket::request(); the library's while posted, then freed after its done
+ * callback, or handed to a retry_handler in an unanswered_request (which frees it when it dies
+ * or gives it back to the library with retry()). */
+struct request_box {
+  ibmsg_request req{};
+  socket::reply_handler done;
+  // Shared: the handler gets the unanswered_request that owns the box, and may drop it (and the
+  // box) while it runs.
+  std::shared_ptr<const socket::retry_handler> retry_done;
+};
+}  // namespace detail
+
+inline bool socket::request(message &msg, int timeout_ms, reply_handler done) {
+  std::unique_ptr<detail::request_box> box(new detail::request_box());
+  box->done = std::move(done);
+  return post_request(msg, timeout_ms, std::move(box));
+}
+
+inline bool socket::request(message &msg, int timeout_ms, retry_handler done) {
+  std::unique_ptr<detail::request_box> box(new detail::request_box());
+  if (done) box->retry_done = std::make_shared<const retry_handler>(std::move(done));
+  return post_request(msg, timeout_ms, std::move(box));
+}
+
+inline bool socket::post_request(message &msg, int timeout_ms,
+                                 std::unique_ptr<detail::request_box> box) {
+  box->req.done = on_reply;
+  box->req.user_data = box.get();
+  // No callback runs inside the call: the box is the library's only once it succeeded.
+  int rc = ibmsg_post_request(s_, msg.handle(), &box->req, timeout_ms);
+  if (rc == IBMSG_EAGAIN) return false;
+  detail::check(rc);
+  box.release();  // freed by on_reply, or by the unanswered_request it hands on
+  return true;
+}
+
+inline bool socket::reply(message &request, message &reply) {
+  int rc = ibmsg_post_reply(s_, request.handle(), reply.handle());
+  if (rc == IBMSG_EAGAIN) return false;
+  detail::check(rc);
+  return true;
+}
+
+inline void socket::on_reply(ibmsg_socket *s, ibmsg_request *req, ibmsg_buffer *reply,
+                             int status) noexcept {
+  // The library is done with the ibmsg_request: the box is the wrapper's again, freed at the end
+  // unless a retry_handler's unanswered_request takes it.
+  std::unique_ptr<detail::request_box> box(static_cast<detail::request_box *>(req->user_data));
+  // Lent like a received message: freed at the end unless the handler keeps it.
+  message msg = reply ? message::adopt_received(reply, s->loop) : message();
+  loop *self = loop::from(s->loop);
+  socket *sock = from(s);
+  if (!self || !sock) return;
+  try {
+    if (box->retry_done) {
+      std::shared_ptr<const retry_handler> handler = box->retry_done;
+      unanswered_request pending;
+      if (status != IBMSG_OK) pending = unanswered_request(box.release());
+      (*handler)(*sock, std::move(msg), status, std::move(pending));
+    } else if (box->done) {
+      box->done(*sock, std::move(msg), status);
+    }
+  } catch (...) {
+    loop::hold(s->loop);
+  }
+}
+
+inline bool unanswered_request::retry(socket &s, message &msg, int timeout_ms) {
+  if (!b_) throw error(IBMSG_EINVAL);
+  // No callback runs inside the call; on failure the box stays here.
+  int rc = ibmsg_retry_request(s.handle(), msg.handle(), &b_->req, timeout_ms);
+  if (rc == IBMSG_EAGAIN) return false;
+  detail::check(rc);
+  b_ = nullptr;  // the library's until its done callback (socket::on_reply)
+  return true;
+}
+
+inline std::uint64_t unanswered_request::id() const noexcept { return b_ ? b_->req.id : 0; }
+inline int unanswered_request::retries() const noexcept { return b_ ? b_->req.retries : 0; }
+inline int unanswered_request::status() const noexcept { return b_ ? b_->req.status : IBMSG_OK; }
+inline const ibmsg_request *unanswered_request::handle() const noexcept {
+  return b_ ? &b_->req : nullptr;
+}
+inline void unanswered_request::reset() noexcept { delete std::exchange(b_, nullptr); }
 
 inline void loop::on_request(ibmsg_connection_request *r) noexcept {
   loop *self = from(r->loop);

@@ -1713,6 +1713,472 @@ void memory_of_connections_and_loop(void **) {
   });
 }
 
+/* ---- requests and replies -------------------------------------------------------------------- */
+
+// What a request's handler saw, call by call.
+struct reply_rec {
+  int calls = 0;
+  int status = -1;              // the last call's
+  std::vector<int> statuses;    // every call's
+  std::string data;             // the last reply's bytes
+  bool had_reply = false;       // the last call got a non-empty message
+  bool reply_received = false;  // ... that says received()
+  bool reply_is_request = false;
+  ibmsg::socket *sock = nullptr;
+  std::vector<ibmsg::message> kept;  // replies moved out of the handler
+  bool keep = false;
+
+  void saw(ibmsg::socket &s, ibmsg::message &reply, int st) {
+    ++calls;
+    status = st;
+    statuses.push_back(st);
+    sock = &s;
+    had_reply = static_cast<bool>(reply);
+    reply_received = reply.received();
+    reply_is_request = reply.is_request();
+    data = text_of(reply);
+    if (keep) kept.push_back(std::move(reply));
+  }
+};
+
+// A message of text allocated on s, not posted. Fails the test if it would block.
+ibmsg::message text_msg(ibmsg::socket &s, const std::string &text) {
+  ibmsg::message m;
+  CHECK(m.alloc(s, text.size()), "alloc of %zu bytes would block", text.size());
+  std::memcpy(m.data(), text.data(), text.size());
+  return m;
+}
+
+// The message_sent status of handle, or -1 if none came.
+int sent_status(const peers &p, ibmsg_buffer *handle) {
+  for (const auto &s : p.sent)
+    if (s.handle == handle) return s.status;
+  return -1;
+}
+
+void request_answered_through_reply_runs_the_lambda_once(void **) {
+  guarded([] {
+    peers p;
+    // Few receive buffers of its own per connection: replies (and requests) that were not freed
+    // would use up the credits within the round trips below.
+    p.lp.set_option(IBMSG_OPT_SHARED_RECV, 0);
+    p.lp.set_option(IBMSG_OPT_RECV_DEPTH, 4);
+    struct seen_request {
+      bool is_request;
+      std::uint32_t flags;
+      std::string data;
+      bool replied;
+      int again;  // the code of a second reply to it
+    };
+    std::vector<seen_request> seen;
+    bool answer = true;  // answer inside the callback; otherwise hold the request
+    p.lp.on_message_received([&](ibmsg::socket &s, ibmsg::message m) {
+      p.received.push_back({&s, s.handle(), text_of(m), m.has_imm(), m.imm(), m.flags(), m.data()});
+      seen.push_back({m.is_request(), m.flags(), text_of(m), false, 0});
+      if (!m.is_request()) return;
+      if (!answer) {
+        p.held.push_back(std::move(m));
+        return;
+      }
+      ibmsg::message r;
+      std::string text = "re:" + text_of(m);
+      if (!r.alloc(s, text.size())) return;
+      std::memcpy(r.data(), text.data(), text.size());
+      seen.back().replied = s.reply(m, r);
+      if (seen.back().replied) p.outbox.push_back(std::move(r));
+      ibmsg::message r2;
+      if (r2.alloc(s, 1)) seen.back().again = error_code_of([&] { (void)s.reply(m, r2); });
+    });
+    p.connect();
+
+    auto token = std::make_shared<int>(0);
+    reply_rec a;
+    a.keep = true;
+    ibmsg::message ping = text_msg(p.client, "ping");
+    CHECK(p.client.request(ping, wait_ms,
+                           [&a, token](ibmsg::socket &s, ibmsg::message reply, int st) {
+                             a.saw(s, reply, st);
+                           }),
+          "request would block");
+    CHECK(p.wait([&] { return a.calls > 0; }), "the request's handler did not run");
+    CHECK(seen.size() == 1 && seen[0].is_request && (seen[0].flags & IBMSG_MSG_REQUEST) &&
+              seen[0].data == "ping",
+          "the server saw %zu messages; the first: request %d, flags %#x, \"%s\"", seen.size(),
+          seen.empty() ? -1 : seen[0].is_request, seen.empty() ? 0 : seen[0].flags,
+          seen.empty() ? "" : seen[0].data.c_str());
+    CHECK(seen[0].replied, "reply() would block");
+    CHECK(seen[0].again == IBMSG_EALREADY, "a second reply to the request: %s, expected IBMSG_EALREADY",
+          code_name(seen[0].again));
+    CHECK(a.status == IBMSG_OK, "the handler got %s", code_name(a.status));
+    CHECK(a.sock == &p.client, "the handler got the wrong socket");
+    CHECK(a.had_reply && a.reply_received && !a.reply_is_request,
+          "reply: present %d, received %d, is_request %d", a.had_reply, a.reply_received,
+          a.reply_is_request);
+    CHECK(a.data == "re:ping", "the reply's bytes are \"%s\"", a.data.c_str());
+    CHECK(a.kept.size() == 1 && text_of(a.kept[0]) == "re:ping" && a.kept[0].received(),
+          "the reply moved out of the handler: %zu kept", a.kept.size());
+    CHECK(p.wait([&] { return sent_status(p, ping.handle()) >= 0; }),
+          "no message_sent for the request message");
+    CHECK(sent_status(p, ping.handle()) == IBMSG_OK, "the request message: %s",
+          code_name(sent_status(p, ping.handle())));
+    p.step(50);
+    CHECK(a.calls == 1, "the handler ran %d times", a.calls);
+    CHECK(token.use_count() == 1, "%ld holders of the token: the request kept its handler",
+          token.use_count());
+    a.kept.clear();  // freed: its credit goes back
+
+    // A plain message is no request.
+    p.send(p.client, "plain");
+    CHECK(p.wait([&] { return seen.size() == 2; }), "the plain message did not arrive");
+    CHECK(!seen[1].is_request && !(seen[1].flags & IBMSG_MSG_REQUEST),
+          "a plain message: is_request %d, flags %#x", seen[1].is_request, seen[1].flags);
+
+    // Round trips whose handlers drop the replies, answered later from outside the callback:
+    // more than the receive credits, so every reply and request must be freed on the way.
+    answer = false;
+    for (int i = 0; i < 12; ++i) {
+      reply_rec r;
+      bool ok_handler_was_empty = false;
+      ibmsg::message m = text_msg(p.client, "q" + std::to_string(i));
+      CHECK(p.client.request(m, wait_ms,
+                             [&](ibmsg::socket &s, ibmsg::message reply, int st,
+                                 ibmsg::unanswered_request req) {
+                               ok_handler_was_empty = !req && req.id() == 0;
+                               r.saw(s, reply, st);
+                             }),
+            "request %d would block", i);
+      CHECK(p.wait([&] { return p.held.size() == 1; }), "request %d did not arrive", i);
+      ibmsg::message ans = text_msg(p.server, "a" + std::to_string(i));
+      CHECK(p.server.reply(p.held[0], ans), "reply %d would block", i);
+      p.held.clear();  // answered: the request may go
+      CHECK(p.wait([&] { return r.calls > 0; }), "round trip %d: the handler did not run", i);
+      CHECK(r.status == IBMSG_OK && r.data == "a" + std::to_string(i),
+            "round trip %d: %s, \"%s\"", i, code_name(r.status), r.data.c_str());
+      CHECK(ok_handler_was_empty, "round trip %d: the unanswered_request after IBMSG_OK holds one",
+            i);
+      CHECK(p.wait([&] {
+              return sent_status(p, m.handle()) >= 0 && sent_status(p, ans.handle()) >= 0;
+            }),
+            "round trip %d: message_sent missing", i);
+      CHECK(sent_status(p, ans.handle()) == IBMSG_OK, "round trip %d: the reply message: %s", i,
+            code_name(sent_status(p, ans.handle())));
+      p.sent.clear();
+    }
+    ping = ibmsg::message();
+    p.close_all();  // IBMSG_EBUSY if a reply or request were never freed
+  });
+}
+
+void request_to_a_silent_server_times_out_in_the_lambda(void **) {
+  guarded([] {
+    peers p;
+    p.hold = true;  // the server keeps the requests and never answers
+    p.connect();
+    auto token = std::make_shared<int>(0);
+    reply_rec r;
+    std::chrono::steady_clock::time_point at;
+    ibmsg::message m = text_msg(p.client, "anyone?");
+    const auto posted = std::chrono::steady_clock::now();
+    CHECK(p.client.request(m, 200,
+                           [&r, &at, token](ibmsg::socket &s, ibmsg::message reply, int st) {
+                             at = std::chrono::steady_clock::now();
+                             r.saw(s, reply, st);
+                           }),
+          "request would block");
+    CHECK(p.wait([&] { return r.calls > 0; }), "the handler did not run within %d ms", wait_ms);
+    const long ms =
+        long(std::chrono::duration_cast<std::chrono::milliseconds>(at - posted).count());
+    CHECK(r.status == IBMSG_ETIMEDOUT, "the handler got %s, expected IBMSG_ETIMEDOUT",
+          code_name(r.status));
+    CHECK(!r.had_reply && r.data.empty(), "a timed-out request got a reply message");
+    CHECK(ms >= 190, "it timed out after %ld ms, before its 200 ms", ms);
+    CHECK(p.received.size() == 1 && p.held.size() == 1 && p.held[0].is_request(),
+          "the server holds %zu messages", p.held.size());
+    CHECK(token.use_count() == 1, "%ld holders of the token after the handler",
+          token.use_count());
+    // A reply after the timeout is dropped: the handler does not run again.
+    ibmsg::message late = text_msg(p.server, "too late");
+    CHECK(p.server.reply(p.held[0], late), "the late reply would block");
+    CHECK(p.wait([&] { return sent_status(p, late.handle()) >= 0; }), "the late reply was not sent");
+    p.step(100);
+    CHECK(r.calls == 1, "the handler ran %d times", r.calls);
+    m = ibmsg::message();
+    late = ibmsg::message();
+    p.close_all();
+  });
+}
+
+void timed_out_request_retried_from_the_lambda_gets_the_reply_once(void **) {
+  guarded([] {
+    peers p;
+    p.hold = true;
+    p.connect();
+    auto token = std::make_shared<int>(0);
+    reply_rec r;
+    std::vector<std::uint64_t> ids;
+    std::vector<int> retries_seen;
+    int retry_code = -1;
+    bool retried = false;
+    ibmsg::message m = text_msg(p.client, "slow one");
+    ibmsg::socket::retry_handler handler = [&, token](ibmsg::socket &s, ibmsg::message reply, int st,
+                                                      ibmsg::unanswered_request req) {
+      ids.push_back(req.id());
+      retries_seen.push_back(req.retries());
+      r.saw(s, reply, st);
+      if (st == IBMSG_ETIMEDOUT && req.retries() == 0) {
+        retry_code = error_code_of([&] { retried = req.retry(s, m, wait_ms); });
+      }
+    };
+    CHECK(p.client.request(m, 150, handler), "request would block");
+    handler = nullptr;  // the request holds its own copy
+    CHECK(p.wait([&] { return r.calls > 0; }), "the first handler call did not come");
+    CHECK(r.statuses[0] == IBMSG_ETIMEDOUT, "first call: %s", code_name(r.statuses[0]));
+    CHECK(ids[0] != 0 && retries_seen[0] == 0, "first call: id %llu, retries %d",
+          static_cast<unsigned long long>(ids[0]), retries_seen[0]);
+    CHECK(retry_code == 0 && retried, "retry() from the handler: %s, sent %d",
+          code_name(retry_code), retried);
+    // The retry reached the server while it still works on the request: not delivered again.
+    p.step(100);
+    CHECK(p.received.size() == 1 && p.held.size() == 1,
+          "the server got %zu messages for one request and its retry", p.received.size());
+    ibmsg::message ans = text_msg(p.server, "done at last");
+    CHECK(p.server.reply(p.held[0], ans), "reply would block");
+    CHECK(p.wait([&] { return r.calls > 1; }), "the retry's handler did not run");
+    CHECK(r.statuses[1] == IBMSG_OK && r.data == "done at last", "second call: %s, \"%s\"",
+          code_name(r.statuses[1]), r.data.c_str());
+    CHECK(ids[1] == 0, "the unanswered_request after IBMSG_OK holds id %llu",
+          static_cast<unsigned long long>(ids[1]));
+    p.step(100);
+    CHECK(r.calls == 2, "the handler ran %d times for a request and one retry", r.calls);
+    CHECK(p.received.size() == 1, "the server got %zu messages", p.received.size());
+    CHECK(token.use_count() == 1, "%ld holders of the token after the reply", token.use_count());
+    m = ibmsg::message();
+    ans = ibmsg::message();
+    p.close_all();
+  });
+}
+
+void requests_outstanding_at_disconnect_get_ecanceled_once(void **) {
+  guarded([] {
+    peers p;
+    p.hold = true;
+    p.connect();
+    auto token = std::make_shared<int>(0);
+    constexpr int n = 4;
+    reply_rec r[n];
+    std::size_t handled = 0, handled_before_closed = 0;
+    bool client_closed = false;
+    int retry_code = -1;
+    ibmsg::unanswered_request kept;
+    p.lp.on_connection_closed([&](ibmsg::socket &s, int reason) {
+      p.closed.push_back({&s, s.handle(), reason});
+      if (s.handle() == p.client_h) {
+        client_closed = true;
+        handled_before_closed = handled;
+      }
+    });
+    std::vector<ibmsg::message> msgs;
+    for (int i = 0; i < n; ++i) msgs.push_back(text_msg(p.client, "req" + std::to_string(i)));
+    for (int i = 0; i < n; ++i) {
+      bool ok;
+      if (i % 2 == 0) {
+        ok = p.client.request(msgs[i], 10 * wait_ms,
+                              [&, token, i](ibmsg::socket &s, ibmsg::message reply, int st) {
+                                r[i].saw(s, reply, st);
+                                ++handled;
+                              });
+      } else {
+        ok = p.client.request(msgs[i], 10 * wait_ms,
+                              [&, token, i](ibmsg::socket &s, ibmsg::message reply, int st,
+                                            ibmsg::unanswered_request req) {
+                                r[i].saw(s, reply, st);
+                                ++handled;
+                                if (i == 1) {
+                                  // The closing socket takes no retry; the request stays ours.
+                                  retry_code = error_code_of(
+                                      [&] { (void)req.retry(s, msgs[i], wait_ms); });
+                                  kept = std::move(req);
+                                }
+                              });
+      }
+      CHECK(ok, "request %d would block", i);
+    }
+    CHECK(p.wait([&] { return p.held.size() == std::size_t(n); }), "%zu of %d requests arrived",
+          p.held.size(), n);
+    p.client.disconnect();
+    CHECK(p.wait([&] { return client_closed; }), "the client did not close");
+    p.step(50);
+    for (int i = 0; i < n; ++i) {
+      CHECK(r[i].calls == 1, "request %d: the handler ran %d times", i, r[i].calls);
+      CHECK(r[i].status == IBMSG_ECANCELED && !r[i].had_reply,
+            "request %d: %s, expected IBMSG_ECANCELED", i, code_name(r[i].status));
+    }
+    CHECK(handled_before_closed == std::size_t(n),
+          "%zu of %d handlers had run when connection_closed came", handled_before_closed, n);
+    CHECK(retry_code == IBMSG_ENOTCONN, "retry() on the closing socket: %s, expected IBMSG_ENOTCONN",
+          code_name(retry_code));
+    CHECK(kept && kept.status() == IBMSG_ECANCELED && kept.id() != 0 && kept.handle() != nullptr,
+          "the kept request: held %d, status %s", static_cast<bool>(kept), code_name(kept.status()));
+    CHECK(token.use_count() == 2, "%ld holders of the token: one request kept", token.use_count());
+    kept = ibmsg::unanswered_request();  // given up: its handler goes
+    CHECK(token.use_count() == 1, "%ld holders of the token after giving it up", token.use_count());
+    msgs.clear();
+    p.close_all();
+  });
+}
+
+void request_retried_over_a_new_connection_after_the_peer_closed(void **) {
+  guarded([] {
+    peers p;
+    p.hold = true;
+    p.connect();
+    reply_rec r;
+    ibmsg::unanswered_request pending;
+    ibmsg::message m = text_msg(p.client, "survive this");
+    CHECK(p.client.request(m, 10 * wait_ms,
+                           [&](ibmsg::socket &s, ibmsg::message reply, int st,
+                               ibmsg::unanswered_request req) {
+                             r.saw(s, reply, st);
+                             pending = std::move(req);
+                           }),
+          "request would block");
+    CHECK(p.wait([&] { return p.held.size() == 1; }), "the request did not arrive");
+    ibmsg::message ans = text_msg(p.server, "answered after all");  // before the close
+    p.server.disconnect();
+    CHECK(p.wait([&] { return r.calls > 0; }), "the handler did not run when the peer closed");
+    CHECK(r.status == IBMSG_ECONNRESET && !r.had_reply, "the handler got %s, expected IBMSG_ECONNRESET",
+          code_name(r.status));
+    CHECK(p.wait([&] { return !p.client.is_open() && !p.server.is_open(); }),
+          "the connection did not close");
+    CHECK(r.status == p.closed_reason(p.client_h), "the handler got %s, the client closed with %s",
+          code_name(r.status), code_name(p.closed_reason(p.client_h)));
+    CHECK(r.calls == 1, "the handler ran %d times", r.calls);
+    CHECK(pending && pending.retries() == 0, "the request was not kept");
+
+    // The responder answers on the closed connection: the library keeps the reply for a retry.
+    int code = error_code_of([&] { (void)p.server.reply(p.held[0], ans); });
+    CHECK(code == IBMSG_ENOTCONN, "reply on the closed connection: %s, expected IBMSG_ENOTCONN",
+          code_name(code));
+    ans = ibmsg::message();
+    m = ibmsg::message();
+    p.held.clear();
+
+    // A new connection of the same loop: the retry gets the kept reply; the server's handler
+    // does not see the request again.
+    const std::size_t before = p.established.size();
+    p.client.connect(p.lp, addr, p.port);
+    CHECK(p.wait([&] { return p.established.size() == before + 2; }), "the reconnection failed");
+    ibmsg::message again = text_msg(p.client, "survive this");
+    CHECK(pending.retry(p.client, again, wait_ms), "retry would block");
+    CHECK(!pending, "a retried request stays in the unanswered_request");
+    CHECK(p.wait([&] { return r.calls > 1; }), "the retry's handler did not run");
+    CHECK(r.status == IBMSG_OK && r.data == "answered after all" && r.sock == &p.client,
+          "the retry got %s, \"%s\"", code_name(r.status), r.data.c_str());
+    p.step(100);
+    CHECK(r.calls == 2, "the handler ran %d times", r.calls);
+    CHECK(p.received.size() == 1, "the server's handler saw the request %zu times", p.received.size());
+    again = ibmsg::message();
+    p.close_all();
+  });
+}
+
+void request_and_reply_errors_throw_and_send_nothing(void **) {
+  guarded([] {
+    peers p;
+    std::vector<ibmsg::message> plain;
+    p.lp.on_message_received([&](ibmsg::socket &s, ibmsg::message m) {
+      p.received.push_back({&s, s.handle(), text_of(m), m.has_imm(), m.imm(), m.flags(), m.data()});
+      plain.push_back(std::move(m));
+    });
+    p.connect();
+    auto token = std::make_shared<int>(0);
+    int calls = 0;
+    auto counting = [&calls, token](ibmsg::socket &, ibmsg::message, int) { ++calls; };
+    auto counting_retry = [&calls, token](ibmsg::socket &, ibmsg::message, int,
+                                          ibmsg::unanswered_request) { ++calls; };
+    ibmsg::message m = text_msg(p.client, "x");
+    ibmsg::message empty;
+    const std::size_t eager = std::size_t(p.lp.get_option(IBMSG_OPT_EAGER_SIZE));
+    ibmsg::message big;
+    CHECK(big.alloc(p.client, eager + 1), "alloc of %zu bytes would block", eager + 1);
+    struct attempt {
+      const char *what;
+      int expected;
+      std::function<bool()> post;
+    };
+    const attempt attempts[] = {
+        {"timeout 0", IBMSG_EINVAL, [&] { return p.client.request(m, 0, counting); }},
+        {"negative timeout", IBMSG_EINVAL, [&] { return p.client.request(m, -5, counting_retry); }},
+        {"an empty message", IBMSG_EINVAL, [&] { return p.client.request(empty, 100, counting); }},
+        {"above the eager size", IBMSG_EMSGSIZE,
+         [&] { return p.client.request(big, 100, counting_retry); }},
+    };
+    for (const attempt &a : attempts) {
+      int code = error_code_of([&] { (void)a.post(); });
+      CHECK(code == a.expected, "request with %s: %s, expected %s", a.what, code_name(code),
+            code_name(a.expected));
+    }
+    ibmsg::unanswered_request none;
+    int code = error_code_of([&] { (void)none.retry(p.client, m, 100); });
+    CHECK(code == IBMSG_EINVAL, "retry() of an empty unanswered_request: %s", code_name(code));
+    CHECK(!none && none.id() == 0 && none.handle() == nullptr,
+          "an empty unanswered_request holds something");
+
+    // Replies: to a plain message, to a send message, with an empty reply.
+    p.send(p.client, "not a request");
+    CHECK(p.wait([&] { return plain.size() == 1; }), "the plain message did not arrive");
+    CHECK(!plain[0].is_request(), "a plain message is a request");
+    ibmsg::message ans = text_msg(p.server, "no");
+    code = error_code_of([&] { (void)p.server.reply(plain[0], ans); });
+    CHECK(code == IBMSG_EINVAL, "reply to a plain message: %s, expected IBMSG_EINVAL", code_name(code));
+    ibmsg::message own = text_msg(p.server, "mine");
+    code = error_code_of([&] { (void)p.server.reply(own, ans); });
+    CHECK(code == IBMSG_EINVAL, "reply to a send message: %s, expected IBMSG_EINVAL", code_name(code));
+    CHECK(!own.is_request(), "a send message is a request");
+    p.step(50);
+    CHECK(calls == 0, "%d handlers ran for calls that failed", calls);
+    CHECK(token.use_count() == 3, "%ld holders of the token: a failed call kept its handler",
+          token.use_count());
+    CHECK(sent_status(p, ans.handle()) < 0, "the refused reply was sent");
+    plain.clear();
+    m = ibmsg::message();
+    big = ibmsg::message();
+    ans = ibmsg::message();
+    own = ibmsg::message();
+    p.close_all();
+  });
+}
+
+void requests_of_a_destroyed_socket_free_their_handlers(void **) {
+  guarded([] {
+    peers p;
+    p.hold = true;
+    p.connect();
+    auto token = std::make_shared<int>(0);
+    int calls = 0;
+    std::vector<ibmsg::message> msgs;
+    for (int i = 0; i < 4; ++i) msgs.push_back(text_msg(p.client, "r" + std::to_string(i)));
+    for (int i = 0; i < 4; ++i) {
+      bool ok = i % 2 ? p.client.request(msgs[i], 10 * wait_ms,
+                                         [&calls, token](ibmsg::socket &, ibmsg::message, int) {
+                                           ++calls;
+                                         })
+                      : p.client.request(msgs[i], 10 * wait_ms,
+                                         [&calls, token](ibmsg::socket &, ibmsg::message, int,
+                                                         ibmsg::unanswered_request) { ++calls; });
+      CHECK(ok, "request %d would block", i);
+    }
+    CHECK(p.wait([&] { return p.held.size() == 4; }), "%zu of 4 requests arrived", p.held.size());
+    { ibmsg::socket gone(std::move(p.client)); }  // disconnects; nothing reaches us any more
+    CHECK(p.wait([&] { return token.use_count() == 1; }),
+          "%ld holders of the token: the requests of the dead socket kept their handlers",
+          token.use_count());
+    CHECK(calls == 0, "%d handlers ran for a destroyed socket", calls);
+    msgs.clear();
+    p.close_all();
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -1765,6 +2231,13 @@ int main() {
       cmocka_unit_test(message_incoming_places_one_message_and_declines_another),
       cmocka_unit_test(message_incoming_exception_leaves_the_message_to_the_library),
       cmocka_unit_test(memory_of_connections_and_loop),
+      cmocka_unit_test(request_answered_through_reply_runs_the_lambda_once),
+      cmocka_unit_test(request_to_a_silent_server_times_out_in_the_lambda),
+      cmocka_unit_test(timed_out_request_retried_from_the_lambda_gets_the_reply_once),
+      cmocka_unit_test(requests_outstanding_at_disconnect_get_ecanceled_once),
+      cmocka_unit_test(request_retried_over_a_new_connection_after_the_peer_closed),
+      cmocka_unit_test(request_and_reply_errors_throw_and_send_nothing),
+      cmocka_unit_test(requests_of_a_destroyed_socket_free_their_handlers),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
