@@ -100,7 +100,7 @@ IBMSG_EXPORT const char *ibmsg_version_string(void);
   X(EIO, 5, "RDMA transport error")                                                               \
   X(EPROTO, 71, "protocol error: the peer broke the ibmsg protocol")                             \
   X(EACCES, 13, "access not granted: the region or descriptor lacks that right")                 \
-  X(EOPNOTSUPP, 95, "not supported on this connection: one-sided RDMA, immediates or atomics")    \
+  X(EOPNOTSUPP, 95, "not supported on this connection: one-sided RDMA, immediates, atomics, requests") \
   X(ERANGE, 34, "offset and length reach outside the region or descriptor")                     \
   X(EINPROGRESS, 115, "operation in progress")                                                    \
   X(EALREADY, 114, "already done: the request has its reply")
@@ -763,7 +763,7 @@ IBMSG_EXPORT int ibmsg_post_request(ibmsg_socket *socket, ibmsg_buffer *msg, ibm
 IBMSG_EXPORT int ibmsg_retry_request(ibmsg_socket *socket, ibmsg_buffer *msg, ibmsg_request *req,
                                      int timeout_ms);
 /** Answers request, a received message with IBMSG_MSG_REQUEST that the application still holds
- *  (it may free it before or after replying), with reply, a message of the same connection
+ *  (it frees it once it replied; freed unanswered, the request's retries get no answer), with reply, a message of the same connection
  *  allocated with ibmsg_alloc_msg() (message_sent follows for it). IBMSG_EINVAL if request is
  *  not a request or reply is invalid, IBMSG_ENOTALLOC if request was freed, IBMSG_EALREADY if
  *  it was answered already, IBMSG_EMSGSIZE above the eager size; IBMSG_ENOTCONN if its

@@ -217,14 +217,14 @@ void notify_sent(Socket *s, Slot *slot, int status) {
   slot->xmr = nullptr;
   slot->state = SlotState::Allocated;
   msg->status = status == IBMSG_OK ? IBMSG_SENT : IBMSG_SEND_FAILED;
-  if (status == IBMSG_OK) {
-    ++s->stats.msgs_sent;
-    s->stats.bytes_sent += msg->size;
-  }
   if (slot->req_internal) {  // a kept reply sent again (dedup.cpp): the library's own
     slot->req_internal = false;
     msg_free(msg);
     return;
+  }
+  if (status == IBMSG_OK) {
+    ++s->stats.msgs_sent;
+    s->stats.bytes_sent += msg->size;
   }
   if (auto cb = s->loop->pub->message_sent) cb(s->pub, msg, status);
 }

@@ -53,7 +53,7 @@ void sweep(Loop *loop, double now) {
 // A kept reply goes to s again, from a send buffer of the library's own (no message_sent). Without
 // a buffer or room in the send queue it does not go: the requester's next retry asks again.
 void resend(Socket *s, uint64_t id, const Answer &a) {
-  if (!state_can_post(s->state) || s->lingering) return;
+  if (!state_can_post(s->state) || s->lingering || a.reply.size() > s->eager) return;
   int err = IBMSG_OK;
   Slot *slot = send_get(s, &err);
   if (!slot) return;
@@ -135,10 +135,12 @@ int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply) {
   if (q->req_answered) return IBMSG_EALREADY;
   Slot *rs = reply->impl;
   if (!slot_valid(rs) || rs->msg != reply || rs->pool->recv) return IBMSG_EINVAL;
+  // (what a send buffer holds eagerly: above it the reply cannot go, now or kept for later)
+  if (reply->size > rs->pool->slot_size - wire::kMaxTrailer) return IBMSG_EMSGSIZE;
   Loop *loop = loop_of_slot(q);
   Socket *owner = recv_owner(q);
-  if (s && owner != s) {
-    if (owner) return IBMSG_EINVAL;  // the request came on another connection
+  if (owner != s) {
+    if (owner) return IBMSG_EINVAL;  // it came on another connection (open), or s is none
     s = nullptr;                     // its connection closed
   }
   if (s && s->loop != loop) return IBMSG_EINVAL;

@@ -128,6 +128,7 @@ int req_post(Socket *s, ibmsg_buffer *msg, ibmsg_request *req, int timeout_ms, b
                           req->id && req->id < rl.next_id;
       return failed ? IBMSG_ETIMEDOUT : IBMSG_ESTATE;
     }
+    if (r->owner != req) return IBMSG_ESTATE;  // another request's id (another loop's?)
     if (r->first_posted + window_s(loop) <= ev_now(loop->ev)) {
       forget(loop, r);
       return IBMSG_ETIMEDOUT;
@@ -162,6 +163,7 @@ int req_post(Socket *s, ibmsg_buffer *msg, ibmsg_request *req, int timeout_ms, b
   }
   if (fresh) req->retries = 0;
   r->pub = req;
+  r->owner = req;
   r->sock = s;
   r->posted = true;
   r->deadline = ev_now(loop->ev) + timeout_ms / 1000.0;
@@ -180,10 +182,12 @@ void req_on_reply(Socket *s, Slot *slot) {
   Req *r = it == loop->req.live.end() ? nullptr : it->second;
   if (!r || !r->posted || r->sock != s) {
     // Late (the request timed out), or a reply to a request of another connection: dropped.
-    ++s->stats.replies_dropped;
+    ++s->stats.replies_dropped;  // (not counted as received)
     msg_free(&slot->own);
     return;
   }
+  ++s->stats.msgs_received;
+  s->stats.bytes_received += slot->own.size;
   finish(s, r, slot, IBMSG_OK);
 }
 

@@ -27,6 +27,7 @@ struct ibmsg__slot;
 // The record of one request identity (ibmsg_request.impl).
 struct ibmsg__req {
   ibmsg_request *pub = nullptr;     // while posted
+  const ibmsg_request *owner = nullptr;  // the struct it was posted with (a retry takes the same)
   ::ibmsg__socket *sock = nullptr;  // while posted
   uint64_t id = 0;
   double first_posted = 0;  // loop time of its first post (the retry window starts there)
