@@ -17,6 +17,14 @@
  *              first timed post (once every connection's warm-up has drained) to the last
  *              message_sent of all. The server answers each connection's last message with a
  *              DONE message carrying its count, so no message goes unaccounted.
+ *   rpc        requests and replies: the client keeps --outstanding requests posted with
+ *              ibmsg_post_request() and not yet answered, posting the next one from each done
+ *              callback; the server answers each request from message_received with
+ *              ibmsg_post_reply() (a reply of the same size; when no send buffer is free it keeps
+ *              the request until one is). Each request's round trip is timed from its posting
+ *              call to its done callback; the rate is the timed requests over the time from the
+ *              first timed post (once the warm-up has drained) to the last done callback. A
+ *              request without its reply within RPC_TIMEOUT_MS fails the test.
  * Messages above the eager size (IBMSG_OPT_EAGER_SIZE) go by rendezvous: the receiver reads each
  * one from the sender's buffer, and its message_sent comes once it has been read. Each such
  * message in flight has a registered buffer of its own size on both sides, so without -W the
@@ -74,6 +82,8 @@ static const char usage_text[] =
     "  -t, --test TESTS      comma-separated tests (default lat,bw):\n"
     "                          lat         message latency (ping-pong)\n"
     "                          bw          message bandwidth\n"
+    "                          rpc         request/reply round trip and rate\n"
+    "                                      (ibmsg_post_request, post to done)\n"
     "                          write_lat   RDMA write latency (write-with-immediate\n"
     "                                      ping-pong)\n"
     "                          read_lat    RDMA read latency (post to done)\n"
@@ -83,7 +93,7 @@ static const char usage_text[] =
     "                          read_bw     RDMA read bandwidth\n"
     "                          send        lat and bw\n"
     "                          rdma        the five RDMA tests\n"
-    "                          all         every test\n"
+    "                          all         every test (send, rpc and rdma)\n"
     "  -s, --sizes SIZES     comma-separated message sizes in bytes, up to\n"
     "                        4294967295 (default 64,4096,65536)\n"
     "  -n, --iters N         timed iterations per test (default 1000)\n"
@@ -93,6 +103,8 @@ static const char usage_text[] =
     "                        messages posted and not yet sent per connection in\n"
     "                        bw (default 32, ibmsg's send depth, or as many as\n"
     "                        256 MiB hold for larger messages, at least 2)\n"
+    "  -o, --outstanding N   requests posted and not yet answered in rpc\n"
+    "                        (1..4096, default 1)\n"
     "  -c, --connections N   connections of the bw test, all on the client's one\n"
     "                        loop; it reports their aggregate rate (1..16,\n"
     "                        default 1)\n"
@@ -119,9 +131,10 @@ static const char usage_text[] =
     "\n"
     "Sizes may end in K, M or G (times 1024, 1024^2, 1024^3). Latency is in\n"
     "microseconds: one way (round trip / 2) for lat and write_lat, post to done for\n"
-    "read_lat and atomic_lat. MB/s is 10^6 bytes per second (lat, bw); MiB/s is\n"
-    "2^20 bytes per second, what perftest calls MB/sec (write_bw, read_bw); Mpps is\n"
-    "10^6 messages or operations per second.\n"
+    "read_lat, atomic_lat and rpc (a request's whole round trip). MB/s is 10^6\n"
+    "bytes per second (lat, bw); MiB/s is 2^20 bytes per second, what perftest\n"
+    "calls MB/sec (write_bw, read_bw); Mpps is 10^6 messages or operations per\n"
+    "second; req/s is requests answered per second (rpc).\n"
     "Exit status: 0 on success, 1 on an error, 2 on bad usage.\n";
 
 #define MAX_SIZES 64
@@ -141,6 +154,11 @@ static const char usage_text[] =
 /* The largest IBMSG_OPT_MAX_MSG_SIZE (2^32 - 1) and IBMSG_OPT_EAGER_SIZE (2^30). */
 #define PERF_MAX_MSG_SIZE UINT64_C(4294967295)
 #define PERF_MAX_EAGER_SIZE (UINT64_C(1) << 30)
+/* rpc: a request's timeout (ibmsg_post_request); one that runs out fails the test. */
+#define RPC_TIMEOUT_MS 10000
+/* rpc: the most requests outstanding (--outstanding); beyond ibmsg's default send depth the
+ * client raises IBMSG_OPT_SEND_DEPTH and IBMSG_OPT_SEND_QUEUE to it. */
+#define MAX_OUTSTANDING 4096
 
 /* The tests; the values are also their numbers in the HELLO message. */
 enum test {
@@ -150,9 +168,12 @@ enum test {
   TEST_READ_LAT = 8,    /* one RDMA read at a time */
   TEST_ATOMIC_LAT = 16, /* one fetch-and-add at a time */
   TEST_WRITE_BW = 32,   /* RDMA writes, a window in flight */
-  TEST_READ_BW = 64     /* RDMA reads, a window in flight */
+  TEST_READ_BW = 64,    /* RDMA reads, a window in flight */
+  TEST_RPC = 128        /* requests and replies, --outstanding of them in flight */
 };
 #define TESTS_SEND (TEST_LAT | TEST_BW)
+/* The tests that send messages of their size. */
+#define TESTS_MESSAGES (TESTS_SEND | TEST_RPC)
 #define TESTS_RDMA (TEST_WRITE_LAT | TEST_READ_LAT | TEST_ATOMIC_LAT | TEST_WRITE_BW | TEST_READ_BW)
 #define TESTS_LATENCY (TEST_LAT | TEST_WRITE_LAT | TEST_READ_LAT | TEST_ATOMIC_LAT)
 
@@ -165,6 +186,7 @@ static const struct test_info {
 } test_infos[] = {
     {TEST_LAT, "lat", "ibmsg Send Latency Test (one way = RTT/2)", 0.5e6},
     {TEST_BW, "bw", "ibmsg Send Bandwidth Test", 0},
+    {TEST_RPC, "rpc", "ibmsg Request/Reply Test (round trip = post to done)", 1e6},
     {TEST_WRITE_LAT, "write_lat",
      "ibmsg RDMA Write Latency Test (write-imm ping-pong, one way = RTT/2)", 0.5e6},
     {TEST_READ_LAT, "read_lat", "ibmsg RDMA Read Latency Test (post to done)", 1e6},
@@ -245,6 +267,10 @@ struct endpoint {
   uint64_t echoes_owed; /* latency: echoes to post once a send buffer is free */
   int done_owed;        /* bandwidth: the DONE message is due */
   int failed;           /* reported; the session is closing */
+  /* rpc: the requests not yet answered (held: each keeps its receive credit), first come first
+   * answered: held[held_first..nheld). */
+  ibmsg_buffer **held;
+  size_t nheld, held_first, held_cap;
 
   /* RDMA tests: the region the client works on, and what it needs to know of it. */
   ibmsg_region region;
@@ -271,6 +297,15 @@ struct conn {
 /* The client's connection of an endpoint whose role is ROLE_CLIENT. */
 static struct conn *conn_of(struct endpoint *e) { return (struct conn *)e; }
 
+/* rpc: one of the client's requests. The request comes first: the done callback's request
+ * pointer is the slot's. */
+struct rpc_slot {
+  ibmsg_request req;
+  uint64_t index; /* the request's number in the test: below the warm-up it is untimed */
+  double t_post;  /* when it was posted */
+  int posted;     /* its done callback is due */
+};
+
 /* The client's side of the test running now. */
 static struct {
   struct conn conns[MAX_CONNS];
@@ -296,6 +331,12 @@ static struct {
   ibmsg_op *ops;       /* window (bandwidth) or 2 (latency) */
   ibmsg_op **free_ops; /* the ops that are not posted */
   size_t nops, nfree;
+
+  /* rpc (one connection, conns[0]): "posted" counts the requests posted, "received" those
+   * answered and "sent" their message_sent callbacks. */
+  struct rpc_slot *reqs;       /* --outstanding of them */
+  struct rpc_slot **free_reqs; /* the ones not posted (their done callback came) */
+  size_t nreqs, nfree_reqs;
 } cl;
 
 struct lat_result {
@@ -310,6 +351,12 @@ struct bw_result {
   double seconds, mbps, mibps, mpps;    /* all connections together */
 };
 
+struct rpc_result {
+  struct lat_result lat; /* the round trips */
+  uint64_t outstanding;
+  double seconds, rate; /* rate: requests answered per second */
+};
+
 static struct {
   /* options */
   int server, loopback;
@@ -319,7 +366,7 @@ static struct {
   int tests; /* enum test flags */
   uint64_t sizes[MAX_SIZES];
   int nsizes;
-  uint64_t iters, warmup, max_size, eager_size, window, msg_window, conns;
+  uint64_t iters, warmup, max_size, eager_size, window, msg_window, conns, outstanding;
   int max_size_given, eager_size_given, window_given;
   int busy_poll; /* IBMSG_OPT_BUSY_POLL: 0, microseconds, or IBMSG_BUSY_POLL_ALWAYS */
   int busy_poll_given;
@@ -336,11 +383,21 @@ static struct {
 
   struct lat_result lat[4 * MAX_SIZES];
   struct bw_result bw[3 * MAX_SIZES];
-  int nlat, nbw;
+  struct rpc_result rpc[MAX_SIZES];
+  int nlat, nbw, nrpc;
   int header_test; /* the test whose table is being printed */
 } g;
 
 /* ---- the server side ------------------------------------------------------------------------- */
+
+/* rpc: gives back the requests not answered (their retries, if any, would time out). */
+static void session_drop_held(struct endpoint *s) {
+  while (s->held_first < s->nheld)
+    ibmsg_free_msg(s->held[s->held_first++]);
+  free(s->held);
+  s->held = NULL;
+  s->nheld = s->held_first = s->held_cap = 0;
+}
 
 static void session_fail(struct endpoint *s, const char *what, int code) {
   /* A session whose client already hung up cannot send: that is no error worth a line. */
@@ -351,8 +408,58 @@ static void session_fail(struct endpoint *s, const char *what, int code) {
   else if (!quiet)
     tool_error("client %s port %u: %s", s->peer, s->peer_port, what);
   s->failed = 1;
+  session_drop_held(s);
   tool_sendpool_release(&s->pool);
   ibmsg_disconnect(&s->socket); /* IBMSG_ESTATE when it is closing already: fine */
+}
+
+/* rpc: keeps a request until its reply is posted. 0, or -1 after failing the session. */
+static int session_hold(struct endpoint *s, ibmsg_buffer *msg) {
+  if (s->nheld == s->held_cap && s->held_first > 0) {
+    memmove(s->held, s->held + s->held_first, (s->nheld - s->held_first) * sizeof *s->held);
+    s->nheld -= s->held_first;
+    s->held_first = 0;
+  }
+  if (s->nheld == s->held_cap) {
+    size_t cap = s->held_cap > 0 ? 2 * s->held_cap : 32;
+    ibmsg_buffer **held = realloc(s->held, cap * sizeof *held);
+    if (held == NULL) {
+      session_fail(s, "out of memory for the requests", IBMSG_ENOMEM);
+      return -1;
+    }
+    s->held = held;
+    s->held_cap = cap;
+  }
+  s->held[s->nheld++] = msg;
+  return 0;
+}
+
+/* rpc: answers the requests held, first come first answered, as far as send buffers allow;
+ * runs again from message_sent when they do not. A reply has the request's size (the test's);
+ * its content does not matter, as an echo's. */
+static void session_pump_replies(struct endpoint *s) {
+  while (!s->failed && s->held_first < s->nheld) {
+    ibmsg_buffer *request = s->held[s->held_first], *msg;
+    int rc = tool_sendpool_get(&s->pool, (size_t)s->size, &msg);
+    if (rc == IBMSG_EAGAIN)
+      return;
+    if (rc != IBMSG_OK) {
+      session_fail(s, "cannot allocate a message", rc);
+      return;
+    }
+    rc = ibmsg_post_reply(&s->socket, request, msg);
+    if (rc == IBMSG_EAGAIN) {
+      tool_sendpool_put(&s->pool, msg);
+      return;
+    }
+    if (rc != IBMSG_OK) {
+      tool_sendpool_put(&s->pool, msg);
+      session_fail(s, "cannot post a reply", rc);
+      return;
+    }
+    s->held_first++;
+    ibmsg_free_msg(request);
+  }
 }
 
 static void session_op_done(ibmsg_socket *socket, ibmsg_op *op, int status);
@@ -389,6 +496,10 @@ static void session_pump(struct endpoint *s) {
   ibmsg_buffer *msg;
   int rc;
 
+  if (s->test == TEST_RPC) {
+    session_pump_replies(s);
+    return;
+  }
   while (!s->failed && (s->desc_owed || (!rdma && (s->echoes_owed > 0 || s->done_owed)))) {
     size_t size = s->desc_owed ? DESC_SIZE : s->echoes_owed > 0 ? (size_t)s->size : DONE_SIZE;
     rc = tool_sendpool_get(&s->pool, size, &msg);
@@ -473,7 +584,7 @@ static void session_hello(struct endpoint *s, const ibmsg_buffer *msg) {
     session_fail(s, "a malformed test request", IBMSG_OK);
     return;
   }
-  if ((s->test & TESTS_SEND) && s->size > ibmsg_socket_max_msg_size(&s->socket)) {
+  if ((s->test & TESTS_MESSAGES) && s->size > ibmsg_socket_max_msg_size(&s->socket)) {
     session_fail(s, "messages larger than the maximum message size (see --max-size)",
                  IBMSG_EMSGSIZE);
     return;
@@ -481,10 +592,13 @@ static void session_hello(struct endpoint *s, const ibmsg_buffer *msg) {
   if (s->test == TEST_WRITE_LAT)
     memcpy(s->peer_desc.bytes, p + HELLO_SIZE, IBMSG_DESCRIPTOR_SIZE);
   s->have_hello = 1;
-  if (!g.server_quiet)
+  if (!g.server_quiet) {
+    const char *what = s->test == TEST_RPC ? "requests" : "operations";
+    if (s->test & TESTS_SEND)
+      what = "messages";
     tool_info(g.quiet, "client %s port %u: %s test, %" PRIu64 " bytes, %" PRIu64 " %s", s->peer,
-              s->peer_port, info_of(s->test)->name, s->size, s->count,
-              s->test & TESTS_SEND ? "messages" : "operations");
+              s->peer_port, info_of(s->test)->name, s->size, s->count, what);
+  }
   if ((s->test & TESTS_RDMA) && session_setup_rdma(s) != 0)
     return;
   if (s->test == TEST_BW && s->count == 0)
@@ -497,8 +611,15 @@ static void session_received(struct endpoint *s, ibmsg_buffer *msg) {
     /* closing: only give the buffer back */
   } else if (!s->have_hello) {
     session_hello(s, msg);
-  } else if ((s->test & TESTS_RDMA) || msg->size != s->size || s->received >= s->count) {
+  } else if ((s->test & TESTS_RDMA) || msg->size != s->size || s->received >= s->count ||
+             (s->test == TEST_RPC) != ((msg->flags & IBMSG_MSG_REQUEST) != 0)) {
     session_fail(s, "a message that does not belong to the test", IBMSG_OK);
+  } else if (s->test == TEST_RPC) {
+    s->received++;
+    if (session_hold(s, msg) == 0) {
+      session_pump(s); /* answers it, or keeps it until a send buffer is free */
+      return;
+    }
   } else {
     s->received++;
     if (s->test == TEST_LAT)
@@ -569,6 +690,7 @@ static void session_closed(struct endpoint *s, int reason) {
   if (reason != IBMSG_OK && reason != IBMSG_ECONNRESET && !s->failed)
     tool_error("client %s port %u: connection failed: %s", s->peer, s->peer_port,
                ibmsg_strerror(reason));
+  session_drop_held(s);
   tool_sendpool_release(&s->pool);
   tool_sendpool_destroy(&s->pool);
   /* Every done callback of the socket came before this one: nothing of ours uses the region. */
@@ -657,6 +779,52 @@ static void client_pump_rdma(struct conn *c) {
   }
 }
 
+static void client_reply(ibmsg_socket *socket, ibmsg_request *req, ibmsg_buffer *reply,
+                         int status);
+
+/* rpc: posts requests while fewer than --outstanding are unanswered, the timed ones once the
+ * warm-up has drained (its last done callback starts the clock). Requests, like the HELLO
+ * before them, go in the connection's order: the first may follow the HELLO at once. */
+static void client_pump_rpc(struct conn *c) {
+  ibmsg_buffer *msg;
+  uint64_t limit;
+  int rc;
+
+  if (cl.t_start == 0 && c->received == cl.warmup)
+    cl.t_start = tool_now();
+  limit = cl.t_start != 0 ? cl.total : cl.warmup;
+  while (c->posted < limit && cl.nfree_reqs > 0) {
+    struct rpc_slot *slot = cl.free_reqs[cl.nfree_reqs - 1];
+    rc = tool_sendpool_get(&c->ep.pool, (size_t)cl.size, &msg);
+    if (rc == IBMSG_EAGAIN)
+      return; /* a message_sent will call us again */
+    if (rc != IBMSG_OK) {
+      client_fail("cannot allocate a message", rc);
+      return;
+    }
+    slot->req.done = client_reply;
+    slot->index = c->posted;
+    slot->t_post = tool_now();
+    rc = ibmsg_post_request(&c->ep.socket, msg, &slot->req, RPC_TIMEOUT_MS);
+    if (rc != IBMSG_OK) {
+      tool_sendpool_put(&c->ep.pool, msg);
+      if (rc == IBMSG_EOPNOTSUPP)
+        client_fail("cannot post a request: the server's ibmsg has no requests (before 1.5)",
+                    IBMSG_OK);
+      else if (rc == IBMSG_EMSGSIZE)
+        client_fail("cannot post a request: requests go eagerly, so their size must be at "
+                    "most the eager size (see --eager-size, on both sides)",
+                    IBMSG_OK);
+      else if (rc != IBMSG_EAGAIN) /* EAGAIN: a message_sent or done callback calls us again */
+        client_fail("cannot post a request", rc);
+      return;
+    }
+    slot->posted = 1;
+    cl.nfree_reqs--;
+    c->posted++;
+  }
+}
+
 /* Posts the messages of one connection that are due: the next ping (latency), or as many as
  * the window holds (bandwidth), holding back the timed ones until the warm-up of every
  * connection has drained. */
@@ -669,6 +837,10 @@ static void client_pump_one(struct conn *c) {
     return;
   if (cl.test & TESTS_RDMA) {
     client_pump_rdma(c);
+    return;
+  }
+  if (cl.test == TEST_RPC) {
+    client_pump_rpc(c);
     return;
   }
   if (cl.test == TEST_LAT) {
@@ -728,9 +900,10 @@ static void client_check_finished(void) {
       all_in = (cl.test & TESTS_LATENCY ? c->received : c->sent) == cl.total &&
                cl.nfree == cl.nops;
     } else {
-      /* Also wait for every message_sent, so that the buffers can be freed. */
-      all_in = (cl.test == TEST_LAT ? c->received : c->server_count) == cl.total &&
-               c->sent == cl.total;
+      /* Also wait for every message_sent, so that the buffers can be freed, and (rpc) for
+       * every done callback. */
+      all_in = (cl.test == TEST_BW ? c->server_count : c->received) == cl.total &&
+               c->sent == cl.total && cl.nfree_reqs == cl.nreqs;
     }
     if (!all_in || !c->hello_sent || tool_sendpool_busy(&c->ep.pool) != 0)
       return;
@@ -806,7 +979,7 @@ static void client_established(struct conn *c) {
   c->established = 1;
   if (dev != NULL && g.device[0] == '\0')
     snprintf(g.device, sizeof g.device, "%s", dev);
-  if ((cl.test & TESTS_SEND) && cl.size > max) {
+  if ((cl.test & TESTS_MESSAGES) && cl.size > max) {
     char what[256];
     snprintf(what, sizeof what, "%" PRIu64 "-byte messages do not fit: the connection's maximum "
              "message size is %zu (use --max-size %" PRIu64 " on both sides)", cl.size, max,
@@ -858,7 +1031,7 @@ static void client_sent(struct conn *c, ibmsg_buffer *msg, int status) {
     cl.hellos_sent++;
   } else {
     c->sent++;
-    if (++cl.sent_all == (uint64_t)cl.nconns * cl.total)
+    if (++cl.sent_all == (uint64_t)cl.nconns * cl.total && cl.test == TEST_BW)
       cl.t_end = tool_now();
   }
   client_pump(c);
@@ -921,6 +1094,51 @@ static void client_write_received(struct conn *c, uint32_t imm, size_t length) {
   if (c->received >= cl.warmup)
     cl.rtt[c->received - cl.warmup] = now - cl.t_post;
   c->received++;
+  client_pump(c);
+  client_check_finished();
+}
+
+/* rpc: a request's done callback, with its reply or why it has none. */
+static void client_reply(ibmsg_socket *socket, ibmsg_request *req, ibmsg_buffer *reply,
+                         int status) {
+  struct conn *c = conn_of(socket->user_data);
+  struct rpc_slot *slot = (struct rpc_slot *)req;
+  double now = tool_now();
+  uintptr_t at = (uintptr_t)slot, first = (uintptr_t)cl.reqs;
+
+  if (cl.reqs == NULL || at < first || at >= first + cl.nreqs * sizeof *cl.reqs ||
+      !slot->posted) {
+    /* Not one of the test's posted requests: a second done callback, or one after its
+     * connection closed. */
+    tool_error("a done callback for a request that is not posted (status %s)",
+               ibmsg_strerror(status));
+    cl.failed = 1;
+    if (reply != NULL)
+      ibmsg_free_msg(reply);
+    return;
+  }
+  cl.activity++;
+  slot->posted = 0;
+  cl.free_reqs[cl.nfree_reqs++] = slot;
+  if (status != IBMSG_OK) {
+    if (status == IBMSG_ETIMEDOUT)
+      client_fail("a request got no reply within 10 s", IBMSG_OK);
+    else if (status != IBMSG_ECANCELED) /* ECANCELED: we closed the connection */
+      client_fail("a request failed", status);
+    return;
+  }
+  if (reply == NULL || reply->size != cl.size) {
+    client_fail("a reply of the wrong size (is the server ibmsg-perf --server?)", IBMSG_OK);
+  } else if (c->received < c->posted) {
+    if (slot->index >= cl.warmup)
+      cl.rtt[slot->index - cl.warmup] = now - slot->t_post;
+    if (++c->received == cl.total)
+      cl.t_end = now;
+  } else {
+    client_fail("more replies than requests", IBMSG_OK);
+  }
+  if (reply != NULL)
+    ibmsg_free_msg(reply);
   client_pump(c);
   client_check_finished();
 }
@@ -1193,6 +1411,21 @@ static void report_bw(const struct bw_result *r) {
   fflush(stdout);
 }
 
+static void report_rpc(const struct rpc_result *r) {
+  const struct lat_result *l = &r->lat;
+  if (g.json)
+    return;
+  if (table_header(l->test))
+    printf(" %-10s %-11s %-12s %-14s %-14s %-14s %-14s %-14s %-14s %-14s %s\n", "#bytes",
+           "#iterations", "#outstanding", "t_min[usec]", "t_median[usec]", "t_avg[usec]",
+           "t_p99[usec]", "t_p99.9[usec]", "t_max[usec]", "req/s", "seconds");
+  printf(" %-10" PRIu64 " %-11" PRIu64 " %-12" PRIu64
+         " %-14.2f %-14.2f %-14.2f %-14.2f %-14.2f %-14.2f %-14.0f %.6f\n",
+         l->size, l->iters, r->outstanding, l->min, l->median, l->avg, l->p99, l->p999, l->max,
+         r->rate, r->seconds);
+  fflush(stdout);
+}
+
 static void json_string(const char *s) {
   putchar('"');
   for (; *s; s++) {
@@ -1228,12 +1461,25 @@ static void json_bw(const struct bw_result *r, int first) {
   putchar('}');
 }
 
+static void json_rpc(const struct rpc_result *r, int first) {
+  const struct lat_result *l = &r->lat;
+  printf("%s\n    {\"bytes\": %" PRIu64 ", \"iterations\": %" PRIu64 ", \"outstanding\": %" PRIu64
+         ", \"t_min_us\": %.3f, \"t_median_us\": %.3f, \"t_avg_us\": %.3f, \"t_p99_us\": %.3f, "
+         "\"t_p999_us\": %.3f, \"t_max_us\": %.3f, \"seconds\": %.6f, \"requests_per_s\": %.1f}",
+         first ? "" : ",", l->size, l->iters, r->outstanding, l->min, l->median, l->avg, l->p99,
+         l->p999, l->max, r->seconds, r->rate);
+}
+
 /* The results of one test as the member named after it: "latency" and "bandwidth" for the
- * message tests (always there), the test's name for the RDMA tests (when it ran). */
+ * message tests lat and bw (always there), the test's name for rpc and the RDMA tests (when
+ * they ran). */
 static void json_test(int test, const char *member) {
   int n = 0;
   printf(",\n  \"%s\": [", member);
-  if (test & TESTS_LATENCY) {
+  if (test == TEST_RPC) {
+    for (int i = 0; i < g.nrpc; i++)
+      json_rpc(&g.rpc[i], n++ == 0);
+  } else if (test & TESTS_LATENCY) {
     for (int i = 0; i < g.nlat; i++)
       if (g.lat[i].test == test)
         json_lat(&g.lat[i], n++ == 0);
@@ -1270,7 +1516,7 @@ static void print_json(void) {
   json_test(TEST_LAT, "latency");
   json_test(TEST_BW, "bandwidth");
   for (int i = 0; i < NTESTS; i++)
-    if ((test_infos[i].test & TESTS_RDMA) && (g.tests & test_infos[i].test))
+    if ((test_infos[i].test & (TESTS_RDMA | TEST_RPC)) && (g.tests & test_infos[i].test))
       json_test(test_infos[i].test, test_infos[i].name);
   printf("\n}\n");
   fflush(stdout);
@@ -1281,17 +1527,51 @@ static void print_json(void) {
 /* Frees what run_test() allocated for the client; -1 if the region could not go (it then stays
  * allocated, and the loop refuses to be destroyed). */
 static int client_free(void) {
-  int rc = IBMSG_OK;
+  int rc = IBMSG_OK, failed = 0;
   if (cl.have_region && (rc = ibmsg_deregister_region(&cl.region)) != IBMSG_OK)
     tool_error("cannot deregister the region: %s", ibmsg_strerror(rc));
   cl.have_region = rc != IBMSG_OK;
+  if (cl.nfree_reqs != cl.nreqs) {
+    /* The connection closed, so every request's done callback must have come: the library
+     * may still hold these, and so they stay where they are. */
+    tool_error("%zu of %zu requests got no done callback before their connection closed",
+               cl.nreqs - cl.nfree_reqs, cl.nreqs);
+    failed = 1;
+  } else {
+    free(cl.reqs);
+  }
   free(cl.rtt);
   free(cl.ops);
   free(cl.free_ops);
+  free(cl.free_reqs);
   cl.rtt = NULL;
   cl.ops = NULL;
   cl.free_ops = NULL;
-  return rc == IBMSG_OK ? 0 : -1;
+  cl.reqs = NULL;
+  cl.free_reqs = NULL;
+  cl.nreqs = cl.nfree_reqs = 0;
+  return rc == IBMSG_OK && !failed ? 0 : -1;
+}
+
+/* The statistics of the round trips in cl.rtt (which it sorts). */
+static void lat_stats(int test, uint64_t size, struct lat_result *r) {
+  double sum = 0, f = info_of(test)->us_per_s;
+  uint64_t n = cl.iters;
+  qsort(cl.rtt, (size_t)n, sizeof *cl.rtt, cmp_double);
+  for (uint64_t i = 0; i < n; i++)
+    sum += cl.rtt[i];
+  /* f turns seconds into microseconds, halving a round trip into one way. */
+  r->test = test;
+  r->size = test == TEST_ATOMIC_LAT ? 8 : size;
+  r->iters = n;
+  r->min = cl.rtt[0] * f;
+  r->max = cl.rtt[n - 1] * f;
+  r->median = (n % 2 ? cl.rtt[n / 2] : (cl.rtt[n / 2 - 1] + cl.rtt[n / 2]) / 2) * f;
+  r->avg = sum / (double)n * f;
+  /* p99 and p99.9 by nearest rank: the smallest sample that 99% (99.9%) of the samples do
+   * not exceed. */
+  r->p99 = cl.rtt[(n * 99 + 99) / 100 - 1] * f;
+  r->p999 = cl.rtt[(n * 999 + 999) / 1000 - 1] * f;
 }
 
 static int run_test(int test, uint64_t size) {
@@ -1311,12 +1591,24 @@ static int run_test(int test, uint64_t size) {
   }
   /* Only the message bandwidth test uses more than one connection. */
   cl.nconns = test == TEST_BW ? (int)g.conns : 1;
-  if (test & TESTS_LATENCY) {
+  if (test & (TESTS_LATENCY | TEST_RPC)) {
     cl.rtt = malloc((size_t)g.iters * sizeof *cl.rtt);
     if (cl.rtt == NULL) {
       tool_error("out of memory for %" PRIu64 " samples", g.iters);
       return -1;
     }
+  }
+  if (test == TEST_RPC) {
+    cl.reqs = calloc((size_t)g.outstanding, sizeof *cl.reqs);
+    cl.free_reqs = calloc((size_t)g.outstanding, sizeof *cl.free_reqs);
+    if (cl.reqs == NULL || cl.free_reqs == NULL) {
+      tool_error("out of memory for %" PRIu64 " requests", g.outstanding);
+      client_free();
+      return -1;
+    }
+    cl.nreqs = (size_t)g.outstanding;
+    for (size_t i = 0; i < cl.nreqs; i++)
+      cl.free_reqs[cl.nfree_reqs++] = &cl.reqs[cl.nreqs - 1 - i];
   }
   if (test & TESTS_RDMA) {
     /* A latency test needs a second op: the next write may be due before the last one's done
@@ -1360,25 +1652,16 @@ static int run_test(int test, uint64_t size) {
     return -1;
   }
 
-  if (test & TESTS_LATENCY) {
+  if (test == TEST_RPC) {
+    struct rpc_result *r = &g.rpc[g.nrpc++];
+    lat_stats(test, size, &r->lat);
+    r->outstanding = g.outstanding;
+    r->seconds = cl.t_end - cl.t_start;
+    r->rate = r->seconds > 0 ? (double)g.iters / r->seconds : 0;
+    report_rpc(r);
+  } else if (test & TESTS_LATENCY) {
     struct lat_result *r = &g.lat[g.nlat++];
-    double sum = 0, f = info_of(test)->us_per_s;
-    uint64_t n = g.iters;
-    qsort(cl.rtt, (size_t)n, sizeof *cl.rtt, cmp_double);
-    for (uint64_t i = 0; i < n; i++)
-      sum += cl.rtt[i];
-    /* f turns seconds into microseconds, halving a round trip into one way. */
-    r->test = test;
-    r->size = test == TEST_ATOMIC_LAT ? 8 : size;
-    r->iters = n;
-    r->min = cl.rtt[0] * f;
-    r->max = cl.rtt[n - 1] * f;
-    r->median = (n % 2 ? cl.rtt[n / 2] : (cl.rtt[n / 2 - 1] + cl.rtt[n / 2]) / 2) * f;
-    r->avg = sum / (double)n * f;
-    /* p99 and p99.9 by nearest rank: the smallest sample that 99% (99.9%) of the samples do
-     * not exceed. */
-    r->p99 = cl.rtt[(n * 99 + 99) / 100 - 1] * f;
-    r->p999 = cl.rtt[(n * 999 + 999) / 1000 - 1] * f;
+    lat_stats(test, size, r);
     report_lat(r);
   } else {
     struct bw_result *r = &g.bw[g.nbw++];
@@ -1445,7 +1728,7 @@ static int parse_tests(const char *arg) {
     else if (strcmp(tok, "rdma") == 0)
       test = TESTS_RDMA;
     else if (strcmp(tok, "all") == 0)
-      test = TESTS_SEND | TESTS_RDMA;
+      test = TESTS_SEND | TEST_RPC | TESTS_RDMA;
     if (test == 0) {
       tool_usage_error("-t: '%s' is not a test (see --help)", tok);
       return -1;
@@ -1480,6 +1763,7 @@ static int parse_args(int argc, char **argv) {
       {"warmup", required_argument, NULL, 'w'},
       {"window", required_argument, NULL, 'W'},
       {"connections", required_argument, NULL, 'c'},
+      {"outstanding", required_argument, NULL, 'o'},
       {"busy-poll", no_argument, NULL, OPT_BUSY_POLL},
       {"poll-us", required_argument, NULL, OPT_POLL_US},
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
@@ -1502,8 +1786,9 @@ static int parse_args(int argc, char **argv) {
   g.warmup = 32;
   g.window = 128;
   g.conns = 1;
+  g.outstanding = 1;
   opterr = 0; /* we print our own one-line errors */
-  while ((opt = getopt_long(argc, argv, ":p:t:s:n:w:W:c:qh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":p:t:s:n:w:W:c:o:qh", options, NULL)) != -1) {
     switch (opt) {
     case OPT_SERVER: g.server = 1; break;
     case OPT_LOOPBACK: g.loopback = 1; break;
@@ -1536,6 +1821,10 @@ static int parse_args(int argc, char **argv) {
       break;
     case 'c':
       if (tool_parse_uint("-c", optarg, 1, MAX_CONNS, &g.conns) != 0)
+        return -1;
+      break;
+    case 'o':
+      if (tool_parse_uint("-o", optarg, 1, MAX_OUTSTANDING, &g.outstanding) != 0)
         return -1;
       break;
     case OPT_BUSY_POLL:
@@ -1593,7 +1882,7 @@ static int parse_args(int argc, char **argv) {
       return -1;
     }
   }
-  if (g.max_size_given && !g.server && (g.tests & TESTS_SEND)) {
+  if (g.max_size_given && !g.server && (g.tests & TESTS_MESSAGES)) {
     /* The client side needs room for its largest message; the server has only --max-size. The
      * RDMA tests send no messages of their size. Without --max-size the library's maximum
      * takes every size. */
@@ -1624,6 +1913,29 @@ static int set_max_size(uint64_t size) {
     return -1;
   }
   return 0;
+}
+
+/* The loop's IBMSG_OPT_EAGER_SIZE: a connection's is the smaller of both sides'. */
+static int loop_eager_size(void) {
+  int v = 0;
+  size_t len = sizeof v;
+  if (ibmsg_getopt(&g.loop, IBMSG_OPT_EAGER_SIZE, &v, &len) != IBMSG_OK)
+    return INT_MAX; /* the posting call will say it */
+  return v;
+}
+
+/* rpc: requests and replies go eagerly, so sizes above the eager size are left out (with a
+ * line, so that the default sizes and -t all work). A server with a smaller eager size makes
+ * the posting call fail with IBMSG_EMSGSIZE. */
+static int rpc_skips(uint64_t size) {
+  int eager = loop_eager_size();
+  if (size <= (uint64_t)eager)
+    return 0;
+  tool_info(g.quiet || g.json,
+            "rpc: %" PRIu64 " bytes left out: requests go eagerly, at most %d bytes "
+            "(see --eager-size)",
+            size, eager);
+  return 1;
 }
 
 static int start_listener(void) {
@@ -1659,6 +1971,7 @@ static void stop_server_side(void) {
 
 int main(int argc, char **argv) {
   int failed = 0, rc;
+  uint64_t send_depth = 0; /* the client's IBMSG_OPT_SEND_DEPTH, when it sets it */
 
   tool_name = "ibmsg-perf";
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1679,7 +1992,13 @@ int main(int argc, char **argv) {
   g.loop.write_received = on_write_received;
   /* The bandwidth window must fit in flight, or operations would wait in ibmsg's send queue.
    * The message window is the send buffers: with more than the send queue holds, posts would
-   * fail with IBMSG_EAGAIN until some are sent. */
+   * fail with IBMSG_EAGAIN until some are sent. rpc needs a send buffer per request until its
+   * message_sent, which waits for a credit: --outstanding of them, beyond the default. */
+  if (!g.server && (g.tests & TEST_BW) && g.window_given)
+    send_depth = g.msg_window;
+  if (!g.server && (g.tests & TEST_RPC) &&
+      g.outstanding > (send_depth > 0 ? send_depth : DEFAULT_MSG_WINDOW))
+    send_depth = g.outstanding;
   if ((g.max_size_given && set_max_size(g.max_size) != 0) ||
       (g.eager_size_given && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
                                              (int)g.eager_size) != 0) ||
@@ -1687,12 +2006,12 @@ int main(int argc, char **argv) {
       (!g.server && (g.tests & TESTS_RDMA) &&
        tool_setopt_int(&g.loop, IBMSG_OPT_RDMA_DEPTH, "the RDMA operations in flight",
                        (int)g.window) != 0) ||
-      (!g.server && (g.tests & TEST_BW) && g.window_given &&
+      (send_depth > 0 &&
        (tool_setopt_int(&g.loop, IBMSG_OPT_SEND_DEPTH, "the send buffers per connection",
-                        (int)g.msg_window) != 0 ||
-        (g.msg_window > DEFAULT_MSG_WINDOW &&
+                        (int)send_depth) != 0 ||
+        (send_depth > DEFAULT_MSG_WINDOW &&
          tool_setopt_int(&g.loop, IBMSG_OPT_SEND_QUEUE, "the send queue",
-                         (int)g.msg_window) != 0)))) {
+                         (int)send_depth) != 0)))) {
     ibmsg_destroy_event_loop(&g.loop);
     return TOOL_EXIT_FAILURE;
   }
@@ -1720,8 +2039,16 @@ int main(int argc, char **argv) {
       if (!(g.tests & test))
         continue;
       /* An atomic is 8 bytes whatever the sizes: it runs once. */
-      for (int i = 0; i < (test == TEST_ATOMIC_LAT ? 1 : g.nsizes) && !failed; i++)
+      for (int i = 0; i < (test == TEST_ATOMIC_LAT ? 1 : g.nsizes) && !failed; i++) {
+        if (test == TEST_RPC && rpc_skips(g.sizes[i]))
+          continue;
         failed = run_test(test, g.sizes[i]) != 0;
+      }
+      if (test == TEST_RPC && !failed && g.nrpc == 0) {
+        tool_error("rpc: no size is at most the eager size (%d bytes): requests and replies go "
+                   "eagerly", loop_eager_size());
+        failed = 1;
+      }
     }
     if (!failed && g.json) {
       print_json();
