@@ -20,10 +20,26 @@ uintptr_t req_check(const ibmsg_request *pub, const Req *r) {
 
 double window_s(const Loop *loop) { return loop->opts.request_window_ms / 1000.0; }
 
+constexpr size_t kSpareReqs = 1024;  // records kept for reuse: no allocation per request
+
 void forget(Loop *loop, Req *r) {
-  loop->req.live.erase(r->id);
-  loop->req.order.remove(r);
-  delete r;
+  ReqLoop &rl = loop->req;
+  rl.live.erase(r->id);
+  rl.order.remove(r);
+  if (rl.spares >= kSpareReqs) {
+    delete r;
+    return;
+  }
+  rl.spare.push_back(r);
+  ++rl.spares;
+}
+
+Req *new_req(ReqLoop &rl) {
+  Req *r = rl.spare.pop_front();
+  if (!r) return new (std::nothrow) Req();
+  --rl.spares;
+  *r = Req();
+  return r;
 }
 
 // Records that can no longer be retried go: the front of the list (the lowest ids) only, which
@@ -105,6 +121,7 @@ void requests_init(Loop *loop) {
 
 void requests_destroy(Loop *loop) {
   while (Req *r = loop->req.order.pop_front()) delete r;
+  while (Req *r = loop->req.spare.pop_front()) delete r;
   loop->req.live.clear();
 }
 
@@ -138,7 +155,7 @@ int req_post(Socket *s, ibmsg_buffer *msg, ibmsg_request *req, int timeout_ms, b
   if (s->have_peer && !(s->features & wire::kFeatureRequest)) return IBMSG_EOPNOTSUPP;
   const bool fresh = !retry;
   if (fresh) {
-    r = new (std::nothrow) Req();
+    r = new_req(rl);
     if (!r) return IBMSG_ENOMEM;
     r->id = rl.next_id;
     r->first_posted = ev_now(loop->ev);
@@ -151,7 +168,10 @@ int req_post(Socket *s, ibmsg_buffer *msg, ibmsg_request *req, int timeout_ms, b
   as.floor = floor_of(loop);
   int rc = msg_post(s, msg, false, 0, &as);
   if (rc) {
-    if (fresh) delete r;
+    if (fresh) {
+      rl.spare.push_back(r);
+      ++rl.spares;
+    }
     return rc;
   }
   if (fresh) {

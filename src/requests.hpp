@@ -71,6 +71,8 @@ struct ReqLoop {
   uint64_t next_id = 1;
   std::unordered_map<uint64_t, Req *> live;  // records by id
   List<Req, &Req::order> order;              // the same, by id
+  List<Req, &Req::order> spare;              // records to reuse (at most kSpareReqs)
+  size_t spares = 0;
   std::unordered_map<uint64_t, Session> sessions;
   size_t kept_bytes = 0;  // reply bytes kept (IBMSG_OPT_REPLY_CACHE)
   double last_sweep = 0;

@@ -1,0 +1,1359 @@
+/* test_requests.c - requests and replies (ibmsg.h, "Requests and replies"): every request gets
+ * exactly one done callback per post or retry (its own reply, IBMSG_ETIMEDOUT or the reason its
+ * connection closed), replies may come in any order, a reply after the timeout is dropped, a
+ * retry runs the responder's handler at most once (also over a new connection), and bad calls
+ * fail with the documented codes and send nothing.
+ *
+ * The clients of the harness are the requesters, the accepted server sockets the responders; both
+ * run on the test's one loop. The responder's message_received (the on_received hook) checks each
+ * request's bytes, counts it (the handler ran), allocates its reply at once and, depending on the
+ * test, replies at once, holds it, or holds up to a number and replies to a random one. A request
+ * carries a sequence number in its first 4 bytes (h_fill's pattern, size rq_size(seq)); its reply
+ * carries the same number (size reply_size(seq)), so the requester's done callback checks that it
+ * got exactly its own reply.
+ *
+ * The last test connects a peer of protocol 1.4 written with librdmacm (like test_hostile's raw
+ * peer): this program links with $(RDMA_LIBS).
+ *
+ * Everything the library may still point at when a test fails (requests, messages, the records)
+ * lives on the heap in one struct rq; a failed test leaks it on purpose.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "harness.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <rdma/rdma_cma.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define RQ_REQS 64     /* requests of the requester, each with its own message */
+#define RQ_HELD 128    /* requests the responder can hold */
+#define RQ_OUT 256     /* replies and plain messages in flight */
+#define RQ_ROOM 256    /* bytes allocated for each request message */
+#define SLACK_MS 300   /* how late a timeout may fire */
+
+/* Sizes that vary with the sequence number, so that a reply of another request shows. */
+static size_t rq_size(uint32_t seq) { return 16 + (seq * 37u) % 240u; }
+static size_t reply_size(uint32_t seq) { return 8 + (seq * 13u) % 120u; }
+
+typedef struct rq rq;
+
+/* One request of the requester and what its done callbacks saw. */
+typedef struct {
+  ibmsg_request req; /* first member */
+  ibmsg_buffer msg;  /* its message, allocated on `conn` */
+  rq *q;
+  h_conn *conn;      /* the connection it was last posted on */
+  uint32_t seq;      /* the number its payload carries, and its reply must carry */
+  int posted;        /* successful posts and retries */
+  int calls;         /* done callbacks */
+  int status;        /* the status done got last */
+  int replies;       /* done callbacks with a reply (checked: its own) */
+  int closed_before; /* conn->closed when done ran last */
+  int msg_busy;      /* msg posted and its message_sent not seen yet */
+  int msg_status;    /* the status of its last message_sent */
+  uint64_t first_posted_at, posted_at, done_at; /* h_now_ms() */
+} rq_req;
+
+/* A request the responder holds, with the reply allocated for it. */
+typedef struct {
+  ibmsg_buffer *request;
+  h_conn *conn;
+  uint32_t seq;
+  int out; /* index of its reply in rq.out */
+} rq_held;
+
+/* A send message of the test other than a request: a reply or a plain message. */
+typedef struct {
+  ibmsg_buffer msg;
+  int busy;   /* allocated */
+  int posted; /* posted, message_sent not seen yet */
+  int reply;  /* a reply (else a plain message) */
+} rq_out;
+
+enum rq_mode {
+  RQ_HOLD,  /* the responder holds every request */
+  RQ_REPLY, /* it replies at once and frees the request */
+  RQ_RANDOM /* it holds up to hold_high, replying to a random one of them beyond */
+};
+
+struct rq {
+  h_ctx *ctx;
+  enum rq_mode mode;
+  int hold_high;      /* RQ_RANDOM */
+  int expect_handled; /* RQ_RANDOM: once this many arrived, it replies to all it holds */
+  int hold_plain;     /* the responder keeps plain messages in plain_held */
+  int reply_every;    /* RQ_RANDOM: a plain message to the requester after every this many replies */
+  int expect_send_errors;
+  unsigned rng;
+
+  /* responder */
+  int handled;             /* message_received with IBMSG_MSG_REQUEST */
+  int plain;               /* plain messages received */
+  rq_held held[RQ_HELD];
+  int n_held;
+  ibmsg_buffer *plain_held[8];
+  int n_plain_held;
+  int replies_posted, replies_sent, replies_sent_ok;
+
+  /* requester */
+  rq_req reqs[RQ_REQS];
+  int dones;               /* done callbacks */
+  int requester_received;  /* messages the requesters received (replies never count) */
+  int plain_sent_ok;
+  void (*on_done)(rq *q, rq_req *r, int status);
+  void (*pump)(rq *q);
+
+  rq_out out[RQ_OUT];
+
+  /* ten_thousand_requests_... */
+  h_conn *t_client;
+  int t_total, t_posted, t_done, t_out_of_order, t_plain_posted, t_since_plain;
+  int *t_seq_done; /* done callbacks per sequence number */
+  uint64_t *t_ids; /* the id of each request posted */
+  int t_seq_max;
+};
+
+static void *t_new(size_t size) {
+  void *p = calloc(1, size);
+  H_CHECK(p != NULL, "out of memory for the test's records (%zu bytes)", size);
+  return p;
+}
+
+static int rq_is_client(h_ctx *ctx, h_conn *c) {
+  return c >= ctx->clients && c < ctx->clients + H_MAX_CONNS;
+}
+
+/* The sequence number in a message's first 4 bytes (h_fill). */
+static uint32_t get32(const void *data) {
+  const uint8_t *p = data;
+  return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static unsigned rq_rand(rq *q) {
+  q->rng = q->rng * 1103515245u + 12345u;
+  return (q->rng >> 8) & 0xffffffu;
+}
+
+/* Sleeps without running the loop. */
+static void nap_ms(long ms) {
+  struct timespec ts;
+  ts.tv_sec = ms / 1000;
+  ts.tv_nsec = (ms % 1000) * 1000000L;
+  while (nanosleep(&ts, &ts) != 0) continue;
+}
+
+/* The connection's counters (ibmsg_socket_stats). */
+static ibmsg_stats stats_of(h_conn *c) {
+  ibmsg_stats st;
+  memset(&st, 0, sizeof st);
+  H_ASSERT_OK(ibmsg_socket_stats(&c->sock, &st, sizeof st));
+  return st;
+}
+
+/* --- the requester -------------------------------------------------------------------------- */
+
+static void rq_done(ibmsg_socket *s, ibmsg_request *req, ibmsg_buffer *reply, int status) {
+  rq_req *r = req->user_data;
+  rq *q = r->q;
+  h_ctx *ctx = q->ctx;
+  h_conn *c = s ? (h_conn *)s->user_data : NULL;
+  char why[200];
+  int rc;
+
+  r->calls++;
+  r->status = status;
+  r->done_at = h_now_ms();
+  q->dones++;
+  if (!c || &c->sock != s) {
+    h_note_error(ctx, "done called with a socket that is not one of the test's");
+  } else {
+    r->closed_before = c->closed;
+    if (c != r->conn)
+      h_note_error(ctx, "request %u: done called for %s, but it was posted on %s", r->seq, c->name,
+                   r->conn->name);
+  }
+  if (r->calls > r->posted)
+    h_note_error(ctx, "request %u: %d done callbacks for %d posts and retries (now %s)", r->seq,
+                 r->calls, r->posted, ibmsg_err_name(status));
+  if (req->status != status)
+    h_note_error(ctx, "request %u: req->status is %s inside done, which got %s", r->seq,
+                 ibmsg_err_name(req->status), ibmsg_err_name(status));
+  if (status == IBMSG_OK) {
+    if (!reply) {
+      h_note_error(ctx, "request %u: done with IBMSG_OK but no reply", r->seq);
+    } else {
+      r->replies++;
+      if (reply->status != IBMSG_RECEIVED)
+        h_note_error(ctx, "request %u: the reply has status %d, expected IBMSG_RECEIVED", r->seq,
+                     (int)reply->status);
+      if (reply->flags & IBMSG_MSG_REQUEST)
+        h_note_error(ctx, "request %u: the reply is marked as a request", r->seq);
+      if (reply->size != reply_size(r->seq))
+        h_note_error(ctx, "request %u: the reply has %zu bytes, expected %zu (another request's "
+                     "reply?)", r->seq, reply->size, reply_size(r->seq));
+      else if (h_check(reply->data, reply->size, r->seq, why, sizeof why) != 0)
+        h_note_error(ctx, "request %u: its reply %s", r->seq, why);
+      rc = ibmsg_free_msg(reply);
+      if (rc != IBMSG_OK)
+        h_note_error(ctx, "request %u: ibmsg_free_msg(reply) failed: %s", r->seq, ibmsg_err_name(rc));
+    }
+  } else if (reply) {
+    h_note_error(ctx, "request %u: done with %s and a reply (must be NULL)", r->seq,
+                 ibmsg_err_name(status));
+    ibmsg_free_msg(reply);
+  }
+  if (q->on_done) q->on_done(q, r, status);
+}
+
+/* Makes r a new request record with a message allocated on c. */
+static void rq_init(rq *q, rq_req *r, h_conn *c, uint32_t seq) {
+  int rc;
+  memset(r, 0, sizeof *r);
+  r->q = q;
+  r->conn = c;
+  r->seq = seq;
+  r->req.done = rq_done;
+  r->req.user_data = r;
+  rc = ibmsg_alloc_msg(&r->msg, &c->sock, RQ_ROOM);
+  if (rc != IBMSG_OK)
+    h_fail_at(__FILE__, __LINE__, "%s: ibmsg_alloc_msg for a request failed: %s (%d)", c->name,
+              ibmsg_err_name(rc), rc);
+  r->msg.user_data = r;
+}
+
+/* A new message for r on c (after its old one's connection closed). */
+static void rq_realloc(rq_req *r, h_conn *c) {
+  H_CHECK(!r->msg_busy, "request %u: its message is still posted", r->seq);
+  H_ASSERT_OK(ibmsg_free_msg(&r->msg));
+  H_ASSERT_OK(ibmsg_alloc_msg(&r->msg, &c->sock, RQ_ROOM));
+  r->msg.user_data = r;
+}
+
+static void rq_fill(rq_req *r) {
+  r->msg.size = rq_size(r->seq);
+  h_fill(r->msg.data, r->msg.size, r->seq);
+}
+
+/* ibmsg_post_request() of r on c with the harness's bookkeeping. */
+static int rq_post(rq_req *r, h_conn *c, int timeout_ms) {
+  uint64_t now = h_now_ms();
+  int rc;
+  rq_fill(r);
+  rc = ibmsg_post_request(&c->sock, &r->msg, &r->req, timeout_ms);
+  if (rc != IBMSG_OK) return rc;
+  r->conn = c;
+  r->posted++;
+  r->msg_busy = 1;
+  r->posted_at = r->first_posted_at = now;
+  c->posted++;
+  return rc;
+}
+
+/* ibmsg_retry_request() likewise. */
+static int rq_retry(rq_req *r, h_conn *c, int timeout_ms) {
+  uint64_t now = h_now_ms();
+  int rc;
+  rq_fill(r);
+  rc = ibmsg_retry_request(&c->sock, &r->msg, &r->req, timeout_ms);
+  if (rc != IBMSG_OK) return rc;
+  r->conn = c;
+  r->posted++;
+  r->msg_busy = 1;
+  r->posted_at = now;
+  c->posted++;
+  return rc;
+}
+
+static rq_req *rq_req_of_msg(rq *q, ibmsg_buffer *msg) {
+  const char *p = (const char *)msg;
+  if (p < (const char *)q->reqs || p >= (const char *)(q->reqs + RQ_REQS)) return NULL;
+  return (rq_req *)msg->user_data;
+}
+
+/* --- replies and plain messages ----------------------------------------------------------- */
+
+static int rq_out_index(rq *q, const ibmsg_buffer *msg) {
+  const char *p = (const char *)msg;
+  if (p < (const char *)q->out || p >= (const char *)(q->out + RQ_OUT)) return -1;
+  return (int)((const rq_out *)p - q->out);
+}
+
+/* Allocates an out slot on c of size bytes filled with seq's pattern; -1 (noted) if none. */
+static int rq_out_alloc(rq *q, h_conn *c, size_t size, uint32_t seq, int reply) {
+  int k, rc;
+  for (k = 0; k < RQ_OUT && q->out[k].busy; k++) continue;
+  if (k == RQ_OUT) {
+    h_note_error(q->ctx, "%s: more than %d replies and plain messages at once", c->name, RQ_OUT);
+    return -1;
+  }
+  rc = ibmsg_alloc_msg(&q->out[k].msg, &c->sock, size);
+  if (rc != IBMSG_OK) {
+    h_note_error(q->ctx, "%s: ibmsg_alloc_msg(%zu) failed: %s (%d)", c->name, size,
+                 ibmsg_err_name(rc), rc);
+    return -1;
+  }
+  h_fill(q->out[k].msg.data, size, seq);
+  q->out[k].busy = 1;
+  q->out[k].posted = 0;
+  q->out[k].reply = reply;
+  return k;
+}
+
+static int rq_out_release(rq *q, int k) {
+  int rc = ibmsg_free_msg(&q->out[k].msg);
+  if (rc == IBMSG_OK) q->out[k].busy = 0;
+  return rc;
+}
+
+/* ibmsg_post_reply() of out slot k to request on c, with the bookkeeping. */
+static int rq_post_reply(rq *q, h_conn *c, ibmsg_buffer *request, int k) {
+  int rc = ibmsg_post_reply(&c->sock, request, &q->out[k].msg);
+  if (rc != IBMSG_OK) return rc;
+  q->out[k].posted = 1;
+  q->replies_posted++;
+  c->posted++;
+  return rc;
+}
+
+/* Posts the reply of held request i and frees the request; on failure leaves both held. */
+static int rq_reply_held(rq *q, int i) {
+  rq_held *h = &q->held[i];
+  int rc = rq_post_reply(q, h->conn, h->request, h->out);
+  if (rc != IBMSG_OK) return rc;
+  rc = ibmsg_free_msg(h->request);
+  if (rc != IBMSG_OK)
+    h_note_error(q->ctx, "%s: ibmsg_free_msg of an answered request failed: %s", h->conn->name,
+                 ibmsg_err_name(rc));
+  q->held[i] = q->held[--q->n_held];
+  return IBMSG_OK;
+}
+
+/* A plain message of seq's pattern from c (numbered by c->send_seq). */
+static int rq_post_plain(rq *q, h_conn *c, size_t size) {
+  int k = rq_out_alloc(q, c, size, c->send_seq, 0), rc;
+  if (k < 0) return IBMSG_ENOMEM;
+  rc = h_try_post(c, &q->out[k].msg);
+  if (rc != IBMSG_OK) {
+    rq_out_release(q, k);
+    return rc;
+  }
+  q->out[k].posted = 1;
+  c->send_seq++;
+  return rc;
+}
+
+/* --- the hooks ---------------------------------------------------------------------------- */
+
+static void rq_respond(rq *q, h_conn *c, ibmsg_buffer *msg) {
+  h_ctx *ctx = q->ctx;
+  char why[200];
+  uint32_t seq;
+  int k, rc;
+
+  q->handled++;
+  if (msg->size < 4) {
+    h_note_error(ctx, "%s: a request of %zu bytes (none of the test's is below 16)", c->name, msg->size);
+    ibmsg_free_msg(msg);
+    return;
+  }
+  seq = get32(msg->data);
+  if (msg->size != rq_size(seq))
+    h_note_error(ctx, "%s: request %u has %zu bytes, expected %zu", c->name, seq, msg->size,
+                 rq_size(seq));
+  else if (h_check(msg->data, msg->size, seq, why, sizeof why) != 0)
+    h_note_error(ctx, "%s: request %u %s", c->name, seq, why);
+  k = rq_out_alloc(q, c, reply_size(seq), seq, 1);
+  if (k < 0) {
+    ibmsg_free_msg(msg);
+    return;
+  }
+  if (q->mode == RQ_REPLY) {
+    rc = rq_post_reply(q, c, msg, k);
+    if (rc != IBMSG_OK) {
+      h_note_error(ctx, "%s: ibmsg_post_reply to request %u failed: %s (%d)", c->name, seq,
+                   ibmsg_err_name(rc), rc);
+      rq_out_release(q, k);
+    }
+    rc = ibmsg_free_msg(msg);
+    if (rc != IBMSG_OK)
+      h_note_error(ctx, "%s: ibmsg_free_msg of an answered request failed: %s", c->name,
+                   ibmsg_err_name(rc));
+    return;
+  }
+  if (q->n_held == RQ_HELD) {
+    h_note_error(ctx, "%s: more than %d requests held", c->name, RQ_HELD);
+    rq_out_release(q, k);
+    ibmsg_free_msg(msg);
+    return;
+  }
+  q->held[q->n_held].request = msg;
+  q->held[q->n_held].conn = c;
+  q->held[q->n_held].seq = seq;
+  q->held[q->n_held].out = k;
+  q->n_held++;
+  if (q->mode != RQ_RANDOM) return;
+  while (q->n_held > 0 && (q->n_held >= q->hold_high || q->handled >= q->expect_handled)) {
+    int i = (int)(rq_rand(q) % (unsigned)q->n_held);
+    rq_held h = q->held[i];
+    rc = rq_reply_held(q, i);
+    if (rc != IBMSG_OK) {
+      h_note_error(ctx, "%s: ibmsg_post_reply to request %u failed: %s (%d)", h.conn->name, h.seq,
+                   ibmsg_err_name(rc), rc);
+      return;
+    }
+    if (q->reply_every && q->replies_posted % q->reply_every == 0) {
+      rc = rq_post_plain(q, h.conn, 40);
+      if (rc != IBMSG_OK)
+        h_note_error(ctx, "%s: a plain message between replies failed: %s (%d)", h.conn->name,
+                     ibmsg_err_name(rc), rc);
+    }
+  }
+}
+
+static void rq_on_received(h_conn *c, ibmsg_buffer *msg) {
+  h_ctx *ctx = c->ctx;
+  rq *q = ctx->data;
+  int rc;
+
+  if (rq_is_client(ctx, c)) {
+    q->requester_received++;
+    if (msg->flags & IBMSG_MSG_REQUEST)
+      h_note_error(ctx, "%s: the requester received a message marked as a request", c->name);
+  } else if (msg->flags & IBMSG_MSG_REQUEST) {
+    rq_respond(q, c, msg);
+    return;
+  } else {
+    q->plain++;
+    if (q->hold_plain && q->n_plain_held < 8) {
+      q->plain_held[q->n_plain_held++] = msg;
+      return;
+    }
+  }
+  rc = ibmsg_free_msg(msg);
+  if (rc != IBMSG_OK)
+    h_note_error(ctx, "%s: ibmsg_free_msg of a received message failed: %s", c->name, ibmsg_err_name(rc));
+}
+
+static void rq_on_sent(h_conn *c, ibmsg_buffer *msg, int status) {
+  h_ctx *ctx = c->ctx;
+  rq *q = ctx->data;
+  rq_req *r;
+  int k = rq_out_index(q, msg), rc;
+
+  if (k >= 0) {
+    if (!q->out[k].posted) {
+      h_note_error(ctx, "%s: message_sent for a reply or message that is not posted", c->name);
+      return;
+    }
+    q->out[k].posted = 0;
+    if (q->out[k].reply) {
+      q->replies_sent++;
+      if (status == IBMSG_OK) q->replies_sent_ok++;
+    } else if (status == IBMSG_OK) {
+      q->plain_sent_ok++;
+    }
+    if (status != IBMSG_OK && !q->expect_send_errors)
+      h_note_error(ctx, "%s: message_sent of a %s with %s", c->name,
+                   q->out[k].reply ? "reply" : "plain message", ibmsg_err_name(status));
+    rc = rq_out_release(q, k);
+    if (rc != IBMSG_OK)
+      h_note_error(ctx, "%s: ibmsg_free_msg after message_sent failed: %s", c->name, ibmsg_err_name(rc));
+  } else if ((r = rq_req_of_msg(q, msg)) != NULL) {
+    if (!r->msg_busy) h_note_error(ctx, "request %u: message_sent for its message twice", r->seq);
+    r->msg_busy = 0;
+    r->msg_status = status;
+    if (status != IBMSG_OK && !q->expect_send_errors)
+      h_note_error(ctx, "request %u: message_sent of its message with %s", r->seq,
+                   ibmsg_err_name(status));
+  } else if (msg < ctx->msgs || msg >= ctx->msgs + H_MAX_MSGS) {
+    h_note_error(ctx, "%s: message_sent for a message the test does not know", c->name);
+  }
+  if (q->pump && rq_is_client(ctx, c)) q->pump(q);
+}
+
+/* A record for the test, installed as ctx->data with the hooks. */
+static rq *rq_new(h_ctx *ctx) {
+  rq *q = t_new(sizeof *q);
+  q->ctx = ctx;
+  q->mode = RQ_HOLD;
+  q->rng = 20261124u;
+  ctx->data = q;
+  ctx->on_received = rq_on_received;
+  ctx->on_sent = rq_on_sent;
+  return q;
+}
+
+/* Frees every message the test holds (none may be posted still) and unhooks q. */
+static void rq_release(rq *q) {
+  int i;
+  for (i = 0; i < RQ_REQS; i++) {
+    rq_req *r = &q->reqs[i];
+    if (!r->q) continue;
+    H_CHECK(!r->msg_busy, "request %u: its message is still posted at the end", r->seq);
+    H_CHECK(r->calls == r->posted, "request %u: %d done callbacks for %d posts and retries",
+            r->seq, r->calls, r->posted);
+    H_ASSERT_OK(ibmsg_free_msg(&r->msg));
+    r->q = NULL;
+  }
+  for (i = 0; i < q->n_held; i++) {
+    H_ASSERT_OK(ibmsg_free_msg(q->held[i].request));
+    H_ASSERT_OK(rq_out_release(q, q->held[i].out));
+  }
+  q->n_held = 0;
+  for (i = 0; i < q->n_plain_held; i++) H_ASSERT_OK(ibmsg_free_msg(q->plain_held[i]));
+  q->n_plain_held = 0;
+  for (i = 0; i < RQ_OUT; i++) {
+    H_CHECK(!q->out[i].posted, "a reply or plain message is still posted at the end");
+    if (q->out[i].busy) H_ASSERT_OK(rq_out_release(q, i));
+  }
+  q->pump = NULL;
+  q->on_done = NULL;
+}
+
+/* rq_release, h_finish, and the record freed. */
+static void rq_finish(h_ctx *ctx, rq *q) {
+  rq_release(q);
+  h_finish(ctx);
+  ctx->on_received = NULL;
+  ctx->on_sent = NULL;
+  ctx->data = NULL;
+  free(q->t_seq_done);
+  free(q->t_ids);
+  free(q);
+}
+
+static int rq_msgs_idle(rq *q) {
+  int i;
+  for (i = 0; i < RQ_REQS; i++)
+    if (q->reqs[i].q && q->reqs[i].msg_busy) return 0;
+  for (i = 0; i < RQ_OUT; i++)
+    if (q->out[i].posted) return 0;
+  return 1;
+}
+
+/* --- 10,000 requests, replies in random order ----------------------------------------------- */
+
+#define T1_TOTAL 10000
+#define T1_WINDOW 64      /* requests outstanding at most */
+#define T1_HOLD 48        /* the responder replies to a random one once it holds this many */
+#define T1_PLAIN_EVERY 5  /* a plain message after every 5 requests */
+#define T1_REPLY_PLAIN 16 /* and one from the responder after every 16 replies */
+#define T1_TIMEOUT 60000  /* no request may time out here */
+
+static void t1_pump(rq *q) {
+  h_conn *c = q->t_client;
+  int k, rc;
+
+  if (!c || c->closed) return;
+  while (q->t_posted < q->t_total) {
+    if (q->t_since_plain == T1_PLAIN_EVERY) {
+      rc = rq_post_plain(q, c, 24 + (size_t)(c->send_seq % 50));
+      if (rc != IBMSG_OK) {
+        h_note_error(q->ctx, "%s: a plain message between requests failed: %s (%d)", c->name,
+                     ibmsg_err_name(rc), rc);
+        return;
+      }
+      q->t_plain_posted++;
+      q->t_since_plain = 0;
+      continue;
+    }
+    for (k = 0; k < T1_WINDOW; k++)
+      if (q->reqs[k].calls == q->reqs[k].posted && !q->reqs[k].msg_busy) break;
+    if (k == T1_WINDOW) return; /* T1_WINDOW outstanding, or messages not yet sent */
+    q->reqs[k].seq = c->send_seq;
+    if ((int)c->send_seq >= q->t_seq_max) {
+      h_note_error(q->ctx, "more sequence numbers than the test has room for");
+      return;
+    }
+    rc = rq_post(&q->reqs[k], c, T1_TIMEOUT);
+    if (rc != IBMSG_OK) {
+      h_note_error(q->ctx, "%s: ibmsg_post_request of request %u failed: %s (%d)", c->name,
+                   c->send_seq, ibmsg_err_name(rc), rc);
+      return;
+    }
+    if (q->reqs[k].req.status != IBMSG_EINPROGRESS)
+      h_note_error(q->ctx, "request %u: req->status is %s after posting, expected IBMSG_EINPROGRESS",
+                   c->send_seq, ibmsg_err_name(q->reqs[k].req.status));
+    q->t_ids[q->t_posted++] = q->reqs[k].req.id;
+    c->send_seq++;
+    q->t_since_plain++;
+  }
+}
+
+static void t1_done(rq *q, rq_req *r, int status) {
+  uint32_t oldest = r->seq;
+  int k;
+  if (status != IBMSG_OK) {
+    h_note_error(q->ctx, "request %u: done with %s, expected its reply", r->seq, ibmsg_err_name(status));
+    return;
+  }
+  if ((int)r->seq < q->t_seq_max) q->t_seq_done[r->seq]++;
+  q->t_done++;
+  for (k = 0; k < T1_WINDOW; k++)
+    if (q->reqs[k].posted > q->reqs[k].calls && q->reqs[k].seq < oldest) oldest = q->reqs[k].seq;
+  if (oldest != r->seq) q->t_out_of_order++;
+  t1_pump(q);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void ten_thousand_requests_answered_in_random_order_each_get_their_own_reply(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  rq *q;
+  uint64_t start;
+  int i, k, requests = 0;
+
+  /* The responder holds up to 64 requests (a receive credit each) between plain messages; both
+   * sides have up to 64 requests or replies and some plain messages in flight. */
+  h_setopt_int(ctx, IBMSG_OPT_RECV_DEPTH, 128);
+  h_setopt_int(ctx, IBMSG_OPT_SEND_DEPTH, 192);
+  h_setopt_int(ctx, IBMSG_OPT_SEND_QUEUE, 192);
+  h_pair(ctx, &client, &server);
+  q = rq_new(ctx);
+  q->t_client = client;
+  q->t_total = T1_TOTAL;
+  q->t_seq_max = 2 * T1_TOTAL;
+  q->t_seq_done = t_new(sizeof *q->t_seq_done * (size_t)q->t_seq_max);
+  q->t_ids = t_new(sizeof *q->t_ids * T1_TOTAL);
+  q->mode = RQ_RANDOM;
+  q->hold_high = T1_HOLD;
+  q->expect_handled = T1_TOTAL;
+  q->reply_every = T1_REPLY_PLAIN;
+  server->verify = 1; /* requests and plain messages: one sequence, in order */
+  client->verify = 1; /* the responder's plain messages; replies never come as messages */
+  for (k = 0; k < T1_WINDOW; k++) rq_init(q, &q->reqs[k], client, 0);
+  q->on_done = t1_done;
+  q->pump = t1_pump;
+
+  start = h_now_ms();
+  t1_pump(q);
+  H_RUN_UNTIL(ctx, q->t_done == T1_TOTAL && rq_msgs_idle(q), 120000);
+  print_message("  %d requests (%d answered out of order) and %d plain messages in %lu ms\n",
+                T1_TOTAL, q->t_out_of_order, q->t_plain_posted, (unsigned long)(h_now_ms() - start));
+  h_run_for(ctx, 200); /* a second done or a stray message would show up here */
+
+  H_ASSERT_EQ(q->t_posted, T1_TOTAL, "requests posted");
+  H_ASSERT_EQ(q->dones, T1_TOTAL, "done callbacks");
+  H_ASSERT_EQ(q->handled, T1_TOTAL, "requests the responder's handler saw");
+  for (i = 0; i < (int)client->send_seq; i++) {
+    if (q->t_seq_done[i] > 1)
+      h_fail_at(__FILE__, __LINE__, "request %d got %d replies", i, q->t_seq_done[i]);
+    requests += q->t_seq_done[i];
+  }
+  H_ASSERT_EQ(requests, T1_TOTAL, "requests that got their reply exactly once");
+  H_ASSERT_EQ(q->replies_posted, T1_TOTAL, "replies posted");
+  H_ASSERT_EQ(q->replies_sent_ok, T1_TOTAL, "replies with message_sent(IBMSG_OK)");
+  H_ASSERT_EQ(q->n_held, 0, "requests the responder still holds");
+  H_ASSERT_EQ(q->plain, q->t_plain_posted, "plain messages the responder received");
+  H_ASSERT_EQ(server->received, T1_TOTAL + q->t_plain_posted, "messages the responder received");
+  H_ASSERT_EQ(server->recv_seq, client->send_seq, "messages the responder checked in order");
+  H_ASSERT_EQ(q->requester_received, T1_TOTAL / T1_REPLY_PLAIN,
+              "plain messages the requester received (replies must not come as messages)");
+  H_ASSERT_EQ(client->recv_seq, server->send_seq, "messages the requester checked in order");
+  H_ASSERT_EQ(client->sent, client->posted, "the requester's message_sent callbacks vs. posts");
+  H_ASSERT_EQ(client->sent_ok, client->posted, "the requester's message_sent(IBMSG_OK) callbacks");
+  H_ASSERT_EQ(server->sent_ok, server->posted, "the responder's message_sent(IBMSG_OK) callbacks");
+  /* The replies really came out of order (the test exercises matching, not a queue). */
+  H_CHECK(q->t_out_of_order > T1_TOTAL / 4, "only %d of %d replies came out of order",
+          q->t_out_of_order, T1_TOTAL);
+  qsort(q->t_ids, T1_TOTAL, sizeof *q->t_ids, cmp_u64);
+  for (i = 1; i < T1_TOTAL; i++)
+    H_CHECK(q->t_ids[i] != q->t_ids[i - 1], "two requests had the same id %llu",
+            (unsigned long long)q->t_ids[i]);
+  for (k = 0; k < T1_WINDOW; k++)
+    H_ASSERT_REASON(q->reqs[k].req.status, IBMSG_OK, "req->status after its reply");
+  H_CHECK(!client->closed && !server->closed, "a connection closed");
+  rq_finish(ctx, q);
+}
+
+/* --- timeouts ------------------------------------------------------------------------------- */
+
+static void requests_without_reply_time_out_and_late_replies_are_dropped(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  rq *q;
+  uint64_t old_id;
+  int i, rc;
+  const int n = 8;
+
+  h_pair(ctx, &client, &server);
+  q = rq_new(ctx);
+  q->mode = RQ_HOLD; /* the responder never replies (until told below) */
+  /* An application may post long after the loop last ran: the timeout counts from the post. */
+  nap_ms(100);
+  for (i = 0; i < n; i++) {
+    rq_init(q, &q->reqs[i], client, (uint32_t)i + 1);
+    H_ASSERT_OK(rq_post(&q->reqs[i], client, i % 2 ? 400 : 200));
+    H_ASSERT_REASON(q->reqs[i].req.status, IBMSG_EINPROGRESS, "req->status after posting");
+  }
+  H_RUN_UNTIL(ctx, q->dones == n, 5000);
+  for (i = 0; i < n; i++) {
+    rq_req *r = &q->reqs[i];
+    long t = i % 2 ? 400 : 200, took = (long)(r->done_at - r->posted_at);
+    H_ASSERT_EQ(r->calls, 1, "done callbacks of a request");
+    H_ASSERT_REASON(r->status, IBMSG_ETIMEDOUT, "done status of a request without reply");
+    H_ASSERT_EQ(r->replies, 0, "replies of a request without reply");
+    H_ASSERT_REASON(r->req.status, IBMSG_ETIMEDOUT, "req->status after its timeout");
+    /* (whole milliseconds of a monotonic clock: the post may have started up to 1 ms later) */
+    H_CHECK(took >= t - 1, "request %d with a timeout of %ld ms timed out after %ld ms", i, t, took);
+    H_CHECK(took <= t + SLACK_MS, "request %d with a timeout of %ld ms timed out only after %ld ms",
+            i, t, took);
+  }
+  H_ASSERT_EQ(q->handled, n, "requests the responder's handler saw");
+  H_CHECK(!client->closed && !server->closed, "a connection closed after timeouts (%s / %s)",
+          ibmsg_err_name(client->close_reason), ibmsg_err_name(server->close_reason));
+  H_ASSERT_STATUS(client->sock.status, IBMSG_CONNECTED, "the requester's status after timeouts");
+
+  /* Now the responder answers them all: every reply goes out, none comes to the requester. */
+  while (q->n_held > 0) {
+    rc = rq_reply_held(q, 0);
+    H_ASSERT_OK(rc);
+  }
+  H_RUN_UNTIL(ctx, q->replies_sent == n, H_TIMEOUT_MS);
+  H_ASSERT_EQ(q->replies_sent_ok, n, "late replies with message_sent(IBMSG_OK) at the responder");
+  h_run_for(ctx, 300);
+  H_ASSERT_EQ(q->dones, n, "done callbacks after late replies (they must be dropped)");
+  H_ASSERT_EQ(q->requester_received, 0, "messages the requester received (late replies?)");
+  H_ASSERT_EQ(client->received, 0, "message_received callbacks of the requester");
+  H_ASSERT_EQ(stats_of(client).requests_timed_out, n, "the requester's requests_timed_out");
+  H_ASSERT_EQ(stats_of(client).replies_dropped, n, "the requester's replies_dropped");
+
+  /* The connection still works: a timed-out request posted anew is a new request (new id, the
+   * handler runs) and gets its reply, not one of the late ones. */
+  q->mode = RQ_REPLY;
+  old_id = q->reqs[0].req.id;
+  q->reqs[0].seq = 100;
+  H_ASSERT_OK(rq_post(&q->reqs[0], client, 5000));
+  H_CHECK(q->reqs[0].req.id != old_id, "a request posted anew kept its id %llu",
+          (unsigned long long)old_id);
+  H_RUN_UNTIL(ctx, q->reqs[0].calls == 2, H_TIMEOUT_MS);
+  H_ASSERT_REASON(q->reqs[0].status, IBMSG_OK, "done status of a request the responder answers");
+  H_ASSERT_EQ(q->reqs[0].replies, 1, "replies of that request");
+  H_ASSERT_EQ(q->handled, n + 1, "requests the handler saw");
+  H_ASSERT_EQ(q->reqs[0].req.retries, 0, "req->retries of a request posted anew");
+  rq_finish(ctx, q);
+}
+
+/* --- retries ------------------------------------------------------------------------------- */
+
+static void a_retry_runs_the_handler_once_and_gets_the_reply(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  rq *q;
+  rq_req *r;
+  uint64_t id;
+
+  h_pair(ctx, &client, &server);
+  q = rq_new(ctx);
+  q->mode = RQ_HOLD;
+  r = &q->reqs[0];
+  rq_init(q, r, client, 7);
+  H_ASSERT_OK(rq_post(r, client, 200));
+  id = r->req.id;
+  H_RUN_UNTIL(ctx, r->calls == 1 && !r->msg_busy, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_ETIMEDOUT, "done status of the first post");
+  H_ASSERT_EQ(q->handled, 1, "handler runs for the first post");
+  H_ASSERT_EQ(r->req.retries, 0, "req->retries before a retry");
+
+  H_ASSERT_OK(rq_retry(r, client, 5000));
+  H_ASSERT_EQ(r->req.retries, 1, "req->retries after a retry");
+  H_CHECK(r->req.id == id, "the retry changed the id from %llu to %llu", (unsigned long long)id,
+          (unsigned long long)r->req.id);
+  H_ASSERT_REASON(r->req.status, IBMSG_EINPROGRESS, "req->status after the retry");
+  /* message_sent(IBMSG_OK): the responder's side has the second copy */
+  H_RUN_UNTIL(ctx, !r->msg_busy, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->msg_status, IBMSG_OK, "message_sent status of the retry");
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(q->handled, 1, "handler runs after the retry arrived (it must not run twice)");
+  H_ASSERT_EQ(server->received, 1, "message_received callbacks of the responder");
+  H_ASSERT_EQ(r->calls, 1, "done callbacks before the reply");
+
+  /* The responder answers the one request it has: the retry gets the reply, once. */
+  H_ASSERT_EQ(q->n_held, 1, "requests the responder holds");
+  H_ASSERT_OK(rq_reply_held(q, 0));
+  H_RUN_UNTIL(ctx, r->calls == 2 && q->replies_sent == 1, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_OK, "done status of the retry");
+  H_ASSERT_EQ(r->replies, 1, "replies the retry got");
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(r->calls, 2, "done callbacks: one per post and retry");
+  H_ASSERT_EQ(q->requester_received, 0, "messages the requester received");
+  H_ASSERT_EQ(q->handled, 1, "handler runs in all");
+
+  /* A request that got its reply cannot be retried. */
+  H_ASSERT_CODE(ibmsg_retry_request(&client->sock, &r->msg, &r->req, 1000), IBMSG_ESTATE);
+  H_ASSERT_EQ(r->req.retries, 1, "req->retries after a refused retry");
+  h_run_for(ctx, 100);
+  H_ASSERT_EQ(r->calls, 2, "done callbacks after a refused retry");
+  H_ASSERT_EQ(client->sent, client->posted, "message_sent callbacks vs. posts");
+  rq_finish(ctx, q);
+}
+
+static void a_retry_after_a_dropped_reply_gets_the_kept_reply(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  rq *q;
+  rq_req *r;
+
+  h_pair(ctx, &client, &server);
+  q = rq_new(ctx);
+  q->mode = RQ_HOLD;
+  r = &q->reqs[0];
+  rq_init(q, r, client, 11);
+  H_ASSERT_OK(rq_post(r, client, 200));
+  H_RUN_UNTIL(ctx, r->calls == 1 && q->handled == 1, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_ETIMEDOUT, "done status without a reply");
+
+  /* The responder answers after the timeout: the requester drops the reply. */
+  H_ASSERT_OK(rq_reply_held(q, 0));
+  H_RUN_UNTIL(ctx, q->replies_sent == 1, H_TIMEOUT_MS);
+  H_ASSERT_EQ(q->replies_sent_ok, 1, "the late reply's message_sent(IBMSG_OK)");
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(r->calls, 1, "done callbacks after a late reply");
+  H_ASSERT_EQ(q->requester_received, 0, "messages the requester received");
+
+  /* The retry gets the reply the responder kept, without running the handler again. */
+  H_ASSERT_OK(rq_retry(r, client, 5000));
+  H_RUN_UNTIL(ctx, r->calls == 2, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_OK, "done status of the retry");
+  H_ASSERT_EQ(r->replies, 1, "replies of the retry");
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(q->handled, 1, "handler runs (the retry must get the kept reply)");
+  H_ASSERT_EQ(server->received, 1, "message_received callbacks of the responder");
+  H_ASSERT_EQ(r->calls, 2, "done callbacks");
+  H_ASSERT_EQ(q->replies_posted, 1, "replies the responder posted");
+  H_ASSERT_EQ(stats_of(server).replies_resent, 1, "the responder's replies_resent");
+  H_ASSERT_EQ(stats_of(client).replies_dropped, 1, "the requester's replies_dropped (the late one)");
+  H_ASSERT_CODE(ibmsg_retry_request(&client->sock, &r->msg, &r->req, 1000), IBMSG_ESTATE);
+  rq_finish(ctx, q);
+}
+
+static void a_retry_after_the_window_fails_with_etimedout(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  rq *q;
+  rq_req *r;
+  const int window = 600;
+  uint64_t now;
+
+  h_setopt_int(ctx, IBMSG_OPT_REQUEST_WINDOW, window);
+  h_pair(ctx, &client, &server);
+  q = rq_new(ctx);
+  q->mode = RQ_HOLD;
+  r = &q->reqs[0];
+  rq_init(q, r, client, 3);
+  H_ASSERT_OK(rq_post(r, client, 100));
+  H_RUN_UNTIL(ctx, r->calls == 1 && !r->msg_busy, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_ETIMEDOUT, "done status of the first post");
+  /* within the window: a retry, which times out too (the responder holds the request) */
+  H_ASSERT_OK(rq_retry(r, client, 100));
+  H_RUN_UNTIL(ctx, r->calls == 2 && !r->msg_busy, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_ETIMEDOUT, "done status of the retry");
+  H_ASSERT_EQ(q->handled, 1, "handler runs for a request and its retry");
+  /* beyond the window since the first post: the identity is forgotten */
+  now = h_now_ms();
+  if (now < r->first_posted_at + (uint64_t)window + 50)
+    h_run_for(ctx, (int)(r->first_posted_at + (uint64_t)window + 50 - now));
+  H_ASSERT_CODE(rq_retry(r, client, 100), IBMSG_ETIMEDOUT);
+  H_ASSERT_EQ(r->req.retries, 1, "req->retries after a refused retry");
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(r->calls, 2, "done callbacks after a refused retry");
+  H_ASSERT_EQ(server->received, 1, "message_received callbacks of the responder");
+  /* posted anew, it is a new request: the handler runs, the reply comes */
+  q->mode = RQ_REPLY;
+  H_ASSERT_OK(rq_post(r, client, 5000));
+  H_RUN_UNTIL(ctx, r->calls == 3, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_OK, "done status of the request posted anew");
+  H_ASSERT_EQ(q->handled, 2, "handler runs");
+  rq_finish(ctx, q);
+}
+
+/* --- retries over a new connection ---------------------------------------------------------- */
+
+/* The requester posts r on a first connection, the responder holds it, the requester disconnects;
+ * r's done gets IBMSG_ECANCELED once, before connection_closed. */
+static void post_then_disconnect(h_ctx *ctx, rq *q, rq_req *r, h_conn **c1, h_conn **s1) {
+  h_pair(ctx, c1, s1);
+  rq_init(q, r, *c1, 21);
+  H_ASSERT_OK(rq_post(r, *c1, 10000));
+  H_RUN_UNTIL(ctx, q->handled == 1 && !r->msg_busy, H_TIMEOUT_MS);
+  H_ASSERT_OK(ibmsg_disconnect(&(*c1)->sock));
+  H_RUN_UNTIL(ctx, r->calls == 1 && (*c1)->closed && (*s1)->closed, H_TIMEOUT_MS);
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(r->calls, 1, "done callbacks of a request whose connection closed");
+  H_ASSERT_REASON(r->status, IBMSG_ECANCELED, "done status after the requester's own disconnect");
+  H_ASSERT_EQ(r->replies, 0, "replies");
+  H_ASSERT_EQ(r->closed_before, 0, "connection_closed callbacks before the request's done");
+  H_ASSERT_REASON((*c1)->close_reason, IBMSG_OK, "close reason of the requester");
+  H_ASSERT_REASON((*s1)->close_reason, IBMSG_ECONNRESET, "close reason of the responder");
+  H_ASSERT_EQ(q->n_held, 1, "requests the responder holds");
+}
+
+static void a_retry_on_a_new_connection_gets_the_reply_kept_from_the_closed_one(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *c1, *s1, *c2, *s2;
+  rq *q = rq_new(ctx);
+  rq_req *r = &q->reqs[0];
+  int out;
+
+  post_then_disconnect(ctx, q, r, &c1, &s1);
+  /* The responder answers on the closed connection: refused, but the reply is kept. */
+  out = q->held[0].out;
+  H_ASSERT_CODE(ibmsg_post_reply(&s1->sock, q->held[0].request, &q->out[out].msg), IBMSG_ENOTCONN);
+  H_ASSERT_EQ(q->out[out].msg.status, IBMSG_WAITING, "the reply's status (it stays the application's)");
+  H_ASSERT_OK(rq_out_release(q, out));
+  H_ASSERT_OK(ibmsg_free_msg(q->held[0].request));
+  q->n_held = 0;
+
+  /* The requester connects again from the same loop and retries there. */
+  h_pair(ctx, &c2, &s2);
+  rq_realloc(r, c2);
+  H_ASSERT_OK(rq_retry(r, c2, 5000));
+  H_ASSERT_EQ(r->req.retries, 1, "req->retries");
+  H_RUN_UNTIL(ctx, r->calls == 2, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_OK, "done status of the retry on the new connection");
+  H_ASSERT_EQ(r->replies, 1, "replies of the retry");
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(r->calls, 2, "done callbacks");
+  H_ASSERT_EQ(q->handled, 1, "handler runs (the retry must get the kept reply)");
+  H_ASSERT_EQ(s2->received, 0, "message_received callbacks on the new connection");
+  H_ASSERT_EQ(q->requester_received, 0, "messages the requester received");
+  H_ASSERT_EQ(stats_of(s2).replies_resent, 1, "replies the new connection's responder resent");
+  rq_finish(ctx, q);
+}
+
+static void a_retry_on_a_new_connection_waits_for_the_reply_in_progress(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *c1, *s1, *c2, *s2;
+  rq *q = rq_new(ctx);
+  rq_req *r = &q->reqs[0];
+  uint64_t deadline;
+  int out;
+
+  post_then_disconnect(ctx, q, r, &c1, &s1);
+  /* The requester retries on a new connection while the responder still works on it. */
+  h_pair(ctx, &c2, &s2);
+  rq_realloc(r, c2);
+  H_ASSERT_OK(rq_retry(r, c2, 5000));
+  H_RUN_UNTIL(ctx, !r->msg_busy, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->msg_status, IBMSG_OK, "message_sent status of the retry");
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(q->handled, 1, "handler runs (the retry of a request in progress must not run it)");
+  H_ASSERT_EQ(s2->received, 0, "message_received callbacks on the new connection");
+  H_ASSERT_EQ(r->calls, 1, "done callbacks before the reply");
+  /* The responder replies to the request of the closed connection: the retry gets that reply. */
+  out = q->held[0].out;
+  H_ASSERT_CODE(ibmsg_post_reply(&s1->sock, q->held[0].request, &q->out[out].msg), IBMSG_ENOTCONN);
+  H_ASSERT_OK(rq_out_release(q, out));
+  H_ASSERT_OK(ibmsg_free_msg(q->held[0].request));
+  q->n_held = 0;
+  deadline = h_now_ms() + 3000;
+  while (r->calls < 2 && h_now_ms() < deadline) h_run_for(ctx, 10);
+  H_CHECK(r->calls == 2, "the retry waiting on the new connection got no reply in 3 s (the new "
+          "responder socket resent %llu replies, the requester dropped %llu)",
+          (unsigned long long)stats_of(s2).replies_resent,
+          (unsigned long long)stats_of(c2).replies_dropped);
+  H_ASSERT_EQ(stats_of(s2).replies_resent, 1, "replies the new connection's responder resent");
+  H_ASSERT_REASON(r->status, IBMSG_OK, "done status of the retry");
+  H_ASSERT_EQ(r->replies, 1, "replies of the retry");
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(r->calls, 2, "done callbacks");
+  H_ASSERT_EQ(q->handled, 1, "handler runs");
+  rq_finish(ctx, q);
+}
+
+/* --- closing with requests outstanding -------------------------------------------------------- */
+
+static void close_with_requests_outstanding(h_ctx *ctx, int responder_closes) {
+  h_conn *client, *server, *closer;
+  rq *q;
+  int i, k, expect = responder_closes ? IBMSG_ECONNRESET : IBMSG_ECANCELED;
+  const int n = 8;
+
+  h_pair(ctx, &client, &server);
+  q = rq_new(ctx);
+  q->mode = RQ_HOLD;
+  for (i = 0; i < n; i++) {
+    rq_init(q, &q->reqs[i], client, 40 + (uint32_t)i);
+    H_ASSERT_OK(rq_post(&q->reqs[i], client, 10000));
+  }
+  H_RUN_UNTIL(ctx, q->handled == n && rq_msgs_idle(q), H_TIMEOUT_MS);
+  closer = responder_closes ? server : client;
+  H_ASSERT_OK(ibmsg_disconnect(&closer->sock));
+  H_RUN_UNTIL(ctx, q->dones == n && client->closed && server->closed, H_TIMEOUT_MS);
+  h_run_for(ctx, 300);
+  H_ASSERT_EQ(q->dones, n, "done callbacks for the outstanding requests");
+  for (i = 0; i < n; i++) {
+    rq_req *r = &q->reqs[i];
+    H_ASSERT_EQ(r->calls, 1, "done callbacks of one request");
+    H_ASSERT_REASON(r->status, expect, "done status of a request whose connection closed");
+    H_ASSERT_REASON(r->req.status, expect, "req->status afterwards");
+    H_ASSERT_EQ(r->replies, 0, "replies");
+    H_ASSERT_EQ(r->closed_before, 0, "connection_closed callbacks before the request's done");
+  }
+  H_ASSERT_REASON(client->close_reason, responder_closes ? IBMSG_ECONNRESET : IBMSG_OK,
+                  "close reason of the requester");
+  /* Both sides refuse now: the requester to post, the responder to reply. */
+  H_ASSERT_CODE(rq_post(&q->reqs[0], client, 1000), IBMSG_ENOTCONN);
+  k = q->held[0].out;
+  H_ASSERT_CODE(ibmsg_post_reply(&server->sock, q->held[0].request, &q->out[k].msg), IBMSG_ENOTCONN);
+  h_run_for(ctx, 100);
+  H_ASSERT_EQ(q->dones, n, "done callbacks after refused calls");
+  rq_finish(ctx, q);
+}
+
+static void responder_closing_ends_each_outstanding_request_once(void **state) {
+  close_with_requests_outstanding(*state, 1);
+}
+
+static void requester_closing_ends_each_outstanding_request_once(void **state) {
+  close_with_requests_outstanding(*state, 0);
+}
+
+/* --- bad calls ------------------------------------------------------------------------------ */
+
+static void bad_requests_fail_with_the_documented_codes_and_send_nothing(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  rq *q;
+  rq_req *r, *r2;
+  ibmsg_buffer *big;
+  int eager = 0, rc;
+  size_t len = sizeof eager;
+
+  h_pair(ctx, &client, &server);
+  q = rq_new(ctx);
+  q->mode = RQ_HOLD;
+  r = &q->reqs[0];
+  r2 = &q->reqs[1];
+  rq_init(q, r, client, 1);
+  rq_init(q, r2, client, 2);
+  rq_fill(r);
+  rq_fill(r2);
+
+  /* timeouts that are not positive */
+  H_ASSERT_CODE(ibmsg_post_request(&client->sock, &r->msg, &r->req, 0), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_post_request(&client->sock, &r->msg, &r->req, -1), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_post_request(&client->sock, &r->msg, &r->req, INT_MIN), IBMSG_EINVAL);
+  /* NULL arguments */
+  H_ASSERT_CODE(ibmsg_post_request(NULL, &r->msg, &r->req, 100), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_post_request(&client->sock, NULL, &r->req, 100), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_post_request(&client->sock, &r->msg, NULL, 100), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_retry_request(NULL, &r->msg, &r->req, 100), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_retry_request(&client->sock, NULL, &r->req, 100), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_retry_request(&client->sock, &r->msg, NULL, 100), IBMSG_EINVAL);
+  /* a retry of a request never posted */
+  H_ASSERT_CODE(ibmsg_retry_request(&client->sock, &r->msg, &r->req, 100), IBMSG_ESTATE);
+  /* a request above the eager size: requests go eagerly */
+  H_ASSERT_OK(ibmsg_getopt(&ctx->loop, IBMSG_OPT_EAGER_SIZE, &eager, &len));
+  H_CHECK(eager > 0 && (size_t)eager < ibmsg_socket_max_msg_size(&client->sock),
+          "the eager size %d is not below the maximum %zu: no message above it", eager,
+          ibmsg_socket_max_msg_size(&client->sock));
+  big = &ctx->msgs[0];
+  H_ASSERT_OK(ibmsg_alloc_msg(big, &client->sock, (size_t)eager + 1));
+  H_ASSERT_CODE(ibmsg_post_request(&client->sock, big, &r->req, 100), IBMSG_EMSGSIZE);
+  H_ASSERT_EQ(big->status, IBMSG_WAITING, "status of the message of a refused request");
+  /* on the listener */
+  rc = ibmsg_post_request(&ctx->listener.sock, &r->msg, &r->req, 100);
+  H_CHECK(rc == IBMSG_ENOTCONN || rc == IBMSG_ESTATE,
+          "ibmsg_post_request on a listener returned %s, expected IBMSG_ENOTCONN or IBMSG_ESTATE",
+          ibmsg_err_name(rc));
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(client->sent, 0, "message_sent callbacks of refused requests");
+  H_ASSERT_EQ(server->received, 0, "messages that refused requests delivered");
+  H_ASSERT_EQ(q->dones, 0, "done callbacks of refused requests");
+  H_ASSERT_EQ(r->req.retries, 0, "req->retries of a refused retry");
+
+  /* a request that is posted still */
+  H_ASSERT_OK(rq_post(r, client, 10000));
+  H_ASSERT_CODE(ibmsg_post_request(&client->sock, &r2->msg, &r->req, 1000), IBMSG_EBUSY);
+  H_ASSERT_CODE(ibmsg_retry_request(&client->sock, &r2->msg, &r->req, 1000), IBMSG_EBUSY);
+  H_RUN_UNTIL(ctx, q->handled == 1 && !r->msg_busy, H_TIMEOUT_MS);
+  H_ASSERT_EQ(server->received, 1, "messages delivered for one request");
+  H_ASSERT_EQ(q->dones, 0, "done callbacks while the request waits for its reply");
+  H_ASSERT_EQ(r->req.retries, 0, "req->retries after a refused retry");
+  H_ASSERT_OK(rq_reply_held(q, 0));
+  H_RUN_UNTIL(ctx, r->calls == 1 && q->replies_sent == 1, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_OK, "done status of the request once answered");
+  H_ASSERT_EQ(r2->calls, 0, "done callbacks of the message refused with IBMSG_EBUSY");
+  H_ASSERT_OK(ibmsg_free_msg(big));
+  rq_finish(ctx, q);
+}
+
+static void bad_replies_fail_with_the_documented_codes(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  rq *q;
+  rq_req *r;
+  ibmsg_buffer *request, *extra = &ctx->msgs[0], *big = &ctx->msgs[1], *plain, *pmsg = &ctx->msgs[2];
+  int eager = 0, out;
+  size_t len = sizeof eager;
+
+  h_pair(ctx, &client, &server);
+  q = rq_new(ctx);
+  q->mode = RQ_HOLD;
+  q->hold_plain = 1;
+  r = &q->reqs[0];
+  rq_init(q, r, client, 5);
+  H_ASSERT_OK(rq_post(r, client, 10000));
+  h_alloc_fill(client, pmsg, 64);
+  h_post(client, pmsg);
+  H_RUN_UNTIL(ctx, q->handled == 1 && q->plain == 1 && client->sent == 2, H_TIMEOUT_MS);
+  request = q->held[0].request;
+  out = q->held[0].out;
+  plain = q->plain_held[0];
+  H_CHECK(request->flags & IBMSG_MSG_REQUEST, "the request lacks IBMSG_MSG_REQUEST");
+  H_CHECK(!(plain->flags & IBMSG_MSG_REQUEST), "a plain message has IBMSG_MSG_REQUEST");
+  H_ASSERT_OK(ibmsg_alloc_msg(extra, &server->sock, 32));
+
+  /* NULL arguments, a plain message, a reply above the eager size */
+  H_ASSERT_CODE(ibmsg_post_reply(NULL, request, extra), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_post_reply(&server->sock, NULL, extra), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_post_reply(&server->sock, request, NULL), IBMSG_EINVAL);
+  H_ASSERT_CODE(ibmsg_post_reply(&server->sock, plain, extra), IBMSG_EINVAL);
+  H_ASSERT_OK(ibmsg_getopt(&ctx->loop, IBMSG_OPT_EAGER_SIZE, &eager, &len));
+  H_ASSERT_OK(ibmsg_alloc_msg(big, &server->sock, (size_t)eager + 1));
+  H_ASSERT_CODE(ibmsg_post_reply(&server->sock, request, big), IBMSG_EMSGSIZE);
+  H_ASSERT_EQ(big->status, IBMSG_WAITING, "status of a refused reply");
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(server->sent, 0, "message_sent callbacks of refused replies");
+  H_ASSERT_EQ(r->calls, 0, "done callbacks after refused replies");
+
+  /* one reply goes; a second is refused */
+  H_ASSERT_OK(rq_post_reply(q, server, request, out));
+  H_ASSERT_CODE(ibmsg_post_reply(&server->sock, request, extra), IBMSG_EALREADY);
+  H_ASSERT_EQ(extra->status, IBMSG_WAITING, "status of a refused second reply");
+  H_RUN_UNTIL(ctx, r->calls == 1 && q->replies_sent == 1, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_OK, "done status");
+  H_ASSERT_EQ(r->replies, 1, "replies");
+  /* ... also after the request was freed */
+  H_ASSERT_OK(ibmsg_free_msg(request));
+  q->n_held = 0;
+  H_ASSERT_CODE(ibmsg_post_reply(&server->sock, request, extra), IBMSG_ENOTALLOC);
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(r->calls, 1, "done callbacks after refused second replies");
+  H_ASSERT_EQ(q->requester_received, 0, "messages the requester received");
+  H_ASSERT_EQ(server->sent, 1, "message_sent callbacks of the responder (one reply)");
+  H_ASSERT_OK(ibmsg_free_msg(extra));
+  H_ASSERT_OK(ibmsg_free_msg(big));
+  H_ASSERT_OK(ibmsg_free_msg(pmsg));
+  rq_finish(ctx, q);
+}
+
+/* --- a peer without requests ------------------------------------------------------------------ */
+
+/* A peer of protocol 1.4, written with librdmacm: its hello (ibmsg(7), WIRE PROTOCOL; src/wire.hpp)
+ * offers immediates, rendezvous and shared buffers but not requests (feature bit 5). It only
+ * connects; nothing is sent to it. */
+#define OP_MAGIC 0x49424d53u
+#define OP_HELLO_SIZE 32
+#define OP_FEATURES ((1u << 1) | (1u << 2) | (1u << 3))
+
+struct old_peer {
+  struct rdma_event_channel *ch;
+  struct rdma_cm_id *id;
+  int has_qp;
+  int addr_resolved, route_resolved, established, rejected, disconnected, cm_error;
+};
+
+static void op_put32(uint8_t *p, uint32_t v) {
+  p[0] = (uint8_t)v;
+  p[1] = (uint8_t)(v >> 8);
+  p[2] = (uint8_t)(v >> 16);
+  p[3] = (uint8_t)(v >> 24);
+}
+
+static void op_poll(struct old_peer *p) {
+  struct rdma_cm_event *ev;
+  while (p->ch && rdma_get_cm_event(p->ch, &ev) == 0) {
+    switch (ev->event) {
+    case RDMA_CM_EVENT_ADDR_RESOLVED: p->addr_resolved = 1; break;
+    case RDMA_CM_EVENT_ROUTE_RESOLVED: p->route_resolved = 1; break;
+    case RDMA_CM_EVENT_ESTABLISHED: p->established = 1; break;
+    case RDMA_CM_EVENT_REJECTED: p->rejected = 1; break;
+    case RDMA_CM_EVENT_DISCONNECTED: p->disconnected = 1; break;
+    case RDMA_CM_EVENT_ADDR_ERROR:
+    case RDMA_CM_EVENT_ROUTE_ERROR:
+    case RDMA_CM_EVENT_UNREACHABLE:
+    case RDMA_CM_EVENT_CONNECT_ERROR:
+    case RDMA_CM_EVENT_DEVICE_REMOVAL: p->cm_error = ev->event; break;
+    default: break;
+    }
+    rdma_ack_cm_event(ev);
+  }
+}
+
+#define OP_RUN_UNTIL(ctx, p, cond, timeout_ms)                                                  \
+  do {                                                                                          \
+    uint64_t op__deadline = h_now_ms() + (uint64_t)(timeout_ms);                                \
+    op_poll(p);                                                                                 \
+    while (!(cond)) {                                                                           \
+      h_step_at((ctx), op__deadline, (timeout_ms), #cond, __FILE__, __LINE__);                  \
+      op_poll(p);                                                                               \
+    }                                                                                           \
+    h_check_errors_at((ctx), __FILE__, __LINE__);                                               \
+  } while (0)
+
+/* Runs the loop and the old peer for ms milliseconds. */
+#define OP_RUN_FOR(ctx, p, ms)                                                                  \
+  do {                                                                                          \
+    uint64_t op__end = h_now_ms() + (uint64_t)(ms);                                             \
+    while (h_now_ms() < op__end) {                                                              \
+      h_step_at((ctx), op__end + 1000, (ms), "(run for)", __FILE__, __LINE__);                  \
+      op_poll(p);                                                                               \
+    }                                                                                           \
+    h_check_errors_at((ctx), __FILE__, __LINE__);                                               \
+  } while (0)
+
+static struct old_peer *op_live;
+
+static void op_destroy(struct old_peer *p) {
+  if (!p) return;
+  if (op_live == p) op_live = NULL;
+  op_poll(p);
+  if (p->id) {
+    if (p->established && !p->disconnected) rdma_disconnect(p->id);
+    op_poll(p);
+    if (p->has_qp) rdma_destroy_qp(p->id);
+    rdma_destroy_id(p->id);
+  }
+  if (p->ch) rdma_destroy_event_channel(p->ch);
+  free(p);
+}
+
+static struct old_peer *op_connect(h_ctx *ctx) {
+  struct old_peer *p = t_new(sizeof *p);
+  struct addrinfo hints, *res = NULL;
+  struct ibv_qp_init_attr qa;
+  struct rdma_conn_param cp;
+  uint8_t hello[OP_HELLO_SIZE];
+  char port[8];
+  int flags, rc;
+
+  op_live = p;
+  p->ch = rdma_create_event_channel();
+  H_CHECK(p->ch != NULL, "rdma_create_event_channel failed");
+  flags = fcntl(p->ch->fd, F_GETFL);
+  H_CHECK(fcntl(p->ch->fd, F_SETFL, flags | O_NONBLOCK) == 0, "fcntl on the CM channel failed");
+  H_CHECK(rdma_create_id(p->ch, &p->id, p, RDMA_PS_TCP) == 0, "rdma_create_id failed");
+  memset(&hints, 0, sizeof hints);
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  snprintf(port, sizeof port, "%u", (unsigned)ctx->port);
+  H_CHECK(getaddrinfo(ctx->addr, port, &hints, &res) == 0 && res, "cannot resolve %s", ctx->addr);
+  rc = rdma_resolve_addr(p->id, NULL, res->ai_addr, 2000);
+  freeaddrinfo(res);
+  H_CHECK(rc == 0, "rdma_resolve_addr failed");
+  OP_RUN_UNTIL(ctx, p, p->addr_resolved || p->cm_error, H_TIMEOUT_MS);
+  H_CHECK(!p->cm_error, "the old peer's address resolution failed (CM event %d)", p->cm_error);
+  H_CHECK(rdma_resolve_route(p->id, 2000) == 0, "rdma_resolve_route failed");
+  OP_RUN_UNTIL(ctx, p, p->route_resolved || p->cm_error, H_TIMEOUT_MS);
+  H_CHECK(!p->cm_error, "the old peer's route resolution failed (CM event %d)", p->cm_error);
+  /* A queue pair with the CM's default protection domain and completion queues. */
+  memset(&qa, 0, sizeof qa);
+  qa.qp_type = IBV_QPT_RC;
+  qa.cap.max_send_wr = 4;
+  qa.cap.max_recv_wr = 4;
+  qa.cap.max_send_sge = 1;
+  qa.cap.max_recv_sge = 1;
+  H_CHECK(rdma_create_qp(p->id, NULL, &qa) == 0, "rdma_create_qp failed");
+  p->has_qp = 1;
+
+  op_put32(hello, OP_MAGIC);
+  hello[4] = 1; /* major */
+  hello[5] = 4; /* minor */
+  hello[6] = 1; /* kind: hello */
+  hello[7] = 0;
+  op_put32(hello + 8, OP_FEATURES);
+  op_put32(hello + 12, 16);    /* recv_depth */
+  op_put32(hello + 16, 4);     /* ctrl_depth */
+  op_put32(hello + 20, 16384); /* max_msg_size (eager) */
+  op_put32(hello + 24, 1u << 20); /* rndv_max_size */
+  op_put32(hello + 28, 16);    /* cap */
+  memset(&cp, 0, sizeof cp);
+  cp.private_data = hello;
+  cp.private_data_len = OP_HELLO_SIZE;
+  cp.responder_resources = 1;
+  cp.initiator_depth = 1;
+  cp.retry_count = 7;
+  cp.rnr_retry_count = 7;
+  H_CHECK(rdma_connect(p->id, &cp) == 0, "rdma_connect failed");
+  OP_RUN_UNTIL(ctx, p, p->established || p->rejected || p->cm_error, H_TIMEOUT_MS);
+  H_CHECK(p->established, "the old peer was not accepted (rejected %d, CM event %d)", p->rejected,
+          p->cm_error);
+  return p;
+}
+
+static void a_request_to_a_peer_without_requests_fails_with_eopnotsupp(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *srv, *client, *server;
+  struct old_peer *p;
+  rq *q;
+  rq_req *r;
+
+  h_setopt_int(ctx, IBMSG_OPT_KEEPALIVE, 0); /* the old peer answers no probes */
+  h_listen(ctx, ctx->addr, 8);
+  q = rq_new(ctx);
+  srv = &ctx->servers[0];
+  p = op_connect(ctx);
+  OP_RUN_UNTIL(ctx, p, ctx->n_servers == 1 && (srv->established || srv->closed), H_TIMEOUT_MS);
+  H_CHECK(srv->established, "the old peer's connection closed with %s",
+          ibmsg_err_name(srv->close_reason));
+  r = &q->reqs[0];
+  rq_init(q, r, srv, 9);
+  H_ASSERT_CODE(rq_post(r, srv, 1000), IBMSG_EOPNOTSUPP);
+  H_ASSERT_EQ(r->msg.status, IBMSG_WAITING, "status of the message of a refused request");
+  OP_RUN_FOR(ctx, p, 200);
+  H_ASSERT_EQ(srv->sent, 0, "message_sent callbacks of a refused request");
+  H_ASSERT_EQ(r->calls, 0, "done callbacks of a refused request");
+  H_CHECK(!srv->closed, "the old peer's connection closed with %s", ibmsg_err_name(srv->close_reason));
+  H_ASSERT_OK(ibmsg_free_msg(&r->msg));
+  r->q = NULL;
+
+  /* The control: between two peers of this ibmsg, the same request works. */
+  h_pair(ctx, &client, &server);
+  q->mode = RQ_REPLY;
+  rq_init(q, r, client, 9);
+  H_ASSERT_OK(rq_post(r, client, 5000));
+  H_RUN_UNTIL(ctx, r->calls == 1, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_OK, "done status of the control request");
+
+  op_destroy(p);
+  H_RUN_UNTIL(ctx, srv->closed, H_TIMEOUT_MS);
+  rq_finish(ctx, q);
+}
+
+static int op_teardown(void **state) {
+  op_destroy(op_live);
+  return h_teardown(state);
+}
+
+int main(int argc, char **argv) {
+  const struct CMUnitTest tests[] = {
+      H_TEST(ten_thousand_requests_answered_in_random_order_each_get_their_own_reply),
+      H_TEST(requests_without_reply_time_out_and_late_replies_are_dropped),
+      H_TEST(a_retry_runs_the_handler_once_and_gets_the_reply),
+      H_TEST(a_retry_after_a_dropped_reply_gets_the_kept_reply),
+      H_TEST(a_retry_after_the_window_fails_with_etimedout),
+      H_TEST(a_retry_on_a_new_connection_gets_the_reply_kept_from_the_closed_one),
+      H_TEST(a_retry_on_a_new_connection_waits_for_the_reply_in_progress),
+      H_TEST(responder_closing_ends_each_outstanding_request_once),
+      H_TEST(requester_closing_ends_each_outstanding_request_once),
+      H_TEST(bad_requests_fail_with_the_documented_codes_and_send_nothing),
+      H_TEST(bad_replies_fail_with_the_documented_codes),
+      cmocka_unit_test_setup_teardown(a_request_to_a_peer_without_requests_fails_with_eopnotsupp,
+                                      h_setup, op_teardown),
+  };
+  h_init(argc, argv);
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
