@@ -1,6 +1,8 @@
 #!/bin/sh
-# demo.sh - show ibmsg at work: ibmsg-recv and ibmsg-send exchange verified messages, and
-# ibmsg-rdma writes into a server's buffer with RDMA and reads it back; then, between two VMs
+# demo.sh - show ibmsg at work: ibmsg-recv and ibmsg-send exchange verified messages,
+# ibmsg-rdma writes into a server's buffer with RDMA and reads it back, and ibmsg-rpc stores a
+# value in a key-value server and reads it back (requests and replies carrying protobuf
+# messages; only when it was built, with protobuf-c); then, between two VMs
 # (examples/demo-twohost.sh), messages cross an emulated network and a cut link is reported.
 #
 # Run by `make demo` from the build directory, where the tools are ./examples/ibmsg-*.
@@ -176,11 +178,79 @@ run_rdma_round() {
   fi
 }
 
+# run_rpc_round KEY VALUE: an ibmsg-rpc server; one client stores VALUE under KEY, another
+# reads it back, a third asks for a key that is not there (exit status 1, "not found"); each is
+# one request and its reply, protobuf messages. SIGINT ends the server.
+run_rpc_round() {
+  key=$1 value=$2
+  if [ ! -x "$bindir/ibmsg-rpc" ]; then
+    echo
+    echo "=== skipped: ibmsg-rpc was not built (configure found no protobuf-c:" \
+      "apt-get install protobuf-c-compiler libprotobuf-c-dev) ==="
+    return
+  fi
+  round=$((round + 1))
+  port=$((12344 + round))
+  echo
+  echo "=== round $round: requests and replies: a key-value store, its messages protobuf ==="
+
+  "$bindir/ibmsg-rpc" --server -v -p "$port" "$addr" >"$tmp/server.out" 2>&1 &
+  server_pid=$!
+  n=0
+  until grep -q "listening on" "$tmp/server.out" 2>/dev/null; do
+    if ! kill -0 "$server_pid" 2>/dev/null || [ "$n" -ge 100 ]; then
+      break
+    fi
+    sleep 0.1
+    n=$((n + 1))
+  done
+
+  "$bindir/ibmsg-rpc" -p "$port" "$addr" put "$key" "$value" >"$tmp/put.out" 2>&1
+  put_status=$?
+  "$bindir/ibmsg-rpc" -p "$port" "$addr" get "$key" >"$tmp/get.out" 2>"$tmp/get.err"
+  get_status=$?
+  "$bindir/ibmsg-rpc" -p "$port" "$addr" get "no such key" >"$tmp/miss.out" 2>&1
+  miss_status=$?
+
+  # The server serves until interrupted: SIGINT is its normal end (exit status 0).
+  kill -INT "$server_pid" 2>/dev/null
+  if wait_exit "$server_pid" 100; then
+    wait "$server_pid"
+    server_status=$?
+  else
+    kill "$server_pid" 2>/dev/null
+    wait "$server_pid" 2>/dev/null
+    echo "  demo: ibmsg-rpc --server did not exit within 10 s after SIGINT" >>"$tmp/server.out"
+    server_status=1
+  fi
+  server_pid=
+
+  echo "server: ibmsg-rpc --server -v -p $port $addr (exit status $server_status)"
+  show "|" "$tmp/server.out"
+  echo "client: ibmsg-rpc -p $port $addr put \"$key\" \"$value\" (exit status $put_status)"
+  show "|" "$tmp/put.out"
+  echo "client: ibmsg-rpc -p $port $addr get \"$key\" (exit status $get_status)"
+  show "|" "$tmp/get.out"
+  show "|" "$tmp/get.err"
+  echo "client: ibmsg-rpc -p $port $addr get \"no such key\" (exit status $miss_status," \
+    "1 expected)"
+  show "|" "$tmp/miss.out"
+  if [ "$put_status" = 0 ] && [ "$get_status" = 0 ] && [ "$(cat "$tmp/get.out")" = "$value" ] &&
+     [ "$miss_status" = 1 ] && grep -q "not found" "$tmp/miss.out" && [ "$server_status" = 0 ]
+  then
+    echo "round $round: OK"
+  else
+    echo "round $round: FAILED"
+    failures=$((failures + 1))
+  fi
+}
+
 echo "ibmsg demo on $addr${IBMSG_TEST_DEVICE:+ (device $IBMSG_TEST_DEVICE)}"
 run_round 10000 4096 1
 run_round 10000 4096 4
 run_round 2000 0 2
 run_rdma_round "hello rdma"
+run_rpc_round greeting "hello rpc"
 
 echo
 if [ "$failures" = 0 ]; then
