@@ -1016,7 +1016,7 @@ ibmsg_options *make_options(Run &r, fuzz::Cursor &c, uint8_t cfg, uint8_t cfg2) 
 }
 
 // The raw peer's hello: within what its 32 buffers of 4096 bytes take (depth and control depth
-// together at most 32, the eager maximum leaves room for an immediate), so that ibmsg keeping to
+// together at most 32, the eager maximum leaves room for a trailer), so that ibmsg keeping to
 // it never overruns them.
 wire::Hello raw_hello(fuzz::Cursor &c) {
   wire::Hello h;
@@ -1024,12 +1024,15 @@ wire::Hello raw_hello(fuzz::Cursor &c) {
   if (h.features & 0x80) h.features &= kKnownFeatures;
   h.recv_depth = 1 + c.u8() % 16;
   h.ctrl_depth = 1 + c.u8() % 8;
-  h.max_msg_size = 1 + c.u16() % (kRawBufSize - wire::kImmTrailer);
+  h.max_msg_size = 1 + c.u16() % (kRawBufSize - wire::kMaxTrailer);
   const uint8_t sel = c.u8();
   static const uint32_t kRndv[] = {0, 1, 4, 1024};
   h.rndv_max_size = kRndv[sel & 3] ? h.max_msg_size * kRndv[sel & 3] : 0;
   const uint32_t room = kRawBufs - h.recv_depth - h.ctrl_depth;
   h.cap = sel & 4 ? h.recv_depth + (sel >> 3) % (room + 1) : 0;
+  // Requests (1.5) need a session: with it, the peer's Requests and Replies (command 7) reach
+  // the responder's and the requester's paths.
+  if (h.features & wire::kFeatureRequest) h.session = 0x5e5510ull + h.features;
   return h;
 }
 
