@@ -1,4 +1,4 @@
-// A list kept in deadline order (pure logic; issue 12, work in progress): the requests of a
+// A list kept in deadline order (pure logic; requests.cpp uses it): the requests of a
 // connection by the time they time out, so that one timer for the front serves them all. Most
 // requests of a connection share one timeout and arrive in deadline order: the insertion walks
 // from the back and usually stops at once. Equal deadlines keep their insertion order.
