@@ -9,6 +9,8 @@
 // callback. Only an answer from the peer's loop proves it alive: the peer's kernel acknowledges
 // our messages even while its process is stopped, and the transport's own resends give up only
 // while something is in flight. A peer without the feature gets no probes and is never timed out.
+#include <cmath>
+
 #include "internal.hpp"
 
 namespace ibmsg {
@@ -39,9 +41,10 @@ void arm(Loop *loop, double tick) {
 void on_tick(Timer *t) {
   Loop *loop = static_cast<Loop *>(t->data);
   const double now = ev_now(loop->ev);
-  // A loop the application did not run for a while asked nothing meanwhile: its connections
-  // probe now and give the peers their intervals to answer, rather than close at once.
-  const bool loop_late = now - loop->ka_last > 2 * loop->ka_tick;
+  // A loop the application did not run for half an interval or more asked nothing meanwhile:
+  // its connections probe now and give the peers an interval to answer, rather than close at
+  // once. (A shorter delay, the scheduler's, leaves every probe on its interval.)
+  const double gap = now - loop->ka_last;
   loop->ka_last = now;
   // The completions of a loop that did not run for a while may still wait in the CQs: before
   // a connection is found silent, they are read.
@@ -61,14 +64,20 @@ void on_tick(Timer *t) {
       s->live.heard_at = now;
       continue;
     }
-    if (loop_late && now - s->live.heard_at > iv) s->live.heard_at = s->live.probed_at = now - iv;
+    if (gap > iv / 2 && now - s->live.heard_at > iv) {
+      IBMSG_LOG(s, IBMSG_LOG_INFO, "loop not run for %.3f s: the peer gets an interval to answer", gap);
+      s->live.heard_at = s->live.probed_at = now - iv;
+    }
     const double silent = now - s->live.heard_at;
+    // Probes go on the grid of intervals since the peer was last heard, not an interval after
+    // the last probe: ticks that come late do not add up to a lost interval.
+    const double probed = std::floor((s->live.probed_at - s->live.heard_at) / iv);
     if (silent >= iv * s->opts.keepalive_count) {
       ++s->stats.keepalive_misses;
       IBMSG_LOG(s, IBMSG_LOG_ERROR, "peer silent for %.3f s (keepalive %d ms x %d): closing", silent,
           s->opts.keepalive_ms, s->opts.keepalive_count);
       socket_close(s, IBMSG_ETIMEDOUT);
-    } else if (silent >= iv && now - s->live.probed_at >= iv) {
+    } else if (silent >= iv && std::floor(silent / iv) > probed) {
       if (s->live.probed_at > s->live.heard_at) {
         ++s->stats.keepalive_misses;
         IBMSG_LOG(s, IBMSG_LOG_WARN, "keepalive probe unanswered for %.3f s", now - s->live.probed_at);

@@ -2250,6 +2250,11 @@ void run_ms(H *h, double ms) {
   run_for(h, ms, [] { return false; });
 }
 
+std::vector<std::pair<int, std::string>> log_lines;
+void collect_log(ibmsg_event_loop *, ibmsg_socket *, int level, const char *text) {
+  log_lines.emplace_back(level, text);
+}
+
 ibmsg_options *ka_options(H *h, int ms, int count = 3) {
   return options(h, {{IBMSG_OPT_KEEPALIVE, ms}, {IBMSG_OPT_KEEPALIVE_COUNT, count}});
 }
@@ -2355,15 +2360,22 @@ void misses_count_once_per_interval_when_no_probe_can_go(void **state) {
   ibmsg_stats cst;
   memset(&cst, 0xff, sizeof cst);
   p.c->when_closed = [&] { expect_code(ibmsg_socket_stats(&p.c->s, &cst, sizeof cst), IBMSG_OK); };
+  log_lines.clear();
+  h->loop.log = collect_log;
   fake::pause_wire(true);  // a cut link: the probes never complete, their credits never return
   run_for(h, 2000, [&] { return p.c->closed && p.a->closed; });
   fake::pause_wire(false);
+  h->loop.log = nullptr;
   assert_int_equal(p.c->closed, 1);
   assert_true(cst.keepalives_sent < 8);  // some intervals found no credit for a probe
-  // one miss per interval after the first, sent or not, and the close (at a tick, 2.5 ms, a
-  // silent interval may count twice at most)
+  // One miss per interval after the first, sent or not, and the close: 7, however late the
+  // ticks come within an interval. Only a loop held up for half an interval (a machine too busy
+  // to run this process for 10 ms) gives the peer a new interval and so counts more.
+  int late = 0;
+  for (auto &l : log_lines) late += l.second.find("loop not run for") != std::string::npos;
+  if (late == 0) assert_int_equal(cst.keepalive_misses, 7);
   assert_true(cst.keepalive_misses >= 7);
-  assert_true(cst.keepalive_misses <= 9);
+  assert_true(cst.keepalive_misses <= 7u * (late + 1u));
 }
 
 void a_loop_not_run_for_longer_than_the_bound_probes_before_it_judges(void **state) {
@@ -2442,11 +2454,6 @@ void a_sender_stalled_on_credits_keeps_a_live_peer(void **state) {
   p.a->hold = false;
   RUN_UNTIL(h, p.a->received == 10 && p.c->sent_ok == 10);
   assert_int_equal(p.a->bad_order, 0);
-}
-
-std::vector<std::pair<int, std::string>> log_lines;
-void collect_log(ibmsg_event_loop *, ibmsg_socket *, int level, const char *text) {
-  log_lines.emplace_back(level, text);
 }
 
 void the_log_callback_hears_establishment_and_close_and_stats_last_into_closed(void **state) {
