@@ -211,9 +211,12 @@ enum ibmsg_msg_flags {
 struct ibmsg_incoming {
   size_t size;               /**< ro: the message's bytes */
   uint32_t imm;              /**< ro: its immediate, when flags has IBMSG_MSG_IMM */
-  uint32_t flags;            /**< ro: IBMSG_MSG_IMM or 0 */
+  uint32_t flags;            /**< ro: IBMSG_MSG_IMM, IBMSG_MSG_REQUEST (a request) or 0 */
   struct ibmsg__slot *impl;  /**< private */
-  void *reserved[4];         /**< private: room for later versions */
+  /** ro: for a reply, the request it answers (its done callback follows with the reply, or
+   *  with IBMSG_EDECLINED if the reply is declined); NULL for any other message (since 1.5) */
+  struct ibmsg_request *request;
+  void *reserved[3];         /**< private: room for later versions (request took one in 1.5) */
 };
 
 /**
@@ -749,8 +752,9 @@ struct ibmsg_request {
  *  it, and it may be posted again (or freed) after that. Requests, replies and messages go in
  *  one order; replies may come in any order. IBMSG_EINVAL (NULL, timeout_ms 0 or negative),
  *  IBMSG_EBUSY (req is posted still), IBMSG_EOPNOTSUPP (the peer's ibmsg has no requests),
- *  IBMSG_EMSGSIZE (msg above the connection's eager size: requests and replies go eagerly in
- *  1.5), and the codes of ibmsg_post_send(). On failure no callback fires. */
+ *  and the codes of ibmsg_post_send(). A request of any size up to the connection's maximum
+ *  goes (above the eager size by rendezvous, like a message). On failure no
+ *  callback fires. */
 IBMSG_EXPORT int ibmsg_post_request(ibmsg_socket *socket, ibmsg_buffer *msg, ibmsg_request *req,
                                     int timeout_ms);
 /** Sends req again with the same identity, after its done callback said IBMSG_ETIMEDOUT or a
@@ -763,10 +767,11 @@ IBMSG_EXPORT int ibmsg_post_request(ibmsg_socket *socket, ibmsg_buffer *msg, ibm
 IBMSG_EXPORT int ibmsg_retry_request(ibmsg_socket *socket, ibmsg_buffer *msg, ibmsg_request *req,
                                      int timeout_ms);
 /** Answers request, a received message with IBMSG_MSG_REQUEST that the application still holds
- *  (it frees it once it replied; freed unanswered, the request's retries get no answer), with reply, a message of the same connection
- *  allocated with ibmsg_alloc_msg() (message_sent follows for it). IBMSG_EINVAL if request is
- *  not a request or reply is invalid, IBMSG_ENOTALLOC if request was freed, IBMSG_EALREADY if
- *  it was answered already, IBMSG_EMSGSIZE above the eager size; IBMSG_ENOTCONN if its
+ *  (it frees it once it replied; freed unanswered, the request's retries get no answer), with
+ *  reply, a message of the same connection allocated with ibmsg_alloc_msg() (message_sent
+ *  follows for it), of any size (above the eager size by rendezvous; such a reply is not kept
+ *  for retries). IBMSG_EINVAL if request is not a request or reply is invalid, IBMSG_ENOTALLOC
+ *  if request was freed, IBMSG_EALREADY if it was answered already; IBMSG_ENOTCONN if its
  *  connection closed: the reply is kept (IBMSG_OPT_REPLY_CACHE) for the requester's retry over
  *  a new connection, and the message stays the application's. Otherwise as ibmsg_post_send(). */
 IBMSG_EXPORT int ibmsg_post_reply(ibmsg_socket *socket, ibmsg_buffer *request,

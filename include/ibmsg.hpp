@@ -1109,12 +1109,17 @@ class incoming {
 
   /** The message's size in bytes. */
   std::size_t size() const noexcept { return in_->size; }
-  /** Its IBMSG_MSG_* flags: IBMSG_MSG_IMM or 0. */
+  /** Its IBMSG_MSG_* flags: IBMSG_MSG_IMM, IBMSG_MSG_REQUEST or 0. */
   std::uint32_t flags() const noexcept { return in_->flags; }
   /** True if the sender posted it with an immediate (message::post_imm()). */
   bool has_imm() const noexcept { return (in_->flags & IBMSG_MSG_IMM) != 0; }
   /** Its immediate (0 unless has_imm()). */
   std::uint32_t imm() const noexcept { return has_imm() ? in_->imm : 0; }
+  /** True if it is a request (socket::request() of the peer; since 1.5). */
+  bool is_request() const noexcept { return (in_->flags & IBMSG_MSG_REQUEST) != 0; }
+  /** True if it is the reply to a request of this side (socket::request(); since 1.5): declined,
+   *  the request's callback gets IBMSG_EDECLINED. */
+  bool is_reply() const noexcept { return in_->request != nullptr; }
 
   /**
    * Puts the message's size() bytes at offset in r, a region of the connection's loop with

@@ -87,7 +87,10 @@ Loop *loop_of_slot(const Slot *q) { return q->pool->dev->loop; }
 
 }  // namespace
 
-bool answer_on_request(Socket *s, Slot *slot) {
+namespace {
+
+// The session of slot's request, its floor raised and its old answers forgotten.
+Session &session_of(Socket *s, const Slot *slot) {
   Loop *loop = s->loop;
   const double now = ev_now(loop->ev);
   sweep(loop, now);
@@ -95,35 +98,48 @@ bool answer_on_request(Socket *s, Slot *slot) {
   ss.last = now;
   if (slot->req_floor > ss.floor) ss.floor = slot->req_floor;
   prune(loop, ss, now);
+  return ss;
+}
+
+// False for a copy of a request delivered before (it runs once: it is answered on s when the
+// application replies, or now with the kept reply), and for a retry that may have been
+// answered and forgotten (then it may have run: it gets no answer rather than a second run).
+bool is_new(Socket *s, const Slot *slot, Session &ss) {
   const uint64_t id = slot->req_id;
   auto it = ss.answers.find(id);
-  if (it == ss.answers.end()) {
-    // A first copy is new; a retry is new unless it may have been answered and forgotten (then
-    // it may have run: it gets no answer rather than a second run).
-    if (slot->req_retry && (id < ss.floor || id <= ss.forgotten)) {
-      slot->req_answered = true;  // (not the application's: its freeing answers nothing)
-      msg_free(&slot->own);
-      return false;
-    }
-    ss.answers.emplace(id, Answer());
-    for (auto f = ss.answers.begin(); ss.answers.size() > kMaxAnswers && f != ss.answers.end();) {
-      if (!f->second.answered) {
-        ++f;
-        continue;
-      }
-      if (f->first > ss.forgotten) ss.forgotten = f->first;
-      drop_kept(loop->req, f->second);
-      f = ss.answers.erase(f);
-    }
-    return true;
-  }
-  // A copy of a request delivered before: it runs once.
-  slot->req_answered = true;
-  msg_free(&slot->own);
+  if (it == ss.answers.end()) return !(slot->req_retry && (id < ss.floor || id <= ss.forgotten));
   Answer &a = it->second;
   if (!a.answered) a.waiting = s;  // answered on it too, once the reply is posted
   else if (a.kept) resend(s, id, a);
   return false;
+}
+
+}  // namespace
+
+bool answer_on_request(Socket *s, Slot *slot) {
+  Session &ss = session_of(s, slot);
+  if (!is_new(s, slot, ss)) {
+    slot->req_answered = true;  // (not the application's: its freeing answers nothing)
+    msg_free(&slot->own);
+    return false;
+  }
+  ss.answers.emplace(slot->req_id, Answer());
+  for (auto f = ss.answers.begin(); ss.answers.size() > kMaxAnswers && f != ss.answers.end();) {
+    if (!f->second.answered) {
+      ++f;
+      continue;
+    }
+    if (f->first > ss.forgotten) ss.forgotten = f->first;
+    drop_kept(s->loop->req, f->second);
+    f = ss.answers.erase(f);
+  }
+  return true;
+}
+
+bool answer_is_copy(Socket *s, Slot *slot) {
+  if (is_new(s, slot, session_of(s, slot))) return false;
+  slot->req_answered = true;
+  return true;
 }
 
 int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply) {
@@ -135,8 +151,9 @@ int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply) {
   if (q->req_answered) return IBMSG_EALREADY;
   Slot *rs = reply->impl;
   if (!slot_valid(rs) || rs->msg != reply || rs->pool->recv) return IBMSG_EINVAL;
-  // (what a send buffer holds eagerly: above it the reply cannot go, now or kept for later)
-  if (reply->size > rs->pool->slot_size - wire::kMaxTrailer) return IBMSG_EMSGSIZE;
+  // Kept only if a send buffer holds it (resend sends it eagerly): a larger reply, which goes
+  // by rendezvous, is not, and its retries get no answer, as when the cache is full.
+  const bool keepable = reply->size <= rs->pool->slot_size - wire::kMaxTrailer;
   Loop *loop = loop_of_slot(q);
   Socket *owner = recv_owner(q);
   if (owner != s) {
@@ -155,7 +172,7 @@ int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply) {
   a->answered = true;
   a->answered_at = ev_now(loop->ev);
   ReqLoop &rl = loop->req;
-  if (reply->size <= size_t(loop->opts.reply_cache) &&
+  if (keepable && reply->size <= size_t(loop->opts.reply_cache) &&
       rl.kept_bytes <= size_t(loop->opts.reply_cache) - reply->size) {
     const uint8_t *d = static_cast<const uint8_t *>(reply->data);
     a->reply.assign(d, d + reply->size);

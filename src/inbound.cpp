@@ -45,10 +45,7 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   const bool request = imm.op == wire::Opcode::Request;
   wire::ReqTrailer tr;
   if (request || imm.op == wire::Opcode::Reply) {
-    // Not agreed on, no room for the trailer, reserved bits, id 0, an immediate (1.5 sends
-    // none), or a floor above the request's id or on a reply: the peer broke the protocol.
-    if (!(s->features & wire::kFeatureRequest) || !wire::decode_req_trailer(slot->buf, len, &tr) ||
-        !tr.id || tr.has_imm || (request ? tr.floor > tr.id : tr.floor || tr.retry)) {
+    if (!req_trailer_ok(s, slot->buf, len, request, &tr)) {
       recv_drop(s, slot, IBMSG_EPROTO);
       return;
     }
@@ -64,14 +61,7 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   const uint8_t *t = slot->buf + len;
   recv_lend(s, slot, slot->buf, len, has_imm,
             has_imm ? uint32_t(t[0]) | uint32_t(t[1]) << 8 | uint32_t(t[2]) << 16 | uint32_t(t[3]) << 24 : 0);
-  if (request || imm.op == wire::Opcode::Reply) {
-    slot->req_kind = uint8_t(request ? MsgKind::Request : MsgKind::Reply);
-    slot->req_id = tr.id;
-    slot->req_retry = tr.retry;
-    slot->req_floor = tr.floor;
-    slot->req_session = s->reqs.peer_session;
-    if (request) slot->own.flags |= IBMSG_MSG_REQUEST;
-  }
+  if (request || imm.op == wire::Opcode::Reply) req_mark(s, slot, request, tr);
   flush_sends(s);
   maybe_send_ctrl(s);
   deliver_msg(s, slot);
@@ -91,6 +81,23 @@ void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
 }
 
 }  // namespace
+
+bool req_trailer_ok(const Socket *s, const uint8_t *payload, uint32_t len, bool request,
+                    wire::ReqTrailer *tr) {
+  // Not agreed on, no room for the trailer, reserved bits, id 0, an immediate (1.5 sends none),
+  // or a floor above the request's id or on a reply: the peer broke the protocol.
+  return (s->features & wire::kFeatureRequest) && wire::decode_req_trailer(payload, len, tr) &&
+         tr->id && !tr->has_imm && (request ? tr->floor <= tr->id : !tr->floor && !tr->retry);
+}
+
+void req_mark(Socket *s, Slot *slot, bool request, const wire::ReqTrailer &tr) {
+  slot->req_kind = uint8_t(request ? MsgKind::Request : MsgKind::Reply);
+  slot->req_id = tr.id;
+  slot->req_retry = tr.retry;
+  slot->req_floor = tr.floor;
+  slot->req_session = s->reqs.peer_session;
+  if (request) slot->own.flags |= IBMSG_MSG_REQUEST;
+}
 
 void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (wc.status != tp::WcStatus::Ok) {

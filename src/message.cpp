@@ -84,10 +84,8 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
     return IBMSG_EMSGSIZE;  // more than its buffer holds
   }
   if (has_imm && !(s->features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
-  if (as && as->kind != MsgKind::Plain) {
-    if (!(s->features & wire::kFeatureRequest)) return IBMSG_EOPNOTSUPP;
-    if (rndv) return IBMSG_EMSGSIZE;  // requests and replies go eagerly (1.5)
-  }
+  if (as && as->kind != MsgKind::Plain && !(s->features & wire::kFeatureRequest))
+    return IBMSG_EOPNOTSUPP;
   const bool now = s->queue.empty() && s->credits.can_send_data();
   if (!now && s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
   if (rndv && slot->region) {

@@ -102,6 +102,13 @@ void on_req_timer(Timer *t) {
   if (s->state != State::Closing && s->state != State::Closed) arm(s);
 }
 
+// The posted request of s that a reply with this id answers, if any.
+Req *waiting_for_reply(Socket *s, uint64_t id) {
+  auto it = s->loop->req.live.find(id);
+  Req *r = it == s->loop->req.live.end() ? nullptr : it->second;
+  return r && r->posted && r->sock == s ? r : nullptr;
+}
+
 }  // namespace
 
 void req_timer_init(Socket *s) { timer_init(&s->req_timer, s->loop, on_req_timer, s); }
@@ -197,10 +204,8 @@ int req_post(Socket *s, ibmsg_buffer *msg, ibmsg_request *req, int timeout_ms, b
 }
 
 void req_on_reply(Socket *s, Slot *slot) {
-  Loop *loop = s->loop;
-  auto it = loop->req.live.find(slot->req_id);
-  Req *r = it == loop->req.live.end() ? nullptr : it->second;
-  if (!r || !r->posted || r->sock != s) {
+  Req *r = waiting_for_reply(s, slot->req_id);
+  if (!r) {
     // Late (the request timed out), or a reply to a request of another connection: dropped.
     ++s->stats.replies_dropped;  // (not counted as received)
     msg_free(&slot->own);
@@ -209,6 +214,16 @@ void req_on_reply(Socket *s, Slot *slot) {
   ++s->stats.msgs_received;
   s->stats.bytes_received += slot->own.size;
   finish(s, r, slot, IBMSG_OK);
+}
+
+ibmsg_request *req_awaiting(Socket *s, uint64_t id) {
+  if (Req *r = waiting_for_reply(s, id)) return r->pub;
+  ++s->stats.replies_dropped;
+  return nullptr;
+}
+
+void req_on_declined(Socket *s, uint64_t id) {
+  if (Req *r = waiting_for_reply(s, id)) finish(s, r, nullptr, IBMSG_EDECLINED);
 }
 
 void requests_closed(Socket *s, int reason) {

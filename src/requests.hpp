@@ -95,9 +95,19 @@ void requests_destroy(Loop *loop);  // the records of requests that may still be
 // ibmsg_post_request (retry false) and ibmsg_retry_request
 int req_post(Socket *s, ibmsg_buffer *msg, ibmsg_request *req, int timeout_ms, bool retry);
 void req_on_reply(Socket *s, Slot *slot);  // a Reply is due for delivery: its request's done
+void req_on_declined(Socket *s, uint64_t id);  // its rendezvous Reply declined: IBMSG_EDECLINED
+// A rendezvous Reply announced: the request it answers; nullptr if late (counted dropped).
+ibmsg_request *req_awaiting(Socket *s, uint64_t id);
+// --- inbound.cpp (what arrives) ---
+// A Request's or Reply's trailer at the end of len bytes of payload is one the protocol allows.
+bool req_trailer_ok(const Socket *s, const uint8_t *payload, uint32_t len, bool request,
+                    wire::ReqTrailer *tr);
+void req_mark(Socket *s, Slot *slot, bool request, const wire::ReqTrailer &tr);  // lent: it is one
 void requests_closed(Socket *s, int reason);  // teardown: each posted request's done, once
 // --- dedup.cpp (the responder's side) ---
 bool answer_on_request(Socket *s, Slot *slot);  // a Request is due: false if it is a copy
+// A rendezvous Request announced (not read yet): true if it is a copy (then it is not read).
+bool answer_is_copy(Socket *s, Slot *slot);
 // s: the connection named (nullptr if closed)
 int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply);
 void answer_on_free(Slot *slot);  // the application freed a request it did not answer

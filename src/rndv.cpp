@@ -129,9 +129,16 @@ uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
   r.addr = slot->large ? reinterpret_cast<uintptr_t>(slot->large->mem)
                        : reinterpret_cast<uintptr_t>(slot->msg->data);
   r.length = slot->msg->size;
+  r.req = slot->req_kind;  // a request or reply names itself in a trailer behind the RTS
   wire::encode_rts(r, slot->buf);
   s->rndv_wait.push_back(slot);  // popped when read, or when its posting fails (send_now)
-  return uint32_t(wire::kRtsSize);
+  if (!r.req) return uint32_t(wire::kRtsSize);
+  wire::ReqTrailer tr;
+  tr.id = slot->req_id;
+  tr.retry = slot->req_retry;
+  tr.floor = slot->req_floor;
+  wire::encode_req_trailer(tr, slot->buf + wire::kRtsSize);
+  return uint32_t(wire::kRtsSize + wire::kReqTrailer);
 }
 
 bool rndv_on_done(Socket *s, uint32_t n) {
@@ -147,16 +154,19 @@ namespace {
 // it, then it waits for its reads (or its FIN) in order.
 void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   wire::Rts r;
+  wire::ReqTrailer tr;
   if (!recv_arrived(s, slot, imm.wants) || !s->credits.on_returned(imm) ||
       !wire::decode_rts(slot->buf, wc.len, &r) || r.length > s->opts.max_msg_size ||
-      (r.has_imm && !(s->features & wire::kFeatureImm))) {
-    // no credit for it, credits it never had, no RTS, larger than we take, or an immediate
-    // not agreed on
+      (r.has_imm && !(s->features & wire::kFeatureImm)) ||
+      (r.req && !req_trailer_ok(s, slot->buf, wc.len, r.req == 1, &tr)) || (r.req && r.has_imm)) {
+    // no credit for it, credits it never had, no RTS, larger than we take, an immediate not
+    // agreed on, or a request or reply not agreed on, with a broken trailer or an immediate
     recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
   // Its data: the destination, once the reads are done.
   recv_lend(s, slot, nullptr, size_t(r.length), r.has_imm, r.has_imm ? r.imm : 0);
+  if (r.req) req_mark(s, slot, r.req == 1, tr);
   ibmsg_buffer *msg = &slot->own;
   slot->large = nullptr;
   RndvIn &in = slot->in;
@@ -170,18 +180,26 @@ void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
   in.dest = nullptr;
   in.dest_mr = nullptr;
   in.region = nullptr;
-  if (auto cb = s->loop->pub->message_incoming) {
+  // A copy of a request delivered before is not read, nor offered (the peer's message_sent
+  // reports IBMSG_EDECLINED); the answer goes as for an eager copy.
+  // A late reply is not read either (dropped, as an eager one).
+  ibmsg_request *answers = r.req == 2 ? req_awaiting(s, tr.id) : nullptr;
+  if ((r.req == 1 && answer_is_copy(s, slot)) || (r.req == 2 && !answers))
+    in.declined = true;
+  else if (auto cb = s->loop->pub->message_incoming) {
     ibmsg_incoming inc{};
     inc.size = msg->size;
     inc.imm = msg->imm;
     inc.flags = msg->flags;
     inc.impl = slot;
+    inc.request = answers;
     g_incoming = &inc;
     cb(s->pub, &inc);
     g_incoming = nullptr;
   }
   if (in.region) msg->flags |= IBMSG_MSG_REGION;
   if (!in.declined) s->deliver.push_back(slot);
+  else if (r.req == 2) req_on_declined(s, tr.id);  // its request ends: IBMSG_EDECLINED
   s->reading.push_back(&in);
   rndv_pump(s);
   flush_sends(s);

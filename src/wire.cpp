@@ -147,7 +147,7 @@ bool decode_descriptor(const uint8_t in[kDescriptorSize], Descriptor *out) {
 
 void encode_rts(const Rts &r, uint8_t out[kRtsSize]) {
   out[0] = uint8_t(RndvKind::Rts);
-  out[1] = r.has_imm ? 1 : 0;
+  out[1] = uint8_t((r.has_imm ? 1 : 0) | (r.req & 3) << 1);
   out[2] = out[3] = 0;
   put32(out + 4, r.id);
   put32(out + 8, r.rkey);
@@ -163,10 +163,16 @@ void encode_fin(const Fin &f, uint8_t out[kFinSize]) {
   put32(out + 4, f.id);
 }
 
+namespace {
+// An RTS's size by its flags: with a ReqTrailer when it names a Request or Reply. (p[1] is read
+// only where the payload has it.)
+size_t rts_size(const uint8_t *p) { return p[1] & 6 ? kRtsSize + kReqTrailer : kRtsSize; }
+}  // namespace
+
 bool rndv_kind(const void *data, size_t len, RndvKind *out) {
   const uint8_t *p = static_cast<const uint8_t *>(data);
   if (!p || len == 0) return false;
-  if (p[0] == uint8_t(RndvKind::Rts) && len == kRtsSize) *out = RndvKind::Rts;
+  if (p[0] == uint8_t(RndvKind::Rts) && len >= kRtsSize && len == rts_size(p)) *out = RndvKind::Rts;
   else if (p[0] == uint8_t(RndvKind::Fin) && len == kFinSize) *out = RndvKind::Fin;
   else return false;
   return true;
@@ -174,10 +180,12 @@ bool rndv_kind(const void *data, size_t len, RndvKind *out) {
 
 bool decode_rts(const void *data, size_t len, Rts *out) {
   const uint8_t *p = static_cast<const uint8_t *>(data);
-  if (!p || len != kRtsSize || p[0] != uint8_t(RndvKind::Rts) || (p[1] & ~1u) || p[2] || p[3])
+  if (!p || len < kRtsSize || len != rts_size(p) || p[0] != uint8_t(RndvKind::Rts) ||
+      (p[1] & ~7u) || (p[1] >> 1) == 3 || p[2] || p[3])
     return false;
   Rts r;
   r.has_imm = p[1] & 1;
+  r.req = uint8_t(p[1] >> 1 & 3);
   r.id = get32(p + 4);
   r.rkey = get32(p + 8);
   r.imm = get32(p + 12);

@@ -177,9 +177,11 @@ bool decode_descriptor(const uint8_t in[kDescriptorSize], Descriptor *out);
 // read the data. The receiver reads the RTSs in the order they came; once it has a message's
 // data, it counts it in the done field of its next message's immediate (a credit-only one if
 // nothing else goes), and the sender's buffer is free again. Little-endian:
-//   RTS, 32 bytes: 0 kind 1, 1 flags (bit 0: imm carries the application's immediate), 2..3
-//        zero, 4..7 id (the sender's, for its own checks), 8..11 rkey, 12..15 imm, 16..23
-//        address, 24..31 length (not 0; the range does not wrap)
+//   RTS, 32 bytes: 0 kind 1, 1 flags (bit 0: imm carries the application's immediate; bits 1..2,
+//        kFeatureRequest, protocol 1.5: the message is 1 a Request or 2 a Reply, and a
+//        ReqTrailer follows, 56 bytes in all), 2..3 zero, 4..7 id (the sender's, for its own
+//        checks), 8..11 rkey, 12..15 imm, 16..23 address, 24..31 length (not 0; the range does
+//        not wrap)
 //   FIN, 8 bytes:  0 kind 2, 1 status (0 done, 1 declined by the receiver, 2 failed), 2..3
 //        zero, 4..7 id. Protocol 1.2 sends it only for a declined message (status 1), in the
 //        place of that message's done count and in order with them, spending a control credit;
@@ -194,6 +196,7 @@ struct Rts {
   uint32_t imm = 0;
   uint64_t addr = 0;
   uint64_t length = 0;
+  uint8_t req = 0;  // 0 a plain message, 1 a Request, 2 a Reply: a ReqTrailer follows
 };
 enum class FinStatus : uint8_t { Done = 0, Declined = 1, Failed = 2 };
 struct Fin {
@@ -202,9 +205,10 @@ struct Fin {
 };
 void encode_rts(const Rts &r, uint8_t out[kRtsSize]);
 void encode_fin(const Fin &f, uint8_t out[kFinSize]);
-// What a Rendezvous message's payload is: an RTS or FIN of exactly its size with every reserved
-// bit zero (false otherwise: the connection closes with IBMSG_EPROTO). decode_rts also refuses a
-// zero length and a wrapping range, decode_fin an unknown status.
+// What a Rendezvous message's payload is: an RTS or FIN of exactly its size (an RTS with its
+// trailer, if it names one) with every reserved bit zero (false otherwise: the connection closes
+// with IBMSG_EPROTO). decode_rts also refuses a zero length and a wrapping range, decode_fin an
+// unknown status. (The trailer is decode_req_trailer's, over the whole payload.)
 bool rndv_kind(const void *data, size_t len, RndvKind *out);
 bool decode_rts(const void *data, size_t len, Rts *out);
 bool decode_fin(const void *data, size_t len, Fin *out);

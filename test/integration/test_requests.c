@@ -34,12 +34,23 @@
 #define RQ_REQS 64     /* requests of the requester, each with its own message */
 #define RQ_HELD 128    /* requests the responder can hold */
 #define RQ_OUT 256     /* replies and plain messages in flight */
-#define RQ_ROOM 256    /* bytes allocated for each request message */
+#define RQ_ROOM 256    /* bytes allocated for each request message (a small one) */
 #define SLACK_MS 300   /* how late a timeout may fire */
+#define RQ_LARGE 1000000u /* sequence numbers from here on: requests above the eager size */
+#define RQ_LARGE_ROOM ((size_t)2 << 20)
 
-/* Sizes that vary with the sequence number, so that a reply of another request shows. */
-static size_t rq_size(uint32_t seq) { return 16 + (seq * 37u) % 240u; }
-static size_t reply_size(uint32_t seq) { return 8 + (seq * 13u) % 120u; }
+/* Sizes that vary with the sequence number, so that a reply of another request shows. From
+ * RQ_LARGE on requests are above the default eager size (16 KiB) up to 2 MiB, and every other
+ * reply is too (up to 1 MiB): they go by rendezvous. */
+static size_t rq_size(uint32_t seq) {
+  return seq >= RQ_LARGE ? 16385 + ((seq - RQ_LARGE) * 524309u) % (RQ_LARGE_ROOM - 16385)
+                         : 16 + (seq * 37u) % 240u;
+}
+static size_t reply_size(uint32_t seq) {
+  return seq >= RQ_LARGE && seq % 2 ? 16385 + ((seq - RQ_LARGE) * 65537u) % (1u << 20)
+                                    : 8 + (seq * 13u) % 120u;
+}
+static size_t rq_room(uint32_t seq) { return seq >= RQ_LARGE ? RQ_LARGE_ROOM : RQ_ROOM; }
 
 typedef struct rq rq;
 
@@ -220,7 +231,7 @@ static void rq_init(rq *q, rq_req *r, h_conn *c, uint32_t seq) {
   r->seq = seq;
   r->req.done = rq_done;
   r->req.user_data = r;
-  rc = ibmsg_alloc_msg(&r->msg, &c->sock, RQ_ROOM);
+  rc = ibmsg_alloc_msg(&r->msg, &c->sock, rq_room(seq));
   if (rc != IBMSG_OK)
     h_fail_at(__FILE__, __LINE__, "%s: ibmsg_alloc_msg for a request failed: %s (%d)", c->name,
               ibmsg_err_name(rc), rc);
@@ -231,7 +242,7 @@ static void rq_init(rq *q, rq_req *r, h_conn *c, uint32_t seq) {
 static void rq_realloc(rq_req *r, h_conn *c) {
   H_CHECK(!r->msg_busy, "request %u: its message is still posted", r->seq);
   H_ASSERT_OK(ibmsg_free_msg(&r->msg));
-  H_ASSERT_OK(ibmsg_alloc_msg(&r->msg, &c->sock, RQ_ROOM));
+  H_ASSERT_OK(ibmsg_alloc_msg(&r->msg, &c->sock, rq_room(r->seq)));
   r->msg.user_data = r;
 }
 
@@ -746,18 +757,20 @@ static void requests_without_reply_time_out_and_late_replies_are_dropped(void **
 
 /* --- retries ------------------------------------------------------------------------------- */
 
-static void a_retry_runs_the_handler_once_and_gets_the_reply(void **state) {
-  h_ctx *ctx = *state;
+/* seq: a small request, or (from RQ_LARGE) one that goes by rendezvous, whose copy the responder
+ * does not read: the retry's message_sent says IBMSG_EDECLINED. */
+static void retry_runs_the_handler_once(h_ctx *ctx, uint32_t seq) {
   h_conn *client, *server;
   rq *q;
   rq_req *r;
   uint64_t id;
+  const int copy_status = seq >= RQ_LARGE ? IBMSG_EDECLINED : IBMSG_OK;
 
   h_pair(ctx, &client, &server);
   q = rq_new(ctx);
   q->mode = RQ_HOLD;
   r = &q->reqs[0];
-  rq_init(q, r, client, 7);
+  rq_init(q, r, client, seq);
   H_ASSERT_OK(rq_post(r, client, 200));
   id = r->req.id;
   H_RUN_UNTIL(ctx, r->calls == 1 && !r->msg_busy, H_TIMEOUT_MS);
@@ -765,14 +778,16 @@ static void a_retry_runs_the_handler_once_and_gets_the_reply(void **state) {
   H_ASSERT_EQ(q->handled, 1, "handler runs for the first post");
   H_ASSERT_EQ(r->req.retries, 0, "req->retries before a retry");
 
+  q->expect_send_errors = copy_status != IBMSG_OK;
   H_ASSERT_OK(rq_retry(r, client, 5000));
   H_ASSERT_EQ(r->req.retries, 1, "req->retries after a retry");
   H_CHECK(r->req.id == id, "the retry changed the id from %llu to %llu", (unsigned long long)id,
           (unsigned long long)r->req.id);
   H_ASSERT_REASON(r->req.status, IBMSG_EINPROGRESS, "req->status after the retry");
-  /* message_sent(IBMSG_OK): the responder's side has the second copy */
+  /* message_sent: the responder's side has the second copy (a large one it did not read) */
   H_RUN_UNTIL(ctx, !r->msg_busy, H_TIMEOUT_MS);
-  H_ASSERT_REASON(r->msg_status, IBMSG_OK, "message_sent status of the retry");
+  H_ASSERT_REASON(r->msg_status, copy_status, "message_sent status of the retry");
+  q->expect_send_errors = 0;
   h_run_for(ctx, 200);
   H_ASSERT_EQ(q->handled, 1, "handler runs after the retry arrived (it must not run twice)");
   H_ASSERT_EQ(server->received, 1, "message_received callbacks of the responder");
@@ -795,6 +810,47 @@ static void a_retry_runs_the_handler_once_and_gets_the_reply(void **state) {
   h_run_for(ctx, 100);
   H_ASSERT_EQ(r->calls, 2, "done callbacks after a refused retry");
   H_ASSERT_EQ(client->sent, client->posted, "message_sent callbacks vs. posts");
+  rq_finish(ctx, q);
+}
+
+static void a_retry_runs_the_handler_once_and_gets_the_reply(void **state) {
+  retry_runs_the_handler_once(*state, 7);
+}
+
+static void a_retry_of_a_large_request_is_not_read_again_and_gets_the_reply(void **state) {
+  retry_runs_the_handler_once(*state, RQ_LARGE + 7);
+}
+
+/* Requests above the eager size, with replies above and below it, many outstanding at once:
+ * each arrives byte exact and gets its own reply. */
+static void large_requests_and_replies_go_by_rendezvous(void **state) {
+  h_ctx *ctx = *state;
+  h_conn *client, *server;
+  rq *q;
+  int i, round, n = 16, large_replies = 0;
+
+  h_pair(ctx, &client, &server);
+  q = rq_new(ctx);
+  q->mode = RQ_REPLY;
+  for (round = 0; round < 2; round++) {
+    for (i = 0; i < n; i++) {
+      rq_req *r = &q->reqs[i];
+      if (round == 0) rq_init(q, r, client, RQ_LARGE + (uint32_t)i);
+      else r->seq = RQ_LARGE + (uint32_t)(n + i); /* the same message, a new request */
+      if (reply_size(r->seq) > 16384) large_replies++;
+      H_ASSERT_OK(rq_post(r, client, 30000));
+    }
+    H_RUN_UNTIL(ctx, q->dones == n * (round + 1) && q->replies_sent == n * (round + 1),
+                H_TIMEOUT_MS);
+    for (i = 0; i < n; i++) {
+      H_ASSERT_REASON(q->reqs[i].status, IBMSG_OK, "done status of a large request");
+      H_ASSERT_EQ(q->reqs[i].replies, round + 1, "replies (checked byte for byte) of a request");
+    }
+  }
+  H_ASSERT_EQ(q->handled, 2 * n, "requests the responder handled");
+  H_ASSERT_EQ(q->replies_sent_ok, 2 * n, "replies sent");
+  H_CHECK(large_replies >= n / 2, "only %d replies above the eager size", large_replies);
+  H_RUN_UNTIL(ctx, client->sent == client->posted, H_TIMEOUT_MS);
   rq_finish(ctx, q);
 }
 
@@ -1027,8 +1083,7 @@ static void bad_requests_fail_with_the_documented_codes_and_send_nothing(void **
   rq *q;
   rq_req *r, *r2;
   ibmsg_buffer *big;
-  int eager = 0, rc;
-  size_t len = sizeof eager;
+  int rc;
 
   h_pair(ctx, &client, &server);
   q = rq_new(ctx);
@@ -1053,15 +1108,13 @@ static void bad_requests_fail_with_the_documented_codes_and_send_nothing(void **
   H_ASSERT_CODE(ibmsg_retry_request(&client->sock, &r->msg, NULL, 100), IBMSG_EINVAL);
   /* a retry of a request never posted */
   H_ASSERT_CODE(ibmsg_retry_request(&client->sock, &r->msg, &r->req, 100), IBMSG_ESTATE);
-  /* a request above the eager size: requests go eagerly */
-  H_ASSERT_OK(ibmsg_getopt(&ctx->loop, IBMSG_OPT_EAGER_SIZE, &eager, &len));
-  H_CHECK(eager > 0 && (size_t)eager < ibmsg_socket_max_msg_size(&client->sock),
-          "the eager size %d is not below the maximum %zu: no message above it", eager,
-          ibmsg_socket_max_msg_size(&client->sock));
+  /* a request above the connection's maximum message size */
   big = &ctx->msgs[0];
-  H_ASSERT_OK(ibmsg_alloc_msg(big, &client->sock, (size_t)eager + 1));
+  H_ASSERT_OK(ibmsg_alloc_msg(big, &client->sock, 64));
+  big->size = ibmsg_socket_max_msg_size(&client->sock) + 1;
   H_ASSERT_CODE(ibmsg_post_request(&client->sock, big, &r->req, 100), IBMSG_EMSGSIZE);
   H_ASSERT_EQ(big->status, IBMSG_WAITING, "status of the message of a refused request");
+  big->size = 64;
   /* on the listener */
   rc = ibmsg_post_request(&ctx->listener.sock, &r->msg, &r->req, 100);
   H_CHECK(rc == IBMSG_ENOTCONN || rc == IBMSG_ESTATE,
@@ -1095,8 +1148,7 @@ static void bad_replies_fail_with_the_documented_codes(void **state) {
   rq *q;
   rq_req *r;
   ibmsg_buffer *request, *extra = &ctx->msgs[0], *big = &ctx->msgs[1], *plain, *pmsg = &ctx->msgs[2];
-  int eager = 0, out;
-  size_t len = sizeof eager;
+  int out;
 
   h_pair(ctx, &client, &server);
   q = rq_new(ctx);
@@ -1115,15 +1167,16 @@ static void bad_replies_fail_with_the_documented_codes(void **state) {
   H_CHECK(!(plain->flags & IBMSG_MSG_REQUEST), "a plain message has IBMSG_MSG_REQUEST");
   H_ASSERT_OK(ibmsg_alloc_msg(extra, &server->sock, 32));
 
-  /* NULL arguments, a plain message, a reply above the eager size */
+  /* NULL arguments, a plain message, a reply above the connection's maximum message size */
   H_ASSERT_CODE(ibmsg_post_reply(NULL, request, extra), IBMSG_EINVAL);
   H_ASSERT_CODE(ibmsg_post_reply(&server->sock, NULL, extra), IBMSG_EINVAL);
   H_ASSERT_CODE(ibmsg_post_reply(&server->sock, request, NULL), IBMSG_EINVAL);
   H_ASSERT_CODE(ibmsg_post_reply(&server->sock, plain, extra), IBMSG_EINVAL);
-  H_ASSERT_OK(ibmsg_getopt(&ctx->loop, IBMSG_OPT_EAGER_SIZE, &eager, &len));
-  H_ASSERT_OK(ibmsg_alloc_msg(big, &server->sock, (size_t)eager + 1));
+  H_ASSERT_OK(ibmsg_alloc_msg(big, &server->sock, 64));
+  big->size = ibmsg_socket_max_msg_size(&server->sock) + 1;
   H_ASSERT_CODE(ibmsg_post_reply(&server->sock, request, big), IBMSG_EMSGSIZE);
   H_ASSERT_EQ(big->status, IBMSG_WAITING, "status of a refused reply");
+  big->size = 64;
   h_run_for(ctx, 200);
   H_ASSERT_EQ(server->sent, 0, "message_sent callbacks of refused replies");
   H_ASSERT_EQ(r->calls, 0, "done callbacks after refused replies");
@@ -1343,6 +1396,8 @@ int main(int argc, char **argv) {
       H_TEST(ten_thousand_requests_answered_in_random_order_each_get_their_own_reply),
       H_TEST(requests_without_reply_time_out_and_late_replies_are_dropped),
       H_TEST(a_retry_runs_the_handler_once_and_gets_the_reply),
+      H_TEST(a_retry_of_a_large_request_is_not_read_again_and_gets_the_reply),
+      H_TEST(large_requests_and_replies_go_by_rendezvous),
       H_TEST(a_retry_after_a_dropped_reply_gets_the_kept_reply),
       H_TEST(a_retry_after_the_window_fails_with_etimedout),
       H_TEST(a_retry_on_a_new_connection_gets_the_reply_kept_from_the_closed_one),

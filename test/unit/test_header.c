@@ -78,7 +78,8 @@ static const struct {
     OFF(ibmsg_event_loop, write_received) OFF(ibmsg_event_loop, message_incoming)
     OFF(ibmsg_event_loop, reserved)
     SIZE(ibmsg_incoming) OFF(ibmsg_incoming, size) OFF(ibmsg_incoming, imm)
-    OFF(ibmsg_incoming, flags) OFF(ibmsg_incoming, impl) OFF(ibmsg_incoming, reserved)
+    OFF(ibmsg_incoming, flags) OFF(ibmsg_incoming, impl) OFF(ibmsg_incoming, request)
+    OFF(ibmsg_incoming, reserved)
     SIZE(ibmsg_memory) OFF(ibmsg_memory, buffers) OFF(ibmsg_memory, shared)
     OFF(ibmsg_memory, large) OFF(ibmsg_memory, reserved)
     SIZE(ibmsg_connection_request) OFF(ibmsg_connection_request, status)
@@ -262,7 +263,7 @@ static void public_structs_end_in_reserved_room(void **state) {
   ASSERT_ENDS_IN_RESERVED(ibmsg_buffer, 3);
   ASSERT_ENDS_IN_RESERVED(ibmsg_socket, 4);
   ASSERT_ENDS_IN_RESERVED(ibmsg_event_loop, 1); /* log took one in 1.4 */
-  ASSERT_ENDS_IN_RESERVED(ibmsg_incoming, 4);
+  ASSERT_ENDS_IN_RESERVED(ibmsg_incoming, 3); /* request took one in 1.5 */
   ASSERT_ENDS_IN_RESERVED(ibmsg_connection_request, 4);
   ASSERT_ENDS_IN_RESERVED(ibmsg_region, 4);
   ASSERT_ENDS_IN_RESERVED(ibmsg_op, 4);

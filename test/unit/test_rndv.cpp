@@ -411,10 +411,8 @@ Out *alloc_out(Conn &c, size_t size, int *rc) {
   return o;
 }
 
-// Posts o (its size as it is now) as the connection's next message; the code of the call.
-int post_out(Conn &c, Out &o, bool with_imm = false, uint32_t imm = 0) {
-  int rc = with_imm ? ibmsg_post_send_imm(&c.s, &o.m, imm) : ibmsg_post_send(&c.s, &o.m);
-  if (rc) return rc;
+// The bookkeeping of a successful post of o: the connection's next message.
+void note_post(Conn &c, Out &o) {
   ++o.posts;
   ++c.msgs_posted;
   o.seq = take_post(c);
@@ -422,6 +420,13 @@ int post_out(Conn &c, Out &o, bool with_imm = false, uint32_t imm = 0) {
   c.tx_sizes.push_back(o.m.size);
   c.tx_status.push_back(-1);
   ++c.next_send_seq;
+}
+
+// Posts o (its size as it is now) as the connection's next message; the code of the call.
+int post_out(Conn &c, Out &o, bool with_imm = false, uint32_t imm = 0) {
+  int rc = with_imm ? ibmsg_post_send_imm(&c.s, &o.m, imm) : ibmsg_post_send(&c.s, &o.m);
+  if (rc) return rc;
+  note_post(c, o);
   return IBMSG_OK;
 }
 
@@ -1650,6 +1655,264 @@ void rts_of_the_wrong_size_or_kind_is_eproto(void **state) {
   expect_still_working(h, other);
 }
 
+// --- requests and replies above the eager size (protocol 1.5) ------------------------------------
+
+// A request's done callback: what came back.
+struct ReqDone {
+  int calls = 0;
+  int status = -1;
+  size_t size = 0;
+  int64_t pattern = -1;  // the reply's pattern (the responder's message number), -2: none fits
+};
+
+void on_req_done(ibmsg_socket *, ibmsg_request *req, ibmsg_buffer *reply, int status) {
+  ReqDone *d = static_cast<ReqDone *>(req->user_data);
+  ++d->calls;
+  d->status = status;
+  if (!reply) return;
+  d->size = reply->size;
+  d->pattern = -2;
+  for (int k = 0; k < 64; ++k)
+    if (pattern_mismatch(reply->data, reply->size, uint64_t(k)) == reply->size) d->pattern = k;
+  expect_code(ibmsg_free_msg(reply), IBMSG_OK);
+}
+
+// Posts a new buffer of size bytes of c (the pattern of its next message) with post, which
+// returns the code of the posting call; the buffer is the connection's next message.
+int post_as(Conn &c, size_t size, const std::function<int(ibmsg_buffer *)> &post) {
+  int rc;
+  Out *o = alloc_out(c, size, &rc);
+  if (!o) return rc;
+  rc = post(&o->m);
+  if (rc) {
+    expect_code(ibmsg_free_msg(&o->m), IBMSG_OK);
+    o->allocated = false;
+    return rc;
+  }
+  note_post(c, *o);
+  return IBMSG_OK;
+}
+
+void requests_and_replies_of_any_size_go_by_rendezvous(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  const size_t req_sizes[] = {100, kEager + 1, 200000, kMiB, 300};
+  const size_t reply_sizes[] = {kMiB + 3, 50, 300000, kEager + 1, 0};
+  constexpr int n = 5;
+  // The responder answers each request at once with the reply size of its number.
+  std::vector<int> reply_rc;
+  p.a->on_msg = [&](ibmsg_buffer *m) {
+    assert_true(m->flags & IBMSG_MSG_REQUEST);
+    const size_t k = reply_rc.size();
+    reply_rc.push_back(post_as(*p.a, reply_sizes[k % n], [&](ibmsg_buffer *r) {
+      return ibmsg_post_reply(&p.a->s, m, r);
+    }));
+  };
+  ibmsg_request req[n]{};
+  ReqDone done[n];
+  for (int i = 0; i < n; ++i) {
+    req[i].done = on_req_done;
+    req[i].user_data = &done[i];
+    expect_code(post_as(*p.c, req_sizes[i], [&](ibmsg_buffer *m) {
+      return ibmsg_post_request(&p.c->s, m, &req[i], 10000);
+    }), IBMSG_OK);
+  }
+  RUN_UNTIL(h, done[n - 1].calls == 1 && p.c->sent_ok == n && p.a->sent_ok == n);
+  assert_int_equal(p.a->received, n);  // every request, byte exact (the harness checks them)
+  assert_int_equal(p.a->bad_payload, 0);
+  for (int i = 0; i < n; ++i) {
+    expect_code(reply_rc[size_t(i)], IBMSG_OK);
+    assert_int_equal(p.a->rx_sizes[size_t(i)], req_sizes[i]);
+    assert_int_equal(done[i].calls, 1);
+    expect_code(done[i].status, IBMSG_OK);
+    assert_int_equal(done[i].size, reply_sizes[i]);
+    if (reply_sizes[i]) assert_int_equal(done[i].pattern, i);  // reply i, byte exact
+  }
+  assert_int_equal(p.c->received, 0);  // replies go to their requests, not message_received
+  assert_true(reads_on(p.a->local_port) >= 3 && reads_on(p.c->local_port) >= 3);
+}
+
+void a_retried_rendezvous_request_is_not_read_again(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  p.a->hold = true;
+  ibmsg_request req{};
+  ReqDone done;
+  req.done = on_req_done;
+  req.user_data = &done;
+  auto post = [&](bool retry) {
+    return post_as(*p.c, 200000, [&](ibmsg_buffer *m) {
+      return retry ? ibmsg_retry_request(&p.c->s, m, &req, 5000)
+                   : ibmsg_post_request(&p.c->s, m, &req, 50);
+    });
+  };
+  expect_code(post(false), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1 && p.c->sent_ok == 1);  // read, delivered, held
+  RUN_UNTIL(h, done.calls == 1);
+  expect_code(done.status, IBMSG_ETIMEDOUT);
+  // The retry: the responder knows it (the application holds it) and does not read it again;
+  // the requester's message_sent says so.
+  const size_t reads = reads_on(p.a->local_port);
+  p.c->verify = false;
+  expect_code(post(true), IBMSG_OK);
+  RUN_UNTIL(h, p.c->msgs_done == 2);
+  expect_code(p.c->tx_status[1], IBMSG_EDECLINED);
+  assert_int_equal(reads_on(p.a->local_port), reads);
+  assert_int_equal(p.a->received, 1);
+  // The reply to the first copy answers the retry.
+  ibmsg_buffer *q = p.a->held.front().m;
+  p.a->held.pop_front();
+  expect_code(post_as(*p.a, 7, [&](ibmsg_buffer *r) { return ibmsg_post_reply(&p.a->s, q, r); }),
+              IBMSG_OK);
+  RUN_UNTIL(h, done.calls == 2);
+  expect_code(done.status, IBMSG_OK);
+  assert_int_equal(done.size, 7);
+  expect_code(ibmsg_free_msg(q), IBMSG_OK);
+  assert_int_equal(p.a->received, 1);
+}
+
+// What message_incoming saw of requests and replies; the first reply is declined, the others
+// go to the region.
+struct ReqIncoming {
+  int requests = 0, replies = 0, bad = 0;
+  std::vector<ibmsg_request *> answers;
+  ibmsg_region *region = nullptr;
+  size_t offset = 0;
+};
+ReqIncoming *g_req_incoming = nullptr;
+
+void on_req_incoming(ibmsg_socket *, ibmsg_incoming *in) {
+  ReqIncoming &g = *g_req_incoming;
+  if (in->flags & IBMSG_MSG_REQUEST) {
+    ++g.requests;
+    if (in->request) ++g.bad;  // a request answers nothing
+    return;
+  }
+  if (!in->request) return;
+  g.answers.push_back(in->request);
+  if (g.replies++ == 0) {
+    expect_code(ibmsg_incoming_decline(in), IBMSG_OK);
+    return;
+  }
+  expect_code(ibmsg_incoming_to_region(in, g.region, g.offset), IBMSG_OK);
+  g.offset += in->size;
+}
+
+void a_large_reply_names_its_request_and_declined_ends_it_with_edeclined(void **state) {
+  H *h = h_of(state);
+  ReqIncoming g;
+  g_req_incoming = &g;
+  ibmsg_region dst{};
+  expect_code(ibmsg_alloc_region(&h->loop, &dst, 4 * kMiB, IBMSG_ACCESS_LOCAL_WRITE), IBMSG_OK);
+  g.region = &dst;
+  h->loop.message_incoming = on_req_incoming;
+  Pair p = connected(h);
+  p.a->on_msg = [&](ibmsg_buffer *m) {
+    expect_code(post_as(*p.a, 300000, [&](ibmsg_buffer *r) {
+      return ibmsg_post_reply(&p.a->s, m, r);
+    }), IBMSG_OK);
+  };
+  ibmsg_request req[3]{};
+  ReqDone done[3];
+  const size_t sizes[3] = {100, 200000, 100};
+  for (int i = 0; i < 3; ++i) {
+    req[i].done = on_req_done;
+    req[i].user_data = &done[i];
+    expect_code(post_as(*p.c, sizes[i], [&](ibmsg_buffer *m) {
+      return ibmsg_post_request(&p.c->s, m, &req[i], 10000);
+    }), IBMSG_OK);
+  }
+  RUN_UNTIL(h, done[0].calls && done[1].calls && done[2].calls && p.a->msgs_done == 3);
+  h->loop.message_incoming = nullptr;
+  assert_int_equal(g.requests, 1);  // the one above the eager size
+  assert_int_equal(g.bad, 0);
+  assert_int_equal(g.replies, 3);
+  assert_true(g.answers.size() == 3 && g.answers[0] == &req[0] && g.answers[1] == &req[1] &&
+              g.answers[2] == &req[2]);
+  expect_code(done[0].status, IBMSG_EDECLINED);  // declined: its done, without a reply
+  expect_code(p.a->tx_status[0], IBMSG_EDECLINED);  // and the responder's message_sent
+  for (int i = 1; i < 3; ++i) {
+    assert_int_equal(done[i].calls, 1);
+    expect_code(done[i].status, IBMSG_OK);
+    assert_int_equal(done[i].size, 300000);
+    assert_int_equal(done[i].pattern, i);  // in the region, byte exact
+  }
+  expect_code(ibmsg_deregister_region(&dst), IBMSG_OK);
+}
+
+// A requester's raw peer: the hello names a session.
+wire::Hello req_hello() {
+  wire::Hello hh = rndv_hello();
+  hh.session = 0x5e5510;
+  return hh;
+}
+
+// An RTS naming a request (req 1) or reply (2), with its trailer.
+std::vector<uint8_t> req_rts(uint8_t req, uint64_t id, bool retry = false, uint64_t floor = 0) {
+  std::vector<uint8_t> b = rts_bytes(0x100000, 100000, 0x1234);
+  b[1] = uint8_t(req << 1);
+  b.resize(wire::kRtsSize + wire::kReqTrailer);
+  wire::ReqTrailer t;
+  t.id = id;
+  t.retry = retry;
+  t.floor = floor;
+  wire::encode_req_trailer(t, b.data() + wire::kRtsSize);
+  return b;
+}
+
+void rts_of_a_request_with_a_broken_trailer_is_eproto(void **state) {
+  H *h = h_of(state);
+  Pair other = connected(h);
+  std::vector<std::vector<uint8_t>> bad;
+  std::vector<uint8_t> b = req_rts(1, 5, false, 5);
+  b[1] = 6;  // neither request nor reply
+  bad.push_back(b);
+  b = req_rts(1, 5, false, 5);
+  b.resize(wire::kRtsSize);  // no trailer
+  bad.push_back(b);
+  bad.push_back(req_rts(1, 0));               // id 0
+  bad.push_back(req_rts(1, 5, false, 6));     // floor above the id
+  bad.push_back(req_rts(2, 5, true));         // a reply flagged as a retry
+  b = req_rts(1, 5, false, 5);
+  b[wire::kRtsSize + 8] |= 0x40;  // a reserved trailer flag
+  bad.push_back(b);
+  b = req_rts(1, 5, false, 5);
+  b[1] |= 1;  // an immediate with a request
+  b[12] = 1;
+  bad.push_back(b);
+  for (const std::vector<uint8_t> &x : bad) {
+    RawPair rp = raw_client(h, req_hello());
+    expect_code(rp.r->send(fake::imm(kOpRndv), x.data(), x.size()), IBMSG_OK);
+    expect_eproto(h, rp);
+    assert_int_equal(reads_on(rp.a->local_port), 0);
+  }
+  // A request from a peer that named no session (requests not agreed on).
+  RawPair rp = raw_client(h, rndv_hello());
+  std::vector<uint8_t> ok = req_rts(1, 5, false, 5);
+  expect_code(rp.r->send(fake::imm(kOpRndv), ok.data(), ok.size()), IBMSG_OK);
+  expect_eproto(h, rp);
+  expect_still_working(h, other);
+}
+
+void rendezvous_reply_for_no_posted_request_is_not_read(void **state) {
+  H *h = h_of(state);
+  RawPair rp = raw_client(h, req_hello());
+  std::vector<uint8_t> b = req_rts(2, 77);
+  expect_code(rp.r->send(fake::imm(kOpRndv), b.data(), b.size()), IBMSG_OK);
+  RUN_UNTIL(h, rp.r->received.size() == 1);  // declined: a FIN
+  const fake::RawMsg &m = rp.r->received[0];
+  assert_int_equal(m.imm >> 28, kOpRndv);
+  wire::Fin f;
+  assert_true(wire::decode_fin(m.data.data(), m.data.size(), &f));
+  assert_true(f.status == wire::FinStatus::Declined);
+  assert_int_equal(reads_on(rp.a->local_port), 0);
+  assert_int_equal(rp.a->received, 0);
+  ibmsg_stats st{};
+  expect_code(ibmsg_socket_stats(&rp.a->s, &st, sizeof st), IBMSG_OK);
+  assert_int_equal(st.replies_dropped, 1);
+  assert_int_equal(rp.a->s.status, IBMSG_CONNECTED);
+}
+
 // Hellos that agree on no rendezvous: the peer does not offer it (no feature bit, or no size
 // above its eager one), or this side does not (its maximum is its eager size).
 struct NoRndv {
@@ -2511,6 +2774,11 @@ int main(void) {
       T(rts_above_the_receivers_maximum_is_eproto),
       T(rts_with_a_bad_key_fails_its_read_and_is_eproto),
       T(rts_of_the_wrong_size_or_kind_is_eproto),
+      T(requests_and_replies_of_any_size_go_by_rendezvous),
+      T(a_retried_rendezvous_request_is_not_read_again),
+      T(a_large_reply_names_its_request_and_declined_ends_it_with_edeclined),
+      T(rts_of_a_request_with_a_broken_trailer_is_eproto),
+      T(rendezvous_reply_for_no_posted_request_is_not_read),
       T(done_bits_without_rendezvous_agreed_are_eproto),
       T(rts_without_rendezvous_agreed_is_eproto),
       // older peers

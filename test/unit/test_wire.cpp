@@ -1039,6 +1039,52 @@ void rts_layout_is_little_endian_byte_by_byte(void **) {
     if (b[i] != 0xee) fail_msg("encode_rts wrote byte %zu, past kRtsSize", i);
 }
 
+void rts_naming_a_request_or_reply_carries_its_trailer(void **) {
+  for (uint8_t req : {uint8_t(1), uint8_t(2)}) {
+    wire::Rts r = make_rts(5, 6, false, 0, 0x4000, 100000);
+    r.req = req;
+    uint8_t b[wire::kRtsSize + wire::kReqTrailer + 1];
+    memset(b, 0xee, sizeof b);
+    wire::encode_rts(r, b);
+    assert_int_equal(b[1], req << 1);  // flags bits 1..2
+    assert_int_equal(b[wire::kRtsSize], 0xee);  // the trailer is the caller's to write
+    wire::ReqTrailer t;
+    t.id = 77;
+    t.floor = req == 1 ? 70 : 0;
+    wire::encode_req_trailer(t, b + wire::kRtsSize);
+    const size_t n = wire::kRtsSize + wire::kReqTrailer;
+    wire::RndvKind kind;
+    assert_true(wire::rndv_kind(b, n, &kind));
+    assert_true(kind == wire::RndvKind::Rts);
+    wire::Rts out;
+    assert_true(wire::decode_rts(b, n, &out));
+    assert_int_equal(out.req, req);
+    assert_int_equal(out.length, 100000);
+    wire::ReqTrailer tout;
+    assert_true(wire::decode_req_trailer(b, n, &tout));
+    assert_int_equal(tout.id, 77);
+    // Without its trailer, or with more, it is no RTS; nor is a plain one with a trailer.
+    assert_false(wire::rndv_kind(b, wire::kRtsSize, &kind));
+    assert_false(wire::decode_rts(b, wire::kRtsSize, &out));
+    assert_false(wire::decode_rts(b, n + 1, &out));
+    uint8_t plain[wire::kRtsSize + wire::kReqTrailer];
+    r.req = 0;
+    wire::encode_rts(r, plain);
+    assert_false(wire::decode_rts(plain, sizeof plain, &out));
+    assert_false(wire::rndv_kind(plain, sizeof plain, &kind));
+  }
+  // Both bits: neither request nor reply.
+  uint8_t b[wire::kRtsSize + wire::kReqTrailer] = {};
+  wire::encode_rts(make_rts(5, 6, false, 0, 0x4000, 100000), b);
+  b[1] = 6;
+  wire::Rts out;
+  assert_false(wire::decode_rts(b, sizeof b, &out));
+  // A one-byte payload is no RTS (and is not read beyond).
+  const uint8_t one = 1;
+  wire::RndvKind kind;
+  assert_false(wire::rndv_kind(&one, 1, &kind));
+}
+
 void fin_round_trips_every_status_and_layout(void **) {
   for (auto st : {wire::FinStatus::Done, wire::FinStatus::Declined, wire::FinStatus::Failed}) {
     wire::Fin f;
@@ -1294,6 +1340,7 @@ int main(void) {
       cmocka_unit_test(hello_with_rndv_max_size_below_the_eager_maximum_is_invalid),
       cmocka_unit_test(rts_round_trips),
       cmocka_unit_test(rts_layout_is_little_endian_byte_by_byte),
+      cmocka_unit_test(rts_naming_a_request_or_reply_carries_its_trailer),
       cmocka_unit_test(fin_round_trips_every_status_and_layout),
       cmocka_unit_test(rts_with_bad_fields_is_rejected),
       cmocka_unit_test(fin_with_bad_fields_is_rejected),
