@@ -1869,6 +1869,68 @@ void request_answered_through_reply_runs_the_lambda_once(void **) {
   });
 }
 
+void large_request_and_reply_show_in_message_incoming(void **) {
+  guarded([] {
+    peers p;
+    p.hold = true;  // the server keeps the request and answers below
+    p.connect();
+    const std::size_t eager = std::size_t(p.lp.get_option(IBMSG_OPT_EAGER_SIZE));
+    const std::size_t req_size = 3 * eager + 5, reply_size = 5 * eager + 9;
+    ibmsg::region inbox(p.lp, 1 << 20, IBMSG_ACCESS_LOCAL_WRITE);
+    struct seen {
+      ibmsg::socket *sock;
+      std::size_t size;
+      bool is_request, is_reply;
+    };
+    std::vector<seen> incoming;
+    p.lp.on_message_incoming([&](ibmsg::socket &s, ibmsg::incoming &in) {
+      incoming.push_back({&s, in.size(), in.is_request(), in.is_reply()});
+      if (in.is_reply()) CHECK(in.to_region(inbox, 0), "the reply does not fit the region");
+    });
+    const std::string want_req = pattern(req_size, 5), want_reply = pattern(reply_size, 6);
+    ibmsg::message m;
+    CHECK(m.alloc(p.client, req_size), "alloc would block");
+    std::memcpy(m.data(), want_req.data(), req_size);
+    auto token = std::make_shared<int>(0);
+    reply_rec r;
+    bool in_region = false;
+    CHECK(p.client.request(m, wait_ms,
+                           [&r, &in_region, token](ibmsg::socket &s, ibmsg::message reply, int st) {
+                             in_region = (reply.flags() & IBMSG_MSG_REGION) != 0;
+                             r.saw(s, reply, st);
+                           }),
+          "request would block");
+    CHECK(p.wait([&] { return p.held.size() == 1; }), "the large request did not arrive");
+    CHECK(p.held[0].is_request() && text_of(p.held[0]) == want_req,
+          "the request arrived as %zu bytes, is_request %d", p.held[0].size(),
+          p.held[0].is_request());
+    ibmsg::message ans;
+    CHECK(ans.alloc(p.server, reply_size), "alloc would block");
+    std::memcpy(ans.data(), want_reply.data(), reply_size);
+    CHECK(p.server.reply(p.held[0], ans), "the reply would block");
+    CHECK(p.wait([&] { return r.calls == 1; }), "the handler did not run");
+    CHECK(r.status == IBMSG_OK && r.data == want_reply && in_region,
+          "the handler got %s, %zu bytes, in the region %d", code_name(r.status), r.data.size(),
+          in_region);
+    CHECK(incoming.size() == 2, "message_incoming ran %zu times", incoming.size());
+    CHECK(incoming[0].sock == &p.server && incoming[0].size == req_size &&
+              incoming[0].is_request && !incoming[0].is_reply,
+          "the request's incoming: size %zu, is_request %d, is_reply %d", incoming[0].size,
+          incoming[0].is_request, incoming[0].is_reply);
+    CHECK(incoming[1].sock == &p.client && incoming[1].size == reply_size &&
+              !incoming[1].is_request && incoming[1].is_reply,
+          "the reply's incoming: size %zu, is_request %d, is_reply %d", incoming[1].size,
+          incoming[1].is_request, incoming[1].is_reply);
+    CHECK(p.wait([&] { return sent_status(p, ans.handle()) == IBMSG_OK; }),
+          "the reply's message_sent");
+    p.held.clear();
+    m = ibmsg::message();
+    ans = ibmsg::message();
+    inbox = ibmsg::region();  // (the reply in it was freed when the handler returned)
+    p.close_all();
+  });
+}
+
 void request_to_a_silent_server_times_out_in_the_lambda(void **) {
   guarded([] {
     peers p;
@@ -2098,9 +2160,9 @@ void request_and_reply_errors_throw_and_send_nothing(void **) {
                                           ibmsg::unanswered_request) { ++calls; };
     ibmsg::message m = text_msg(p.client, "x");
     ibmsg::message empty;
-    const std::size_t eager = std::size_t(p.lp.get_option(IBMSG_OPT_EAGER_SIZE));
     ibmsg::message big;
-    CHECK(big.alloc(p.client, eager + 1), "alloc of %zu bytes would block", eager + 1);
+    CHECK(big.alloc(p.client, 64), "alloc of 64 bytes would block");
+    big.set_size(p.client.max_msg_size() + 1);
     struct attempt {
       const char *what;
       int expected;
@@ -2110,7 +2172,7 @@ void request_and_reply_errors_throw_and_send_nothing(void **) {
         {"timeout 0", IBMSG_EINVAL, [&] { return p.client.request(m, 0, counting); }},
         {"negative timeout", IBMSG_EINVAL, [&] { return p.client.request(m, -5, counting_retry); }},
         {"an empty message", IBMSG_EINVAL, [&] { return p.client.request(empty, 100, counting); }},
-        {"above the eager size", IBMSG_EMSGSIZE,
+        {"above the connection's maximum", IBMSG_EMSGSIZE,
          [&] { return p.client.request(big, 100, counting_retry); }},
     };
     for (const attempt &a : attempts) {
@@ -2232,6 +2294,7 @@ int main() {
       cmocka_unit_test(message_incoming_exception_leaves_the_message_to_the_library),
       cmocka_unit_test(memory_of_connections_and_loop),
       cmocka_unit_test(request_answered_through_reply_runs_the_lambda_once),
+      cmocka_unit_test(large_request_and_reply_show_in_message_incoming),
       cmocka_unit_test(request_to_a_silent_server_times_out_in_the_lambda),
       cmocka_unit_test(timed_out_request_retried_from_the_lambda_gets_the_reply_once),
       cmocka_unit_test(requests_outstanding_at_disconnect_get_ecanceled_once),
