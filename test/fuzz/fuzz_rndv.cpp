@@ -3,11 +3,13 @@
 //
 // Input: the payload, of its own length.
 //
-// Properties: rndv_kind says Rts for exactly the 32-byte payloads of kind 1, Fin for exactly the
-// 8-byte ones of kind 2, and nothing else; decode_rts accepts exactly an RTS of 32 bytes with
-// every reserved bit zero (flags other than bit 0, bytes 2..3, the immediate without its flag), a
-// nonzero length and a range that does not wrap; an accepted one has every field as its bytes
-// say, is what rndv_kind calls an RTS, and re-encodes to the same 32 bytes; decode_fin accepts
+// Properties: rndv_kind says Rts for exactly the payloads of kind 1 of 32 bytes, or of 56 when
+// flag bits 1..2 name a request or reply (a trailer follows, protocol 1.5), Fin for exactly the
+// 8-byte ones of kind 2, and nothing else; decode_rts accepts exactly such an RTS with every
+// reserved bit zero (flags other than bits 0..2, flag bits 1..2 both set, bytes 2..3, the
+// immediate without its flag), a nonzero length and a range that does not wrap; an accepted one
+// has every field as its bytes say, is what rndv_kind calls an RTS, and re-encodes to the same
+// 32 bytes (the trailer is decode_req_trailer's, not decode_rts's); decode_fin accepts
 // exactly a FIN of 8 bytes with a known status (0 .. 2) and zero bytes 2..3, and re-encodes to
 // the same 8 bytes. ASan sees any read beyond the payload.
 #include <cstddef>
@@ -26,7 +28,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   wire::RndvKind kind = wire::RndvKind(0);
   const bool is_kind = wire::rndv_kind(p, size, &kind);
-  const bool rts_shape = size == wire::kRtsSize && p[0] == 1;
+  const bool rts_shape = size >= wire::kRtsSize && p[0] == 1 &&
+                         size == (p[1] & 6 ? wire::kRtsSize + wire::kReqTrailer : wire::kRtsSize);
   const bool fin_shape = size == wire::kFinSize && p[0] == 2;
   if (is_kind != (rts_shape || fin_shape))
     FUZZ_FAIL("rndv_kind of %zu bytes (kind byte %d) says %d", size, size ? p[0] : -1, is_kind);
@@ -34,7 +37,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
   wire::Rts r;
   const bool rts = wire::decode_rts(p, size, &r);
-  bool want = rts_shape && (p[1] & ~1u) == 0 && p[2] == 0 && p[3] == 0;
+  bool want = rts_shape && (p[1] & ~7u) == 0 && (p[1] & 6) != 6 && p[2] == 0 && p[3] == 0;
   if (want) {
     const bool has_imm = p[1] & 1;
     const uint64_t addr = fuzz::le64(p + 16), length = fuzz::le64(p + 24);
@@ -45,6 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (rts) {
     FUZZ_CHECK(is_kind && kind == wire::RndvKind::Rts);
     FUZZ_CHECK(r.has_imm == ((p[1] & 1) != 0));
+    FUZZ_CHECK(r.req == (p[1] >> 1 & 3));
     FUZZ_CHECK(r.id == fuzz::le32(p + 4) && r.rkey == fuzz::le32(p + 8));
     FUZZ_CHECK(r.imm == fuzz::le32(p + 12));
     FUZZ_CHECK(r.addr == fuzz::le64(p + 16) && r.length == fuzz::le64(p + 24));
