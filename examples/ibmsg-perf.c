@@ -25,11 +25,12 @@
  *              call to its done callback; the rate is the timed requests over the time from the
  *              first timed post (once the warm-up has drained) to the last done callback. A
  *              request without its reply within RPC_TIMEOUT_MS fails the test.
- * Messages above the eager size (IBMSG_OPT_EAGER_SIZE) go by rendezvous: the receiver reads each
- * one from the sender's buffer, and its message_sent comes once it has been read. Each such
- * message in flight has a registered buffer of its own size on both sides, so without -W the
- * bandwidth test's window holds at most MSG_WINDOW_BYTES (and at least 2 messages), and the
- * client allocates the window's send buffers before the clock starts.
+ * Messages above the eager size (IBMSG_OPT_EAGER_SIZE), requests and replies among them, go by
+ * rendezvous: the receiver reads each one from the sender's buffer, and its message_sent comes
+ * once it has been read. Each such message in flight has a registered buffer of its own size on
+ * both sides, so without -W the bandwidth test's window holds at most MSG_WINDOW_BYTES (and at
+ * least 2 messages), and the client allocates the window's send buffers before the clock
+ * starts; rpc's requests and replies take their buffers from the send pools as they go.
  * The one-sided RDMA tests (write_lat, read_lat, atomic_lat, write_bw, read_bw) use messages only
  * to set up: the server answers the HELLO with a DESC message carrying a descriptor of a region it
  * allocated for the test and, apart from answering write_lat's writes, only runs its loop; the
@@ -810,10 +811,6 @@ static void client_pump_rpc(struct conn *c) {
       tool_sendpool_put(&c->ep.pool, msg);
       if (rc == IBMSG_EOPNOTSUPP)
         client_fail("cannot post a request: the server's ibmsg has no requests (before 1.5)",
-                    IBMSG_OK);
-      else if (rc == IBMSG_EMSGSIZE)
-        client_fail("cannot post a request: requests go eagerly, so their size must be at "
-                    "most the eager size (see --eager-size, on both sides)",
                     IBMSG_OK);
       else if (rc != IBMSG_EAGAIN) /* EAGAIN: a message_sent or done callback calls us again */
         client_fail("cannot post a request", rc);
@@ -1915,29 +1912,6 @@ static int set_max_size(uint64_t size) {
   return 0;
 }
 
-/* The loop's IBMSG_OPT_EAGER_SIZE: a connection's is the smaller of both sides'. */
-static int loop_eager_size(void) {
-  int v = 0;
-  size_t len = sizeof v;
-  if (ibmsg_getopt(&g.loop, IBMSG_OPT_EAGER_SIZE, &v, &len) != IBMSG_OK)
-    return INT_MAX; /* the posting call will say it */
-  return v;
-}
-
-/* rpc: requests and replies go eagerly, so sizes above the eager size are left out (with a
- * line, so that the default sizes and -t all work). A server with a smaller eager size makes
- * the posting call fail with IBMSG_EMSGSIZE. */
-static int rpc_skips(uint64_t size) {
-  int eager = loop_eager_size();
-  if (size <= (uint64_t)eager)
-    return 0;
-  tool_info(g.quiet || g.json,
-            "rpc: %" PRIu64 " bytes left out: requests go eagerly, at most %d bytes "
-            "(see --eager-size)",
-            size, eager);
-  return 1;
-}
-
 static int start_listener(void) {
   char addr[64], mode[64];
   unsigned short port;
@@ -2040,14 +2014,7 @@ int main(int argc, char **argv) {
         continue;
       /* An atomic is 8 bytes whatever the sizes: it runs once. */
       for (int i = 0; i < (test == TEST_ATOMIC_LAT ? 1 : g.nsizes) && !failed; i++) {
-        if (test == TEST_RPC && rpc_skips(g.sizes[i]))
-          continue;
         failed = run_test(test, g.sizes[i]) != 0;
-      }
-      if (test == TEST_RPC && !failed && g.nrpc == 0) {
-        tool_error("rpc: no size is at most the eager size (%d bytes): requests and replies go "
-                   "eagerly", loop_eager_size());
-        failed = 1;
       }
     }
     if (!failed && g.json) {

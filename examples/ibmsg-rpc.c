@@ -3,6 +3,7 @@
  *
  *   ibmsg-rpc --server [OPTIONS] [IP]           serve the store until interrupted
  *   ibmsg-rpc [OPTIONS] IP put KEY VALUE        store VALUE under KEY
+ *   ibmsg-rpc [OPTIONS] --value-file FILE IP put KEY   store FILE's bytes under KEY
  *   ibmsg-rpc [OPTIONS] IP get KEY              print the value stored under KEY
  *
  * How it uses ibmsg: the client connects, packs one kv.Request (examples/kv.proto, protobuf-c)
@@ -22,9 +23,12 @@
  * from the next message_sent.
  *
  * ibmsg moves the serialized bytes as they are; protobuf gives them a schema that both sides
- * check when they unpack. Requests and replies go eagerly (IBMSG_OPT_EAGER_SIZE, 16384 bytes by
- * default), so keys and values are bounded: MAX_KEY_SIZE and MAX_VALUE_SIZE keep a request well
- * below that.
+ * check when they unpack. Requests and replies of any size go: up to the eager size
+ * (IBMSG_OPT_EAGER_SIZE, 16384 bytes by default) through the connection's buffers, above it by
+ * rendezvous (the peer reads the message from the sender's buffer), the same calls either way.
+ * Keys and values are bounded all the same (MAX_KEY_SIZE, MAX_VALUE_SIZE), and so is the store
+ * (MAX_KEYS, MAX_STORE_BYTES). ibmsg keeps no copy of a reply above the eager size for retries:
+ * a get of a large value whose request timed out gets no answer to its retries either.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -43,6 +47,7 @@
 
 static const char usage_text[] =
     "Usage: ibmsg-rpc [OPTIONS] IP put KEY VALUE\n"
+    "       ibmsg-rpc [OPTIONS] --value-file FILE IP put KEY\n"
     "       ibmsg-rpc [OPTIONS] IP get KEY\n"
     "       ibmsg-rpc --server [OPTIONS] [IP]\n"
     "A key-value store over RDMA: the server keeps the values in memory; the\n"
@@ -57,6 +62,7 @@ static const char usage_text[] =
     "Commands:\n"
     "  put KEY VALUE         store VALUE under KEY, replacing what was there;\n"
     "                        prints nothing\n"
+    "  put KEY               with --value-file: store the file's bytes\n"
     "  get KEY               print the value stored under KEY and a newline\n"
     "\n"
     "Options:\n"
@@ -66,6 +72,9 @@ static const char usage_text[] =
     "                        (default 1000)\n"
     "      --retries N       client: send a request that timed out again, up to N\n"
     "                        times (default 3)\n"
+    "  -f, --value-file FILE client, put: the value is FILE's bytes ('-': standard\n"
+    "                        input), for values too large for the command line\n"
+    "                        (which takes at most 128 KiB per word)\n"
     "  -q, --quiet           server: print only errors\n"
     "  -v, --verbose         print ibmsg's log lines and each connection's counters\n"
     "                        at its close; the server also prints each request,\n"
@@ -73,18 +82,19 @@ static const char usage_text[] =
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
     "\n"
-    "Options go before IP. KEY has 1 to 256 bytes, VALUE at most 8192; the server\n"
-    "holds at most 10000 keys.\n"
+    "Options go before IP. KEY has 1 to 256 bytes, VALUE at most 1048576 (1 MiB);\n"
+    "the server holds at most 10000 keys and 256 MiB of values.\n"
     "Exit status: client: 0 on success, 1 on an error (the key is not found, no\n"
     "reply came, the connection failed, the server refused the request); server:\n"
     "0 when ended by SIGINT or SIGTERM, 1 on an error; 2 on bad usage.\n";
 
-/* Requests and replies go eagerly in ibmsg 1.5: a packed request of the largest key and value
- * must stay below the eager size (16384 by default), with room to spare. */
+/* A key's and a value's most bytes. A request or reply of the largest ones (about 1 MiB) goes
+ * by rendezvous; the default maximum message size (IBMSG_OPT_MAX_MSG_SIZE) takes far more. */
 #define MAX_KEY_SIZE 256
-#define MAX_VALUE_SIZE 8192
-/* The most keys the server holds: 10000 of the largest take about 85 MB. */
+#define MAX_VALUE_SIZE (1 << 20)
+/* The most keys the server holds, and the most bytes of all their values together. */
 #define MAX_KEYS 10000
+#define MAX_STORE_BYTES ((size_t)256 << 20)
 #define DEFAULT_TIMEOUT_MS 1000
 #define DEFAULT_RETRIES 3
 #define MAX_TIMEOUT_MS 3600000
@@ -105,7 +115,10 @@ static struct {
   int retries;               /* client */
   Kv__Request__Op op;        /* client: PUT or GET */
   const char *key;           /* client */
-  const char *value;         /* client: put */
+  const char *value;         /* client: put (from the command line, or value_buf) */
+  size_t value_len;
+  const char *value_file;    /* client: put --value-file */
+  char *value_buf;           /* client: the bytes read from value_file */
   int quiet;
   int verbose;
 
@@ -165,6 +178,7 @@ static struct {
   struct entry *slots;
   size_t capacity; /* a power of two; at most half of it is used */
   size_t count;
+  size_t bytes; /* of all values */
 } store;
 
 /* FNV-1a: simple, and good enough for a table that grows at half load. */
@@ -227,6 +241,8 @@ static const char *store_put(const char *key, size_t len, const uint8_t *value,
       e = store_slot(store.slots, store.capacity, key, len);
     }
   }
+  if (store.bytes - (e->key != NULL ? e->value_len : 0) + value_len > MAX_STORE_BYTES)
+    return "the store is full (256 MiB of values)";
   copy = malloc(value_len > 0 ? value_len : 1);
   if (copy == NULL)
     return "out of memory";
@@ -242,8 +258,10 @@ static const char *store_put(const char *key, size_t len, const uint8_t *value,
     e->key_len = len;
     store.count++;
   } else {
+    store.bytes -= e->value_len;
     free(e->value);
   }
+  store.bytes += value_len;
   e->value = copy;
   e->value_len = value_len;
   return NULL;
@@ -778,7 +796,7 @@ static void client_established(ibmsg_socket *socket) {
   request.key = (char *)g.key; /* protobuf-c's struct is not const; pack only reads it */
   if (g.op == KV__REQUEST__OP__PUT) {
     request.value.data = (uint8_t *)g.value;
-    request.value.len = strlen(g.value);
+    request.value.len = g.value_len;
   }
   size = kv__request__get_packed_size(&request);
   rc = ibmsg_alloc_msg(&g.msg, socket, size);
@@ -865,6 +883,7 @@ static int parse_args(int argc, char **argv) {
       {"port", required_argument, NULL, 'p'},
       {"timeout", required_argument, NULL, OPT_TIMEOUT},
       {"retries", required_argument, NULL, OPT_RETRIES},
+      {"value-file", required_argument, NULL, 'f'},
       {"quiet", no_argument, NULL, 'q'},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
@@ -881,7 +900,7 @@ static int parse_args(int argc, char **argv) {
   g.retries = DEFAULT_RETRIES;
   opterr = 0; /* we print our own one-line errors */
   /* '+': options end at the first operand (IP), so that a KEY or VALUE may start with '-'. */
-  while ((opt = getopt_long(argc, argv, "+:p:qvh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, "+:p:f:qvh", options, NULL)) != -1) {
     switch (opt) {
     case OPT_SERVER: g.server = 1; break;
     case 'p':
@@ -900,6 +919,10 @@ static int parse_args(int argc, char **argv) {
         return -1;
       g.retries = (int)v;
       client_option = client_option ? client_option : "--retries";
+      break;
+    case 'f':
+      g.value_file = optarg;
+      client_option = client_option ? client_option : "--value-file";
       break;
     case 'q': g.quiet = 1; break;
     case 'v': g.verbose = 1; break;
@@ -959,7 +982,11 @@ static int parse_args(int argc, char **argv) {
     tool_usage_error("%s: the key has %zu bytes, more than %d", cmd, len, MAX_KEY_SIZE);
     return -1;
   }
-  if (g.op == KV__REQUEST__OP__PUT) {
+  if (g.value_file != NULL && g.op != KV__REQUEST__OP__PUT) {
+    tool_usage_error("--value-file goes with put only, not with %s", cmd);
+    return -1;
+  }
+  if (g.op == KV__REQUEST__OP__PUT && g.value_file == NULL) {
     if (optind >= argc) {
       tool_usage_error("put: no VALUE given");
       return -1;
@@ -967,14 +994,60 @@ static int parse_args(int argc, char **argv) {
     g.value = argv[optind++];
     len = strlen(g.value);
     if (len > MAX_VALUE_SIZE) {
-      tool_usage_error("put: the value has %zu bytes, more than %d", len, MAX_VALUE_SIZE);
+      tool_usage_error("put: the value has %zu bytes, more than %d: too long", len,
+                       MAX_VALUE_SIZE);
       return -1;
     }
+    g.value_len = len;
+  } else if (g.op == KV__REQUEST__OP__PUT && optind < argc) {
+    tool_usage_error("put: a VALUE and --value-file both given (the value is the file's)");
+    return -1;
   }
   if (optind < argc) {
     tool_usage_error("unexpected argument '%s' after the %s command", argv[optind], cmd);
     return -1;
   }
+  return 0;
+}
+
+/* put --value-file: reads the value, at most MAX_VALUE_SIZE bytes, into g.value_buf. 0, or -1
+ * after an error line. */
+static int read_value(void) {
+  int from_stdin = strcmp(g.value_file, "-") == 0;
+  const char *name = from_stdin ? "standard input" : g.value_file;
+  FILE *f = from_stdin ? stdin : fopen(g.value_file, "rb");
+  size_t n;
+  int err = 0, too_long;
+
+  if (f == NULL) {
+    tool_error("put: cannot open %s: %s", name, strerror(errno));
+    return -1;
+  }
+  /* One byte more than the most a value may have tells a value that is too long. */
+  g.value_buf = malloc((size_t)MAX_VALUE_SIZE + 1);
+  if (g.value_buf == NULL) {
+    tool_error("put: out of memory for the value");
+    if (!from_stdin)
+      fclose(f);
+    return -1;
+  }
+  n = fread(g.value_buf, 1, (size_t)MAX_VALUE_SIZE + 1, f);
+  if (ferror(f))
+    err = errno != 0 ? errno : EIO;
+  too_long = n > MAX_VALUE_SIZE;
+  if (!from_stdin)
+    fclose(f);
+  if (err != 0) {
+    tool_error("put: cannot read %s: %s", name, strerror(err));
+    return -1;
+  }
+  if (too_long) {
+    tool_error("put: the value is too long: %s has more than %d bytes (1 MiB, the most a "
+               "value may have)", name, MAX_VALUE_SIZE);
+    return -1;
+  }
+  g.value = g.value_buf;
+  g.value_len = n;
   return 0;
 }
 
@@ -985,6 +1058,10 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* a script waiting for "listening" sees it at once */
   if (parse_args(argc, argv) != 0)
     return TOOL_EXIT_USAGE;
+  if (g.value_file != NULL && read_value() != 0) {
+    free(g.value_buf);
+    return TOOL_EXIT_FAILURE;
+  }
   tool_catch_signals();
 
   rc = ibmsg_init_event_loop(&g.loop);
@@ -1018,5 +1095,6 @@ int main(int argc, char **argv) {
     }
   }
   store_free();
+  free(g.value_buf);
   return g.failed ? TOOL_EXIT_FAILURE : TOOL_EXIT_OK;
 }
