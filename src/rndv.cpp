@@ -198,12 +198,15 @@ void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
     g_incoming = nullptr;
   }
   if (in.region) msg->flags |= IBMSG_MSG_REGION;
-  if (!in.declined) s->deliver.push_back(slot);
-  else if (r.req == 2) req_on_declined(s, tr.id);  // its request ends: IBMSG_EDECLINED
+  const bool declined = in.declined;
+  if (!declined) s->deliver.push_back(slot);
   s->reading.push_back(&in);
   rndv_pump(s);
   flush_sends(s);
   maybe_send_ctrl(s);
+  // A declined reply ends its request (IBMSG_EDECLINED): its done callback comes last, with
+  // the connection's state whole (the callback may disconnect, or post).
+  if (declined && r.req == 2) req_on_declined(s, tr.id);
 }
 
 // A FIN: the peer declined the oldest of our RTSs it has not counted done.

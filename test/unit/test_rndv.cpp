@@ -1840,6 +1840,49 @@ void a_large_reply_names_its_request_and_declined_ends_it_with_edeclined(void **
   expect_code(ibmsg_deregister_region(&dst), IBMSG_OK);
 }
 
+void a_request_whose_declined_reply_disconnects_ends_the_others_once(void **state) {
+  H *h = h_of(state);
+  ReqIncoming g;
+  g_req_incoming = &g;
+  ibmsg_region dst{};
+  expect_code(ibmsg_alloc_region(&h->loop, &dst, 4 * kMiB, IBMSG_ACCESS_LOCAL_WRITE), IBMSG_OK);
+  g.region = &dst;
+  h->loop.message_incoming = on_req_incoming;
+  Pair p = connected(h);
+  p.a->on_msg = [&](ibmsg_buffer *m) {
+    expect_code(post_as(*p.a, 300000, [&](ibmsg_buffer *r) {
+      return ibmsg_post_reply(&p.a->s, m, r);
+    }), IBMSG_OK);
+  };
+  // The first request's done (its reply declined) disconnects: the others end once each,
+  // with IBMSG_ECANCELED or their reply if it came first.
+  ibmsg_request req[3]{};
+  ReqDone done[3];
+  for (int i = 0; i < 3; ++i) {
+    req[i].done = on_req_done;
+    req[i].user_data = &done[i];
+  }
+  static ibmsg_socket *to_close;
+  to_close = &p.c->s;
+  req[0].done = [](ibmsg_socket *s, ibmsg_request *rq, ibmsg_buffer *reply, int status) {
+    on_req_done(s, rq, reply, status);
+    expect_code(ibmsg_disconnect(to_close), IBMSG_OK);
+  };
+  for (int i = 0; i < 3; ++i)
+    expect_code(post_as(*p.c, 100, [&](ibmsg_buffer *m) {
+      return ibmsg_post_request(&p.c->s, m, &req[i], 10000);
+    }), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  h->loop.message_incoming = nullptr;
+  expect_code(done[0].status, IBMSG_EDECLINED);
+  for (int i = 0; i < 3; ++i) assert_int_equal(done[i].calls, 1);
+  for (int i = 1; i < 3; ++i)
+    if (done[i].status != IBMSG_ECANCELED && done[i].status != IBMSG_OK)
+      fail_msg("request %d ended with %s", i, ibmsg_err_name(done[i].status));
+  expect_code(p.c->close_reason, IBMSG_OK);
+  expect_code(ibmsg_deregister_region(&dst), IBMSG_OK);
+}
+
 // A requester's raw peer: the hello names a session.
 wire::Hello req_hello() {
   wire::Hello hh = rndv_hello();
@@ -2777,6 +2820,7 @@ int main(void) {
       T(requests_and_replies_of_any_size_go_by_rendezvous),
       T(a_retried_rendezvous_request_is_not_read_again),
       T(a_large_reply_names_its_request_and_declined_ends_it_with_edeclined),
+      T(a_request_whose_declined_reply_disconnects_ends_the_others_once),
       T(rts_of_a_request_with_a_broken_trailer_is_eproto),
       T(rendezvous_reply_for_no_posted_request_is_not_read),
       T(done_bits_without_rendezvous_agreed_are_eproto),
