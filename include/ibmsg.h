@@ -63,7 +63,7 @@ extern "C" {
  * ------------------------------------------------------------------------------------------ */
 
 #define IBMSG_VERSION_MAJOR 1 /**< major version: changes break compatibility */
-#define IBMSG_VERSION_MINOR 5 /**< minor version: compatible additions */
+#define IBMSG_VERSION_MINOR 6 /**< minor version: compatible additions */
 #define IBMSG_VERSION_PATCH 0 /**< patch level: fixes only */
 /** The version as one number, for compile-time checks: 10000 * major + 100 * minor + patch. */
 #define IBMSG_VERSION (IBMSG_VERSION_MAJOR * 10000 + IBMSG_VERSION_MINOR * 100 + IBMSG_VERSION_PATCH)
@@ -390,9 +390,18 @@ enum ibmsg_option {
                                       reply may be retried (ibmsg_retry_request), and how long a
                                       responder keeps the identity and reply of a request it
                                       answered, to answer a retry without running it again (1.5) */
-  IBMSG_OPT_REPLY_CACHE = 19     /**< int bytes (1048576), loop-wide: the most reply bytes a
+  IBMSG_OPT_REPLY_CACHE = 19,    /**< int bytes (1048576), loop-wide: the most reply bytes a
                                       responder keeps for retries; a reply beyond it is not kept
                                       and a retry of its request gets no answer (1.5) */
+  IBMSG_OPT_RNDV_MEMORY = 20,    /**< int, or uint64_t (len 8), bytes (536870912: 512 MiB),
+                                      loop-wide: the most bytes of library-allocated destinations
+                                      of large (rendezvous) messages at once, from the start of
+                                      their reads until ibmsg_free_msg; more wait their turn, in
+                                      order. A message larger than this is declined unless
+                                      message_incoming puts it in a region (1.6) */
+  IBMSG_OPT_VIOLATION_BAN = 21   /**< int ms (10000), listener: after a peer made an invalid
+                                      remote access, connection requests from its address are
+                                      rejected for this long (0: never) (1.6) */
 };
 
 /** IBMSG_OPT_BUSY_POLL value: poll without ever sleeping while the connection is open. */

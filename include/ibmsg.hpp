@@ -209,7 +209,7 @@ using if_other_integer =
  * IBMSG_EINVAL, as the library says for a value out of range. */
 template <class T, class Set>
 int set_integer(int option, T value, Set &&set) {
-  if (option == IBMSG_OPT_MAX_MSG_SIZE) {
+  if (option == IBMSG_OPT_MAX_MSG_SIZE || option == IBMSG_OPT_RNDV_MEMORY) {
     if constexpr (std::is_signed_v<T>)
       if (value < 0) return IBMSG_EINVAL;
     std::uint64_t v = static_cast<std::uint64_t>(value);
@@ -230,7 +230,7 @@ int set_integer(int option, T value, Set &&set) {
  * whole (len 8), every other option as an int; a negative int is IBMSG_ERANGE. */
 template <class Get>
 std::uint64_t get_integer(int option, Get &&get) {
-  if (option == IBMSG_OPT_MAX_MSG_SIZE) {
+  if (option == IBMSG_OPT_MAX_MSG_SIZE || option == IBMSG_OPT_RNDV_MEMORY) {
     std::uint64_t v = 0;
     std::size_t len = sizeof v;
     check(get(&v, &len));

@@ -26,6 +26,7 @@ int *int_option(Options *o, int option) {
     case IBMSG_OPT_RETRY_COUNT: return &o->retry_count;
     case IBMSG_OPT_REQUEST_WINDOW: return &o->request_window_ms;
     case IBMSG_OPT_REPLY_CACHE: return &o->reply_cache;
+    case IBMSG_OPT_VIOLATION_BAN: return &o->violation_ban_ms;
     default: return nullptr;
   }
 }
@@ -56,6 +57,7 @@ bool int_option_valid(int option, int v) {
     case IBMSG_OPT_RETRY_COUNT: return v >= 0 && v <= 7;
     case IBMSG_OPT_REQUEST_WINDOW: return v >= 1 && v <= 24 * 3600 * 1000;
     case IBMSG_OPT_REPLY_CACHE: return v >= 0;
+    case IBMSG_OPT_VIOLATION_BAN: return v >= 0 && v <= 24 * 3600 * 1000;
     default: return false;
   }
 }
@@ -64,8 +66,8 @@ bool int_option_valid(int option, int v) {
 
 int options_set(Options *o, int option, const void *value, size_t len) {
   if (!value) return IBMSG_EINVAL;
-  if (option == IBMSG_OPT_MAX_MSG_SIZE) {  // an int, or a uint64_t for sizes beyond INT_MAX
-    uint64_t v;
+  if (option == IBMSG_OPT_MAX_MSG_SIZE || option == IBMSG_OPT_RNDV_MEMORY) {
+    uint64_t v;  // an int, or a uint64_t for sizes beyond INT_MAX
     if (len == sizeof(int)) {
       int i;
       memcpy(&i, value, sizeof i);
@@ -74,6 +76,11 @@ int options_set(Options *o, int option, const void *value, size_t len) {
       memcpy(&v, value, sizeof v);
     } else {
       return IBMSG_EINVAL;
+    }
+    if (option == IBMSG_OPT_RNDV_MEMORY) {
+      if (v < 1 || v > (uint64_t(1) << 48)) return IBMSG_EINVAL;
+      o->rndv_memory = v;
+      return IBMSG_OK;
     }
     if (v < 1 || v > kMaxMsgSize) return IBMSG_EINVAL;
     o->max_msg_size = uint32_t(v);
@@ -101,15 +108,15 @@ int options_set(Options *o, int option, const void *value, size_t len) {
 int options_get(const Options *o, int option, void *value, size_t *len) {
   if (!value || !len) return IBMSG_EINVAL;
   Options *m = const_cast<Options *>(o);  // the lookups only read here
-  if (option == IBMSG_OPT_MAX_MSG_SIZE) {
+  if (option == IBMSG_OPT_MAX_MSG_SIZE || option == IBMSG_OPT_RNDV_MEMORY) {
     // Into a uint64_t if len says so; an int gets at most INT_MAX (as large as it can say).
+    const uint64_t v64 = option == IBMSG_OPT_MAX_MSG_SIZE ? o->max_msg_size : o->rndv_memory;
     if (*len == sizeof(uint64_t)) {
-      uint64_t v = o->max_msg_size;
-      memcpy(value, &v, sizeof v);
+      memcpy(value, &v64, sizeof v64);
       return IBMSG_OK;
     }
     if (*len < sizeof(int)) return IBMSG_EINVAL;
-    int v = o->max_msg_size > uint32_t(INT_MAX) ? INT_MAX : int(o->max_msg_size);
+    int v = v64 > uint64_t(INT_MAX) ? INT_MAX : int(v64);
     memcpy(value, &v, sizeof v);
     *len = sizeof v;
     return IBMSG_OK;

@@ -28,6 +28,8 @@ struct Options {
   int retry_count = 7;
   int request_window_ms = 10000;  // loop-wide (the loop's value counts): requests.cpp, dedup.cpp
   int reply_cache = 1 << 20;      // loop-wide: reply bytes kept for retries
+  uint64_t rndv_memory = uint64_t(512) << 20;  // loop-wide: rendezvous destinations (rndv.cpp)
+  int violation_ban_ms = 10000;   // listener: refuse a violator's address this long
   char source_addr[kNameMax] = "";
   char device[kNameMax] = "";
 };
