@@ -102,14 +102,24 @@ void pool_maybe_release(Pool *p);
 // now), or nullptr with *err. A sender's is readable by the peer of the connection numbered peer
 // (Socket::serial): given to another connection, it is registered anew, so that the key an
 // earlier peer learned no longer reaches it.
+// A destination of rendezvous reads (not send) is registered in pieces of kLargePiece bytes, each
+// when the first read into it is posted (large_piece): its address space is reserved at once,
+// but memory is pinned only as far as the peer's data has been read, so a peer that announces
+// a large message with a key that does not work costs one piece, and no step registers more
+// than a piece.
+constexpr size_t kLargePiece = size_t(4) << 20;
 struct LargeMem : LargeBuf {
-  Device *dev;
-  bool send;
-  uint64_t peer;  // the connection whose peer may know its key (send)
-  uint8_t *mem;
-  tp::Mr *mr;
+  Device *dev = nullptr;
+  bool send = false;
+  uint64_t peer = 0;  // the connection whose peer may know its key (send)
+  uint8_t *mem = nullptr;
+  tp::Mr *mr = nullptr;       // send: the whole buffer's registration
+  tp::Mr **pieces = nullptr;  // recv: each piece's (nullptr while none was needed)
 };
 LargeMem *large_get(Device *dev, bool send, uint64_t peer, size_t size, int *err);
+// The registration of the piece of a destination m (not send) that holds byte off, made now if
+// there is none yet, and in *room the bytes from off to the piece's end; nullptr with *err.
+const tp::Mr *large_piece(LargeMem *m, size_t off, size_t *room, int *err);
 // --- recv.cpp --------------------------------------------------------------------------------
 constexpr uint32_t kShareBase = 2;  // data credits a connection on shared buffers always has
 // Buffers registered at once: a slab of about 1 MiB, 4 to 64 buffers.

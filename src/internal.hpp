@@ -142,7 +142,10 @@ struct ibmsg__socket {
   ibmsg::List<ibmsg::Slot, &ibmsg::Slot::link> deliver;
   ibmsg::List<ibmsg::RndvIn, &ibmsg::RndvIn::read_link> reading;
   uint32_t rndv_reads = 0;
+  uint64_t rndv_read_bytes = 0;  // of the reads in flight
   uint32_t done_owed = 0;
+  // Waiting for the loop's rendezvous memory (IBMSG_OPT_RNDV_MEMORY): in its queue of waiters.
+  ibmsg::ListNode rndv_mem_node;
   ibmsg::List<ibmsg::RndvIn, &ibmsg::RndvIn::read_link> fins;  // declined: FINs posted
   bool lingering = false;  // disconnecting: waits to send the done counts it owes (close.cpp)
   ibmsg::Timer connect_timer;
@@ -194,6 +197,11 @@ struct ibmsg__loop {
   ibmsg_stats closed_stats{};
   ibmsg::Options opts;
   ibmsg::ReqLoop req;  // requests and the answers kept for retries (requests.cpp, dedup.cpp)
+  // Rendezvous destinations the library allocated, from their first read until freed (bytes of
+  // their size classes), and the connections waiting for room under IBMSG_OPT_RNDV_MEMORY, in
+  // the order they asked (rndv.cpp).
+  size_t rndv_mem = 0;
+  ibmsg::List<Socket, &Socket::rndv_mem_node> rndv_mem_waiters;
 };
 
 // An options set (ibmsg_options_new).
@@ -333,6 +341,9 @@ void deliver_msg(Socket *s, Slot *slot);
 uint32_t rndv_take_done(Socket *s);  // for an immediate
 // Closing, the QP gone: undelivered messages and their destinations go; nothing waits.
 void rndv_release(Socket *s);
+// A received message's destination goes back (ibmsg_free_msg, or undelivered): its device's cache
+// takes it, and the connections waiting for rendezvous memory get their turn.
+void rndv_dest_put(Slot *slot);
 int incoming_to_region(ibmsg_incoming *in, ::ibmsg__region *r, size_t off);
 int incoming_decline(ibmsg_incoming *in);
 

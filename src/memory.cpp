@@ -21,8 +21,13 @@ void release(Pool *p) {
   device_put(dev);
 }
 
+size_t piece_count(size_t bytes) { return (bytes + kLargePiece - 1) / kLargePiece; }
+
 void large_release(LargeMem *m) {
   tp::mr_deregister(m->mr);
+  if (m->pieces)
+    for (size_t i = 0, n = piece_count(m->bytes); i < n; ++i) tp::mr_deregister(m->pieces[i]);
+  delete[] m->pieces;
   munmap(m->mem, m->bytes);
   delete m;
 }
@@ -55,8 +60,17 @@ LargeMem *large_get(Device *dev, bool send, uint64_t peer, size_t size, int *err
       return nullptr;
     }
     m = new (std::nothrow) LargeMem();
-    void *mem = m ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-                  : MAP_FAILED;
+    // A destination only reserves its address space (no swap either: MAP_NORESERVE); its
+    // pages come as the reads fill them.
+    const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (send ? 0 : MAP_NORESERVE);
+    void *mem = m ? mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, -1, 0) : MAP_FAILED;
+    if (m && mem != MAP_FAILED && !send) {
+      m->pieces = new (std::nothrow) tp::Mr *[piece_count(bytes)]();
+      if (!m->pieces) {
+        munmap(mem, bytes);
+        mem = MAP_FAILED;
+      }
+    }
     if (mem == MAP_FAILED) {
       delete m;
       *err = IBMSG_ENOMEM;
@@ -68,8 +82,9 @@ LargeMem *large_get(Device *dev, bool send, uint64_t peer, size_t size, int *err
     m->dev = dev;
     m->send = send;
     m->peer = 0;
-    // Its own registration: the key a peer gets for it reaches this buffer only.
-    *err = tp::mr_register(dev->tp, m->mem, bytes, send ? tp::kRemoteRead : tp::kLocal, &m->mr);
+    m->mr = nullptr;
+    // A sender's has its own registration: the key a peer gets for it reaches this buffer only.
+    *err = send ? tp::mr_register(dev->tp, m->mem, bytes, tp::kRemoteRead, &m->mr) : IBMSG_OK;
     if (*err) {
       munmap(m->mem, bytes);
       delete m;
@@ -80,6 +95,17 @@ LargeMem *large_get(Device *dev, bool send, uint64_t peer, size_t size, int *err
   ++dev->refs;
   dev->large_lent += m->bytes;
   return m;
+}
+
+const tp::Mr *large_piece(LargeMem *m, size_t off, size_t *room, int *err) {
+  const size_t i = off / kLargePiece, start = i * kLargePiece;
+  const size_t len = m->bytes - start < kLargePiece ? m->bytes - start : kLargePiece;
+  *room = start + len - off;
+  if (!m->pieces[i]) {
+    *err = tp::mr_register(m->dev->tp, m->mem + start, len, tp::kLocal, &m->pieces[i]);
+    if (*err) return nullptr;
+  }
+  return m->pieces[i];
 }
 
 void large_put(LargeMem *m) {

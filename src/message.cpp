@@ -162,8 +162,7 @@ int msg_free(ibmsg_buffer *msg) {
     return IBMSG_ENOTALLOC;  // not lent to the application (yet)
   answer_on_free(slot);  // a request it did not answer: its retries get no answer
   msg->status = IBMSG_FREED;
-  if (slot->large) large_put(slot->large);
-  slot->large = nullptr;
+  rndv_dest_put(slot);
   if (slot->in.region) --slot->in.region->busy;  // the application's region, free again
   slot->in.region = nullptr;
   recv_unlent(recv_owner(slot), slot);

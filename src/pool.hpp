@@ -60,6 +60,7 @@ struct RndvIn {
   uint64_t remote = 0;  // the sender's buffer
   uint64_t length = 0;
   uint64_t next = 0;    // bytes read or being read
+  uint64_t done = 0;    // bytes read (the reads complete in order)
   uint32_t rkey = 0;
   uint32_t id = 0;      // the sender's (its FIN echoes it)
   uint32_t reads = 0;   // in flight

@@ -26,6 +26,9 @@ namespace {
 
 // The largest read: the peer's device may take less than ours (rxe takes 8 MiB).
 constexpr uint64_t kChunkMax = uint64_t(8) << 20;
+// The most bytes of reads a connection has in flight (at least one read): enough to keep the
+// link busy; the other connections of the loop keep flowing between them.
+constexpr uint64_t kReadAhead = kLargePiece;
 
 // The message_incoming callback's handle while it runs on this thread (its functions compare
 // before they read anything through it: a kept copy is refused, not followed).
@@ -42,35 +45,109 @@ void read_done(Socket *, Work *w, int status) {
   }
 }
 
+uint64_t read_chunk(const Socket *s) {
+  const uint64_t chunk = tp::device_info(s->dev->tp).max_msg_size;
+  return chunk > kChunkMax ? kChunkMax : chunk;
+}
+
+// The read of in at off: at most a chunk, and within one piece of a library destination (each
+// piece is registered on its own). The reads of a message complete in the order they were
+// posted, so the same function tells the length of the one that completed.
+uint64_t read_len(const RndvIn &in, uint64_t off, uint64_t chunk) {
+  uint64_t n = in.length - off < chunk ? in.length - off : chunk;
+  const uint64_t room = kLargePiece - off % kLargePiece;
+  return !in.region && n > room ? room : n;
+}
+
+// Bytes of the destination the library allocates for a message of length bytes (its size class).
+size_t dest_bytes(uint64_t length) {
+  unsigned index;
+  size_t bytes;
+  return large_class(size_t(length), &index, &bytes) ? bytes : SIZE_MAX;
+}
+
+// Room for a destination of bytes under the loop's IBMSG_OPT_RNDV_MEMORY, in the order the
+// connections asked for it; false: s waits in the loop's queue (rndv_dest_put wakes it). With
+// nothing allocated, any message gets its turn (one above the cap is declined before it asks:
+// this is for a cap lowered meanwhile).
+bool mem_take(Socket *s, size_t bytes) {
+  Loop *loop = s->loop;
+  auto &waiters = loop->rndv_mem_waiters;
+  const bool my_turn = s->rndv_mem_node.linked() ? waiters.front() == s : waiters.empty();
+  if (!my_turn || (loop->rndv_mem && bytes > loop->opts.rndv_memory - loop->rndv_mem)) {
+    if (!s->rndv_mem_node.linked()) waiters.push_back(s);
+    return false;
+  }
+  if (s->rndv_mem_node.linked()) waiters.remove(s);
+  loop->rndv_mem += bytes;
+  return true;
+}
+
+// The first waiting connections whose destinations fit now post their reads.
+void mem_wake(Loop *loop) {
+  while (Socket *w = loop->rndv_mem_waiters.front()) {
+    rndv_pump(w);
+    if (loop->rndv_mem_waiters.front() == w) break;  // still waits (or reads before it first)
+  }
+}
+
 }  // namespace
 
+void rndv_dest_put(Slot *slot) {
+  LargeMem *m = slot->large;
+  if (!m) return;
+  slot->large = nullptr;
+  Loop *loop = m->dev->loop;
+  loop->rndv_mem -= m->bytes < loop->rndv_mem ? m->bytes : loop->rndv_mem;
+  large_put(m);
+  mem_wake(loop);
+}
+
 // Posts what reads it can: the first waiting rendezvous gets its destination when its turn comes
-// (so a connection holds at most the destinations of the messages it is reading or delivering).
+// (so a connection holds at most the destinations of the messages it is reading or delivering,
+// and the loop at most IBMSG_OPT_RNDV_MEMORY of them). No read crosses a piece of a library
+// destination, and a piece is registered when its first read is posted: a key that does not
+// work costs one piece, and this step registers at most kReadAhead / kLargePiece + 1 pieces.
 void rndv_pump(Socket *s) {
-  if (s->state != State::Connected || s->lingering) return;  // a closing one starts no reads
-  uint64_t chunk = tp::device_info(s->dev->tp).max_msg_size;
-  if (chunk > kChunkMax) chunk = kChunkMax;
+  if (s->state != State::Connected || s->lingering) {  // a closing one starts no reads
+    if (s->rndv_mem_node.linked()) s->loop->rndv_mem_waiters.remove(s);
+    return;
+  }
+  const uint64_t chunk = read_chunk(s);
   bool any = false;
   while (s->rndv_reads < kRndvReads) {
     RndvIn *in = s->reading.front();
     if (!in) break;
     if (in->declined) break;  // its FIN goes first (maybe_send_ctrl), then the reads behind it
     Slot *slot = static_cast<Slot *>(in->wr.owner);
+    const uint64_t n = read_len(*in, in->next, chunk);
+    if (s->rndv_read_bytes && s->rndv_read_bytes + n > kReadAhead)
+      break;  // enough in flight: the next completion posts more
     if (!in->dest) {
+      const size_t bytes = dest_bytes(in->length);
+      if (!mem_take(s, bytes)) break;  // waits for rendezvous memory
       int err = IBMSG_OK;
       slot->large = large_get(s->dev, false, 0, size_t(in->length), &err);
       if (!slot->large) {
+        s->loop->rndv_mem -= bytes;
         socket_close(s, err);
         return;
       }
       in->dest = slot->large->mem;
-      in->dest_mr = slot->large->mr;
     }
-    const uint64_t n = in->length - in->next < chunk ? in->length - in->next : chunk;
     tp::RdmaWr w{};
     w.local = in->dest + in->next;
     w.len = uint32_t(n);
     w.mr = in->dest_mr;
+    if (!in->region) {
+      size_t room;
+      int err = IBMSG_OK;
+      w.mr = large_piece(slot->large, size_t(in->next), &room, &err);
+      if (!w.mr) {
+        socket_close(s, err);
+        return;
+      }
+    }
     w.remote = in->remote + in->next;
     w.rkey = in->rkey;
     if (tp::post_rdma(s->id, &in->wr, w, 0)) {
@@ -81,6 +158,7 @@ void rndv_pump(Socket *s) {
     in->next += n;
     ++in->reads;
     ++s->rndv_reads;
+    s->rndv_read_bytes += n;
     if (in->next == in->length) s->reading.pop_front();
   }
   if (any && posted(s, true)) socket_close(s, IBMSG_EIO);
@@ -173,6 +251,7 @@ void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
   in.remote = r.addr;
   in.length = r.length;
   in.next = 0;
+  in.done = 0;
   in.rkey = r.rkey;
   in.id = r.id;
   in.reads = 0;
@@ -196,6 +275,14 @@ void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
     g_incoming = &inc;
     cb(s->pub, &inc);
     g_incoming = nullptr;
+  }
+  if (!in.declined && !in.region && dest_bytes(r.length) > s->loop->opts.rndv_memory) {
+    // Larger than the loop's rendezvous memory, and not for a region of the application's.
+    in.declined = true;
+    IBMSG_LOG(s, IBMSG_LOG_WARN,
+              "declined a message of %llu bytes: more than IBMSG_OPT_RNDV_MEMORY (%llu)",
+              static_cast<unsigned long long>(r.length),
+              static_cast<unsigned long long>(s->loop->opts.rndv_memory));
   }
   if (in.region) msg->flags |= IBMSG_MSG_REGION;
   const bool declined = in.declined;
@@ -228,8 +315,7 @@ void on_fin(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
 
 // A slot the rendezvous held (declined, or undelivered at a close) goes back to the pool.
 void drop_slot(Socket *s, Slot *slot) {
-  if (slot->large) large_put(slot->large);
-  slot->large = nullptr;
+  rndv_dest_put(slot);
   if (slot->in.region) --slot->in.region->busy;
   slot->in.region = nullptr;
   slot->in.ready = slot->in.declined = false;
@@ -300,6 +386,9 @@ void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
   RndvIn &in = slot->in;
   if (in.reads) --in.reads;
   if (s->rndv_reads) --s->rndv_reads;
+  const uint64_t n = read_len(in, in.done, read_chunk(s));
+  in.done += n;
+  s->rndv_read_bytes -= n < s->rndv_read_bytes ? n : s->rndv_read_bytes;
   if (wc.status != tp::WcStatus::Ok) {
     // The peer's key or range was wrong (it broke the protocol), or the connection failed.
     socket_close(s, wc.status == tp::WcStatus::RemoteAccess ? IBMSG_EPROTO : wc_error(wc.status));
@@ -338,8 +427,10 @@ void rndv_release(Socket *s) {
   while (RndvIn *in = s->fins.pop_front()) drop_slot(s, static_cast<Slot *>(in->wr.owner));
   while (s->rndv_wait.pop_front()) {
   }
+  if (s->rndv_mem_node.linked()) s->loop->rndv_mem_waiters.remove(s);
   while (Slot *slot = s->deliver.pop_front()) drop_slot(s, slot);
   s->rndv_reads = 0;
+  s->rndv_read_bytes = 0;
   s->done_owed = 0;
 }
 

@@ -2777,6 +2777,139 @@ void raw_fin_declines(void **state) {
 
 }  // namespace
 
+// === 11. rendezvous memory (IBMSG_OPT_RNDV_MEMORY) ============================================
+
+void set_rndv_memory(ibmsg_event_loop *l, uint64_t bytes) {
+  expect_code(ibmsg_setopt(l, IBMSG_OPT_RNDV_MEMORY, &bytes, sizeof bytes), IBMSG_OK);
+}
+
+// The loop's destinations stay within the cap, held messages included: a connection whose
+// message does not fit waits (no read), in the order the connections asked, while eager messages
+// of the others flow; a freed message makes room for the first waiting one.
+void rendezvous_memory_is_capped_across_the_loops_connections(void **state) {
+  H *h = h_of(state);
+  set_rndv_memory(&h->loop, 2 * kMiB);
+  uint64_t got = 0;
+  size_t len = sizeof got;
+  expect_code(ibmsg_getopt(&h->loop, IBMSG_OPT_RNDV_MEMORY, &got, &len), IBMSG_OK);
+  assert_int_equal(got, 2 * kMiB);
+  h->hold_accepted = true;
+  Pair p1 = connected(h), p2 = connected(h), p3 = connected(h);
+  p1.a->hold = p2.a->hold = p3.a->hold = true;
+  send_all(*p1.c, {kMiB});
+  RUN_UNTIL(h, p1.a->received == 1);
+  send_all(*p2.c, {kMiB});
+  RUN_UNTIL(h, p2.a->received == 1);
+  // The loop holds 2 MiB of destinations: the third connection's message waits unread, and so
+  // does a second one of p2's, behind it.
+  send_all(*p3.c, {kMiB});
+  settle(h, 20);
+  send_all(*p2.c, {kMiB});
+  settle(h, 50);
+  assert_int_equal(reads_on(p3.a->local_port), 0);
+  assert_int_equal(p3.a->received, 0);
+  assert_int_equal(p2.a->received, 1);
+  assert_int_equal(p3.c->msgs_done, 0);
+  // Eager messages of the first connection are not held up.
+  send_all(*p1.c, {100, 200});
+  RUN_UNTIL(h, p1.a->received == 3);
+  // Room for one: the first that asked (p3) is read, p2's second still waits.
+  free_held(*p1.a, 1);
+  RUN_UNTIL(h, p3.a->received == 1 && p3.c->sent_ok == 1);
+  settle(h, 50);
+  assert_int_equal(p2.a->received, 1);
+  free_held(*p2.a, 1);
+  RUN_UNTIL(h, p2.a->received == 2 && p2.c->sent_ok == 2);
+  free_held(*p1.a);
+  free_held(*p2.a);
+  free_held(*p3.a);
+  expect_sizes(*p2.a, {kMiB, kMiB});
+}
+
+// A message whose destination is larger than the cap is declined (the sender's message_sent
+// says IBMSG_EDECLINED) and the connection goes on; into a region of the application's it is read.
+void a_message_above_the_rendezvous_memory_is_declined_unless_put_in_a_region(void **state) {
+  H *h = h_of(state);
+  set_rndv_memory(&h->loop, kMiB);
+  Pair p = connected(h);
+  p.a->verify = false;  // the declined one is missing: checked by the sender's numbers
+  send_all(*p.c, {2 * kMiB, 10, kMiB});
+  RUN_UNTIL(h, p.c->msgs_done == 3 && p.a->received == 2);
+  assert_string_equal(p.c->trace.c_str(), "msg0=EDECLINED msg1=OK msg2=OK");
+  assert_int_equal(reads_on(p.a->local_port), 1);  // the 1 MiB one, in one read of 1 MiB
+  expect_sizes(*p.a, {10, kMiB});
+  // Into a region: read whole, however small the cap.
+  Incoming g;
+  g_incoming = &g;
+  ibmsg_region dst{};
+  expect_code(ibmsg_alloc_region(&h->loop, &dst, 4 * kMiB, IBMSG_ACCESS_LOCAL_WRITE), IBMSG_OK);
+  g.region = &dst;
+  g.plan = "r";
+  h->loop.message_incoming = on_incoming;
+  send_all(*p.c, {3 * kMiB});
+  RUN_UNTIL(h, p.c->msgs_done == 4 && p.a->received == 3);
+  assert_int_equal(p.c->tx_status[3], IBMSG_OK);
+  h->loop.message_incoming = nullptr;
+  g_incoming = nullptr;
+  RUN_UNTIL(h, ibmsg_deregister_region(&dst) == IBMSG_OK);
+}
+
+// A raw peer announces 1 GiB with a key that does not work. With the default cap (512 MiB) it is
+// declined unread (a FIN goes back) and the connection goes on; with a cap of 2 GiB the receiver
+// registers one piece of the destination (4 MiB), reads it once, and closes that connection only.
+void a_bad_key_costs_one_piece_of_a_huge_announcement(void **state) {
+  H *h = h_of(state);
+  fake::set_max_msg_size(8 * kMiB);  // reads as long as the pieces allow
+  Pair other = connected(h);
+  RawPair rp = raw_client(h, rndv_hello());
+  const unsigned long regs = fake::stats().registrations;
+  std::vector<uint8_t> b = rts_bytes(0x100000, uint64_t(1) << 30, 0xdead);
+  expect_code(rp.r->send(fake::imm(kOpRndv), b.data(), b.size()), IBMSG_OK);
+  RUN_UNTIL(h, rp.r->received.size() == 1);
+  wire::RndvKind kind;
+  assert_true(wire::rndv_kind(rp.r->received[0].data.data(), rp.r->received[0].data.size(), &kind));
+  assert_true(kind == wire::RndvKind::Fin);
+  assert_int_equal(reads_on(rp.a->local_port), 0);
+  assert_int_equal(fake::stats().registrations - regs, 0);
+  assert_int_equal(rp.a->closed, 0);
+  set_rndv_memory(&h->loop, uint64_t(2) << 30);
+  expect_code(rp.r->send(fake::imm(kOpRndv), b.data(), b.size()), IBMSG_OK);
+  expect_eproto(h, rp);
+  assert_int_equal(reads_on(rp.a->local_port), 1);
+  const std::vector<uint32_t> lens = post_lens(rp.a->local_port, TpOp::RndvRead, 0);
+  assert_int_equal(lens.size(), 1);
+  assert_int_equal(lens[0], 4 * kMiB);
+  assert_int_equal(fake::stats().registrations - regs, 1);
+  expect_still_working(h, other);
+}
+
+// A connection keeps at most 4 MiB of reads in flight (one piece), so others' traffic is not
+// queued behind a long run of its reads; the pieces of a large message are read one by one.
+void reads_in_flight_stay_within_one_piece(void **state) {
+  H *h = h_of(state);
+  fake::set_max_msg_size(8 * kMiB);
+  Pair p = connected(h);
+  const unsigned short rx = p.a->local_port;
+  fake::delay_send_completions(true, rx);
+  send_all(*p.c, {10 * kMiB + 5});
+  RUN_UNTIL(h, reads_on(rx) == 1);
+  settle(h, 20);
+  assert_int_equal(reads_on(rx), 1);
+  fake::delay_send_completions(false);
+  RUN_UNTIL(h, p.a->received == 1 && p.c->sent_ok == 1);
+  const std::vector<uint32_t> lens = post_lens(rx, TpOp::RndvRead, 0);
+  assert_true(lens == std::vector<uint32_t>({4 * kMiB, 4 * kMiB, 2 * kMiB + 5}));
+  // Small messages still go several reads at a time (up to 4 MiB of them).
+  const size_t before = reads_on(rx);
+  fake::delay_send_completions(true, rx);
+  send_all(*p.c, {kMiB, kMiB, kMiB, kMiB, kMiB});
+  RUN_UNTIL(h, reads_on(rx) - before == 4);
+  settle(h, 20);
+  assert_int_equal(reads_on(rx) - before, 4);
+  fake::delay_send_completions(false);
+  RUN_UNTIL(h, p.a->received == 6 && p.c->sent_ok == 6);
+}
+
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
 
 int main(void) {
@@ -2847,6 +2980,11 @@ int main(void) {
       T(region_message_held_past_close),
       T(hostile_fins),
       T(raw_fin_declines),
+      // rendezvous memory
+      T(rendezvous_memory_is_capped_across_the_loops_connections),
+      T(a_message_above_the_rendezvous_memory_is_declined_unless_put_in_a_region),
+      T(a_bad_key_costs_one_piece_of_a_huge_announcement),
+      T(reads_in_flight_stay_within_one_piece),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
