@@ -14,6 +14,13 @@
 
 static const char *h_program = "test";
 static const char *volatile h_last_wait = "(nothing yet)";
+/* Bumped each time the test is back in the harness (a step of a wait, a callback): the watchdog
+ * fires only when it stood still for the watchdog's whole period, not when a test that keeps
+ * moving takes long on a slow machine. */
+static volatile sig_atomic_t h_progress;
+static unsigned long h_event_count; /* callbacks of the harness (h_events()) */
+static sig_atomic_t h_progress_seen;
+static volatile unsigned h_watchdog_s;
 
 /* --- set up and tear down ------------------------------------------------------------------ */
 
@@ -46,11 +53,23 @@ const char *h_env(const char *name) {
 }
 
 static void h_watchdog_fired(int sig) {
-  static const char head[] = "\nwatchdog: the test did not finish in time; last wait: ";
+  static const char head[] = "\nwatchdog: the test made no progress for ";
+  static const char tail[] = " s (its own limit: stuck in a library call or a wait that never "
+                             "returns to the harness); last wait: ";
   const char *what = h_last_wait;
+  char num[24], *p = num + sizeof num;
+  unsigned n = h_watchdog_s;
   ssize_t ignored;
   (void)sig;
+  if (h_progress != h_progress_seen) { /* it moved since the last alarm: a slow test, not a hang */
+    h_progress_seen = h_progress;
+    alarm(h_watchdog_s);
+    return;
+  }
+  do *--p = (char)('0' + n % 10); while ((n /= 10) != 0);
   ignored = write(2, head, sizeof head - 1);
+  ignored = write(2, p, (size_t)(num + sizeof num - p));
+  ignored = write(2, tail, sizeof tail - 1);
   ignored = write(2, what, strlen(what));
   ignored = write(2, "\n", 1);
   (void)ignored;
@@ -63,6 +82,8 @@ void h_watchdog(unsigned seconds) {
   sa.sa_handler = h_watchdog_fired;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGALRM, &sa, NULL);
+  h_watchdog_s = seconds;
+  h_progress_seen = h_progress;
   alarm(seconds);
 }
 
@@ -248,16 +269,35 @@ void h_check_errors_at(h_ctx *ctx, const char *file, int line) {
   if (ctx->error[0]) h_fail_at(file, line, "a callback saw a problem: %s", ctx->error);
 }
 
+static void h_step_mode_at(h_ctx *ctx, uint64_t deadline, int timeout_ms, int idle,
+                           const char *what, const char *file, int line);
+
 void h_step_at(h_ctx *ctx, uint64_t deadline, int timeout_ms, const char *what, const char *file,
                int line) {
+  h_step_mode_at(ctx, deadline, timeout_ms, 0, what, file, line);
+}
+
+void h_step_idle_at(h_ctx *ctx, uint64_t deadline, int idle_ms, const char *what,
+                    const char *file, int line) {
+  h_step_mode_at(ctx, deadline, idle_ms, 1, what, file, line);
+}
+
+static void h_step_mode_at(h_ctx *ctx, uint64_t deadline, int timeout_ms, int idle,
+                           const char *what, const char *file, int line) {
   uint64_t now;
   int wait, rc;
 
   h_last_wait = what;
+  h_progress++;
   h_check_errors_at(ctx, file, line);
   now = h_now_ms();
   if (now >= deadline) {
-    h_fail_at(file, line, "timed out after %d ms waiting for: %s", timeout_ms, what);
+    if (idle)
+      h_fail_at(file, line, "timed out: nothing happened (no callback) for %d ms (the wait's own "
+                "limit) while waiting for: %s", timeout_ms, what);
+    else
+      h_fail_at(file, line, "timed out after %d ms (the wait's own limit) waiting for: %s",
+                timeout_ms, what);
     return;
   }
   wait = deadline - now > H_STEP_MS ? H_STEP_MS : (int)(deadline - now);
@@ -274,6 +314,7 @@ void h_run_for_at(h_ctx *ctx, int ms, const char *file, int line) {
 
   h_last_wait = "(h_run_for)";
   while ((now = h_now_ms()) < deadline) {
+    h_progress++;
     h_check_errors_at(ctx, file, line);
     rc = ctx->step(ctx, deadline - now > H_STEP_MS ? H_STEP_MS : (int)(deadline - now));
     if (rc != IBMSG_OK)
@@ -284,7 +325,11 @@ void h_run_for_at(h_ctx *ctx, int ms, const char *file, int line) {
 
 /* --- callbacks ----------------------------------------------------------------------------- */
 
+unsigned long h_events(void) { return h_event_count; }
+
 static h_ctx *h_ctx_of_loop(ibmsg_event_loop *loop) {
+  h_progress++;
+  h_event_count++;
   /* A NULL here would be a library bug (user_data is the application's): crash loudly. */
   return (h_ctx *)loop->user_data;
 }

@@ -10,7 +10,9 @@
  * Callbacks never fail the test themselves: cmocka's longjmp must not cross the library's stack
  * frames. They note the first problem in ctx->error, and every wait (H_RUN_UNTIL, h_run_for)
  * fails the test with it. Every wait is bounded, and a watchdog alarm ends a test program whose
- * test blocks inside a library call.
+ * test blocks inside a library call: it fires after H_WATCHDOG_S seconds in which the test never
+ * came back to the harness (no step of a wait, no callback), so a test that keeps moving on a
+ * slow, loaded machine is not ended by it, however long it takes.
  *
  * Socket and loop user_data point at the harness's records: ctx->loop.user_data is the h_ctx,
  * socket->user_data the h_conn that embeds the socket.
@@ -31,7 +33,7 @@
 #define H_STREAM_BUFS 1024 /* send buffers one stream uses at most */
 #define H_MAX_MSGS 64     /* test-owned messages in ctx->msgs */
 #define H_TIMEOUT_MS 15000 /* default bound for one connection step (the VM is emulated: slow) */
-#define H_WATCHDOG_S 240  /* a test that takes longer than this ends the program */
+#define H_WATCHDOG_S 240  /* a test stuck this long (no progress at all) ends the program */
 
 typedef struct h_ctx h_ctx;
 typedef struct h_conn h_conn;
@@ -147,7 +149,8 @@ int h_ctx_cleanup(h_ctx *ctx);
 /** cmocka setup/teardown: *state = h_ctx_create(NULL) and a watchdog; cleanup. */
 int h_setup(void **state);
 int h_teardown(void **state);
-/** (Re)arms the watchdog: the program ends with a message if the test is not done in seconds. */
+/** (Re)arms the watchdog: the program ends (exit status 3) with a message if the test stands
+ *  still (never back in the harness: no wait step, no callback) for `seconds`. */
 void h_watchdog(unsigned seconds);
 
 #define H_TEST(f) cmocka_unit_test_setup_teardown(f, h_setup, h_teardown)
@@ -213,6 +216,28 @@ void h_step_at(h_ctx *ctx, uint64_t deadline, int timeout_ms, const char *what, 
   do {                                                                                          \
     uint64_t h__deadline = h_now_ms() + (uint64_t)(timeout_ms);                                 \
     while (!(cond)) h_step_at((ctx), h__deadline, (timeout_ms), #cond, __FILE__, __LINE__);      \
+    h_check_errors_at((ctx), __FILE__, __LINE__);                                               \
+  } while (0)
+/** The harness's callbacks so far (any socket, any kind): what H_RUN_UNTIL_PROGRESS watches. */
+unsigned long h_events(void);
+void h_step_idle_at(h_ctx *ctx, uint64_t deadline, int idle_ms, const char *what,
+                    const char *file, int line);
+/** H_RUN_UNTIL for long transfers (streams, many connections): fails only after idle_ms in which
+ *  no harness callback came at all. The limit follows the progress, so a slow, loaded machine
+ *  that keeps delivering is not failed by a fixed bound on the whole transfer, and a transfer
+ *  that stalls fails idle_ms after its last callback. Not for bounds that are the behaviour
+ *  under test (use H_RUN_UNTIL and check the time). */
+#define H_RUN_UNTIL_PROGRESS(ctx, cond, idle_ms)                                                \
+  do {                                                                                          \
+    unsigned long h__ev = h_events();                                                           \
+    uint64_t h__deadline = h_now_ms() + (uint64_t)(idle_ms);                                    \
+    while (!(cond)) {                                                                           \
+      if (h_events() != h__ev) {                                                                \
+        h__ev = h_events();                                                                     \
+        h__deadline = h_now_ms() + (uint64_t)(idle_ms);                                         \
+      }                                                                                         \
+      h_step_idle_at((ctx), h__deadline, (idle_ms), #cond, __FILE__, __LINE__);                 \
+    }                                                                                           \
     h_check_errors_at((ctx), __FILE__, __LINE__);                                               \
   } while (0)
 /** Runs the loop for ms milliseconds (to let things happen that must not), failing on errors. */

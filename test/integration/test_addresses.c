@@ -30,9 +30,9 @@ static void exchange(h_ctx *ctx, h_conn *client, h_conn *server, int n) {
   client->verify = server->verify = 1;
   h_stream_start(client, n, 300, 8);
   h_stream_start(server, n, 300, 8);
-  H_RUN_UNTIL(ctx, client->received == n && server->received == n && h_stream_done(client) &&
-                       h_stream_done(server),
-              60000);
+  H_RUN_UNTIL_PROGRESS(ctx, client->received == n && server->received == n &&
+                                h_stream_done(client) && h_stream_done(server),
+                       60000);
 }
 
 static void ipv6_connection_exchanges_messages(void **state) {

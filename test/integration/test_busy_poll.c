@@ -81,9 +81,9 @@ static void stream_both_ways(h_ctx *ctx, h_conn *client, h_conn *server, int n, 
   client->expect_size = server->expect_size = (long)size;
   h_stream_start(client, n, size, 32);
   h_stream_start(server, n, size, 32);
-  H_RUN_UNTIL(ctx, server->received == n && client->received == n && h_stream_done(client) &&
-                       h_stream_done(server),
-              120000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == n && client->received == n &&
+                                h_stream_done(client) && h_stream_done(server),
+                       120000);
   h_run_for(ctx, 100);
   H_ASSERT_EQ(server->received, n, "messages the server received");
   H_ASSERT_EQ(client->received, n, "messages the client received");

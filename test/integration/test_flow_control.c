@@ -171,7 +171,7 @@ static void receiver_freeing_in_batches_keeps_a_stream_flowing(void **state) {
   flow_pair(ctx, &client, &server);
   ctx->on_received = free_in_batches;
   h_stream_start(client, n, MSG_SIZE, SEND_QUEUE);
-  H_RUN_UNTIL(ctx, server->received == n && h_stream_done(client), 120000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == n && h_stream_done(client), 120000);
   assert_still_connected(client, server);
   H_ASSERT_EQ(client->sent_ok, n, "message_sent(IBMSG_OK) callbacks");
   ctx->on_received = NULL;
@@ -307,9 +307,9 @@ static void answers_after_freeing_keep_a_stream_flowing(void **state) {
   ctx->on_received = free_then_answer;
   ctx->on_sent = free_answer;
   h_stream_start(client, n, MSG_SIZE, SEND_QUEUE);
-  H_RUN_UNTIL(ctx, server->received == n && h_stream_done(client) && client->received == answers &&
-                       server->sent == server->posted,
-              120000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == n && h_stream_done(client) &&
+                                client->received == answers && server->sent == server->posted,
+                       120000);
   assert_still_connected(client, server);
   H_ASSERT_EQ(client->sent_ok, n, "message_sent(IBMSG_OK) callbacks of the stream");
   H_ASSERT_EQ(server->sent_ok, answers, "message_sent(IBMSG_OK) callbacks of the answers");
@@ -318,7 +318,7 @@ static void answers_after_freeing_keep_a_stream_flowing(void **state) {
   ctx->on_received = NULL;
   ctx->on_sent = NULL;
   h_stream_start(client, n, MSG_SIZE, SEND_QUEUE);
-  H_RUN_UNTIL(ctx, server->received == 2 * n && h_stream_done(client), 60000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == 2 * n && h_stream_done(client), 60000);
   assert_still_connected(client, server);
   H_ASSERT_EQ(client->sent_ok, 2 * n, "message_sent(IBMSG_OK) callbacks of both streams");
   h_finish(ctx);

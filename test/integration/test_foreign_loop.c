@@ -113,9 +113,9 @@ static void connect_and_exchange(h_ctx *ctx) {
   client->verify = server->verify = 1;
   h_stream_start(client, MESSAGES, 256, 32);
   h_stream_start(server, MESSAGES, 256, 32);
-  H_RUN_UNTIL(ctx, client->received == MESSAGES && server->received == MESSAGES &&
-                       h_stream_done(client) && h_stream_done(server),
-              120000);
+  H_RUN_UNTIL_PROGRESS(ctx, client->received == MESSAGES && server->received == MESSAGES &&
+                                h_stream_done(client) && h_stream_done(server),
+                       120000);
   H_ASSERT_EQ(client->sent_ok, MESSAGES, "message_sent(IBMSG_OK) callbacks of the client");
   H_ASSERT_EQ(server->sent_ok, MESSAGES, "message_sent(IBMSG_OK) callbacks of the server");
 }

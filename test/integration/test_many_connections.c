@@ -42,7 +42,7 @@ static void connect_all(h_ctx *ctx) {
   h_setopt_int(ctx, IBMSG_OPT_CONNECT_TIMEOUT, 30000);
   h_listen(ctx, ctx->addr, CONNS);
   for (i = 0; i < CONNS; i++) h_connect(ctx, ctx->addr, ctx->port);
-  H_RUN_UNTIL(ctx, established(ctx) == 2 * CONNS || first_closed(ctx) != NULL, 90000);
+  H_RUN_UNTIL_PROGRESS(ctx, established(ctx) == 2 * CONNS || first_closed(ctx) != NULL, 90000);
   closed = first_closed(ctx);
   H_CHECK(closed == NULL, "%s closed with %s while %d connections were being set up", closed->name,
           ibmsg_err_name(closed->close_reason), CONNS);
@@ -72,7 +72,7 @@ static void sixty_four_connections_exchange_verified_messages(void **state) {
     h_stream_start(c, MESSAGES, MSG_SIZE, DEPTH);
     h_stream_start(s, MESSAGES, MSG_SIZE, DEPTH);
   }
-  H_RUN_UNTIL(ctx, all_streams_done(ctx) || first_closed(ctx) != NULL, 180000);
+  H_RUN_UNTIL_PROGRESS(ctx, all_streams_done(ctx) || first_closed(ctx) != NULL, 180000);
   closed = first_closed(ctx);
   H_CHECK(closed == NULL, "%s closed with %s during the exchange", closed->name,
           ibmsg_err_name(closed->close_reason));
@@ -101,7 +101,7 @@ static void sixty_four_connections_close_from_both_sides(void **state) {
     peers[i] = i % 2 ? &ctx->clients[i] : server;
   }
   for (i = 0; i < CONNS; i++) H_ASSERT_OK(ibmsg_disconnect(&closers[i]->sock));
-  H_RUN_UNTIL(ctx, connections_closed(ctx) == 2 * CONNS, 60000);
+  H_RUN_UNTIL_PROGRESS(ctx, connections_closed(ctx) == 2 * CONNS, 60000);
   h_run_for(ctx, 300);
   for (i = 0; i < CONNS; i++) {
     H_ASSERT_EQ(closers[i]->closed, 1, "connection_closed callbacks of a disconnecting socket");

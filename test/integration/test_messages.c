@@ -18,9 +18,9 @@ static void ten_thousand_messages_each_way_arrive_in_order(void **state) {
   client->expect_size = server->expect_size = 512;
   h_stream_start(client, n, 512, 32);
   h_stream_start(server, n, 512, 32);
-  H_RUN_UNTIL(ctx, server->received == n && client->received == n && h_stream_done(client) &&
-                       h_stream_done(server),
-              180000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == n && client->received == n &&
+                                h_stream_done(client) && h_stream_done(server),
+                       180000);
   h_run_for(ctx, 200); /* anything extra (duplicates, stray callbacks) would show up here */
   H_ASSERT_EQ(server->received, n, "messages the server received");
   H_ASSERT_EQ(client->received, n, "messages the client received");
@@ -143,9 +143,9 @@ static void one_mib_maximum_message_size_works_end_to_end(void **state) {
   client->expect_size = server->expect_size = MiB;
   h_stream_start(client, 20, MiB, 4);
   h_stream_start(server, 20, MiB, 4);
-  H_RUN_UNTIL(ctx, server->received == 20 && client->received == 20 && h_stream_done(client) &&
-                       h_stream_done(server),
-              120000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == 20 && client->received == 20 &&
+                                h_stream_done(client) && h_stream_done(server),
+                       120000);
   H_ASSERT_EQ(client->sent_ok, 20, "message_sent(IBMSG_OK) callbacks of the client");
   H_ASSERT_EQ(server->sent_ok, 20, "message_sent(IBMSG_OK) callbacks of the server");
   h_finish(ctx);
@@ -309,7 +309,8 @@ static void echo_from_message_received_round_trips(void **state) {
   ctx->on_sent = echo_sent;
   client->verify = 1;
   h_stream_start(client, n, 333, 4);
-  H_RUN_UNTIL(ctx, client->received == n && h_stream_done(client) && server->sent == n, 120000);
+  H_RUN_UNTIL_PROGRESS(ctx, client->received == n && h_stream_done(client) && server->sent == n,
+                       120000);
   H_ASSERT_EQ(server->sent_ok, n, "echoes sent");
   ctx->on_received = NULL;
   ctx->on_sent = NULL;
@@ -353,9 +354,9 @@ static void deep_queues_carry_long_streams(void **state) {
   client->verify = server->verify = 1;
   h_stream_start(client, n, 100, depth);
   h_stream_start(server, n, 100, depth);
-  H_RUN_UNTIL(ctx, server->received == n && client->received == n && h_stream_done(client) &&
-                       h_stream_done(server),
-              180000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == n && client->received == n &&
+                                h_stream_done(client) && h_stream_done(server),
+                       180000);
   H_ASSERT_EQ(client->sent_ok, n, "message_sent(IBMSG_OK) callbacks of the client");
   H_ASSERT_EQ(server->sent_ok, n, "message_sent(IBMSG_OK) callbacks of the server");
   h_finish(ctx);

@@ -62,7 +62,7 @@ static void sizes_around_the_threshold_arrive_byte_exact(void **state) {
   server->verify = 1;
   server->expect_size = -1;
   post_sizes(ctx, client, 0, sizes, count);
-  H_RUN_UNTIL(ctx, server->received == count && client->sent == count, 120000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == count && client->sent == count, 120000);
   h_run_for(ctx, 200);
   H_ASSERT_EQ(server->received, count, "messages received");
   H_ASSERT_EQ(client->sent_ok, count, "message_sent(IBMSG_OK) callbacks");
@@ -114,9 +114,9 @@ static void eager_and_rendezvous_interleaved_both_ways_keep_order(void **state) 
   client->expect_size = server->expect_size = -1;
   post_sizes(ctx, client, 0, sizes, count);
   post_sizes(ctx, server, count, sizes, count);
-  H_RUN_UNTIL(ctx, server->received == count && client->received == count &&
-                       client->sent == count && server->sent == count,
-              180000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == count && client->received == count &&
+                                client->sent == count && server->sent == count,
+                       180000);
   h_run_for(ctx, 200);
   H_ASSERT_EQ(client->sent_ok, count, "the client's message_sent(IBMSG_OK)");
   H_ASSERT_EQ(server->sent_ok, count, "the server's message_sent(IBMSG_OK)");
@@ -163,7 +163,7 @@ static void message_sent_comes_in_posting_order(void **state) {
   server->verify = 1;
   server->expect_size = -1;
   post_sizes(ctx, client, 0, sizes, count);
-  H_RUN_UNTIL(ctx, server->received == count && client->sent == count, 120000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == count && client->sent == count, 120000);
   H_ASSERT_EQ(o.next, count, "message_sent callbacks");
   H_ASSERT_EQ(client->sent_ok, count, "message_sent(IBMSG_OK)");
   free_msgs(ctx, 0, count);
@@ -194,7 +194,7 @@ static void held_rendezvous_messages_hold_credits_until_freed(void **state) {
           ibmsg_err_name(client->close_reason), ibmsg_err_name(server->close_reason));
   server->hold = 0;
   h_release_held(server);
-  H_RUN_UNTIL(ctx, server->received == total && client->sent == total, 60000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == total && client->sent == total, 60000);
   H_ASSERT_EQ(client->sent_ok, total, "message_sent(IBMSG_OK)");
   free_msgs(ctx, 0, total);
   h_finish(ctx);
@@ -345,7 +345,7 @@ static void region_messages_destinations_and_declines(void **state) {
     }
   }
   H_ASSERT_CODE(ibmsg_deregister_region(&src), IBMSG_EBUSY); /* messages point into it */
-  H_RUN_UNTIL(ctx, client->sent == count && server->received == count - 1, 60000);
+  H_RUN_UNTIL_PROGRESS(ctx, client->sent == count && server->received == count - 1, 60000);
   h_run_for(ctx, 300);
   H_ASSERT_EQ(server->received, count - 1, "messages received (one declined)");
   H_ASSERT_EQ(client->sent_ok, count - 1, "message_sent(IBMSG_OK)");

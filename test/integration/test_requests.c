@@ -648,7 +648,7 @@ static void ten_thousand_requests_answered_in_random_order_each_get_their_own_re
 
   start = h_now_ms();
   t1_pump(q);
-  H_RUN_UNTIL(ctx, q->t_done == T1_TOTAL && rq_msgs_idle(q), 120000);
+  H_RUN_UNTIL_PROGRESS(ctx, q->t_done == T1_TOTAL && rq_msgs_idle(q), 120000);
   print_message("  %d requests (%d answered out of order) and %d plain messages in %lu ms\n",
                 T1_TOTAL, q->t_out_of_order, q->t_plain_posted, (unsigned long)(h_now_ms() - start));
   h_run_for(ctx, 200); /* a second done or a stray message would show up here */

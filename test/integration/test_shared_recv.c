@@ -41,7 +41,7 @@ static void connect_n(h_ctx *ctx, int n) {
   h_setopt_int(ctx, IBMSG_OPT_CONNECT_TIMEOUT, 30000);
   h_listen(ctx, ctx->addr, H_MAX_CONNS);
   for (i = 0; i < n; i++) h_connect(ctx, ctx->addr, ctx->port);
-  H_RUN_UNTIL(ctx, established(ctx) == 2 * n || first_closed(ctx) != NULL, 60000);
+  H_RUN_UNTIL_PROGRESS(ctx, established(ctx) == 2 * n || first_closed(ctx) != NULL, 60000);
   assert_none_closed(ctx);
 }
 
@@ -137,7 +137,7 @@ static void credits_come_back_after_a_burst(void **state) {
   server->verify = 1;
   server->expect_size = 1000;
   h_stream_start(client, 2000, 1000, 32);
-  H_RUN_UNTIL(ctx, server->received == 2000 && h_stream_done(client), 30000);
+  H_RUN_UNTIL_PROGRESS(ctx, server->received == 2000 && h_stream_done(client), 30000);
   H_RUN_UNTIL(ctx, socket_memory(server).shared == (BASE + CTRL) * SLOT, H_TIMEOUT_MS);
   m = socket_memory(client);
   H_ASSERT_EQ(m.shared, (BASE + CTRL) * SLOT, "the client's part (it received nothing)");

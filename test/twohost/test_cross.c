@@ -84,7 +84,7 @@ static void send_plan(h_ctx *ctx, h_conn *me, int from_server) {
         h_post(me, m);
       }
     }
-    H_RUN_UNTIL(ctx, me->sent == PLAN_COUNT || me->closed, 60000);
+    H_RUN_UNTIL_PROGRESS(ctx, me->sent == PLAN_COUNT || me->closed, 60000);
     x_assert_open(me);
     H_ASSERT_EQ(me->sent_ok, PLAN_COUNT, "message_sent(IBMSG_OK) callbacks");
     for (i = 0; i < PLAN_COUNT; i++) {
@@ -92,7 +92,7 @@ static void send_plan(h_ctx *ctx, h_conn *me, int from_server) {
       H_ASSERT_OK(ibmsg_free_msg(&ctx->msgs[i]));
     }
   } else {
-    H_RUN_UNTIL(ctx, plan_next == PLAN_COUNT || me->closed, 60000);
+    H_RUN_UNTIL_PROGRESS(ctx, plan_next == PLAN_COUNT || me->closed, 60000);
     x_assert_open(me);
     ctx->on_received = NULL;
     H_ASSERT_EQ(me->received, PLAN_COUNT, "messages received");
@@ -131,7 +131,7 @@ static void both_stream(h_ctx *ctx, int ipv6, int n, size_t size) {
   me = x_pair(ctx, ipv6);
   start = h_now_ms();
   h_stream_start(me, n, size, 16);
-  H_RUN_UNTIL(ctx, (me->received == n && h_stream_done(me)) || me->closed, 120000);
+  H_RUN_UNTIL_PROGRESS(ctx, (me->received == n && h_stream_done(me)) || me->closed, 120000);
   x_assert_open(me);
   ms = h_now_ms() - start;
   print_message("  %s: %d messages of %zu B each way in %llu ms (%.0f/s each way)\n",
@@ -215,10 +215,10 @@ static void receiver_holding_every_message_stops_the_sender_until_it_frees(void 
   if (twohost_is_server()) {
     me->hold = 0;
     h_release_held(me); /* verify checks that the rest come in order and intact */
-    H_RUN_UNTIL(ctx, me->received == FC_POSTED + 1 || me->closed, 60000);
+    H_RUN_UNTIL_PROGRESS(ctx, me->received == FC_POSTED + 1 || me->closed, 60000);
     x_assert_open(me);
   } else {
-    H_RUN_UNTIL(ctx, me->sent == FC_POSTED || me->closed, 60000);
+    H_RUN_UNTIL_PROGRESS(ctx, me->sent == FC_POSTED || me->closed, 60000);
     x_assert_open(me);
     for (i = 0; i < FC_POSTED; i++) {
       H_ASSERT_EQ(ctx->outstanding[i], 0, "message_sent callbacks missing for a queued message");
@@ -265,11 +265,11 @@ static void receiver_freeing_in_batches_keeps_a_stream_flowing(void **state) {
   me = x_pair(ctx, 0);
   if (twohost_is_client()) {
     h_stream_start(me, n, FC_SIZE, FC_SEND_QUEUE);
-    H_RUN_UNTIL(ctx, h_stream_done(me) || me->closed, 60000);
+    H_RUN_UNTIL_PROGRESS(ctx, h_stream_done(me) || me->closed, 60000);
     x_assert_open(me);
     H_ASSERT_EQ(me->sent_ok, n, "message_sent(IBMSG_OK) callbacks");
   } else {
-    H_RUN_UNTIL(ctx, me->received == n || me->closed, 60000);
+    H_RUN_UNTIL_PROGRESS(ctx, me->received == n || me->closed, 60000);
     x_assert_open(me);
   }
   X_SYNC(ctx, "streamed");
@@ -362,7 +362,7 @@ static void disconnect_during_streams_accounts_for_every_message(void **state) {
   me = x_pair(ctx, 0);
   h_stream_start(me, 100000, DC_SIZE, DC_SEND_QUEUE);
   if (twohost_is_server()) {
-    H_RUN_UNTIL(ctx, me->received >= 200 || me->closed, 60000);
+    H_RUN_UNTIL_PROGRESS(ctx, me->received >= 200 || me->closed, 60000);
     x_assert_open(me);
     H_ASSERT_OK(ibmsg_disconnect(&me->sock));
   }
