@@ -37,6 +37,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* --- the wire format (ibmsg(7), WIRE PROTOCOL; src/wire.hpp) -------------------------------- */
 
@@ -185,6 +187,7 @@ struct raw {
   int recv_errors;
   uint32_t done_seen; /* done counts the server sent */
   int rts_seen;       /* RTSs of the server */
+  int fins_seen;      /* FINs: the server declined one of our RTSs */
   uint32_t rts_id;    /* the id of the last one */
   uint64_t rts_length;
 };
@@ -228,6 +231,7 @@ static void raw_on_recv(struct raw *r, const struct ibv_wc *wc) {
     r->rts_id = w_get32(buf + 4);
     r->rts_length = w_get64(buf + 24);
   }
+  if (op == W_OP_RNDV && wc->byte_len == W_FIN_SIZE && buf[0] == W_FIN) r->fins_seen++;
 }
 
 static void raw_on_cm_event(struct raw *r, const struct rdma_cm_event *ev) {
@@ -314,6 +318,63 @@ static void hs_check_errors_at(h_ctx *ctx, const char *file, int line) {
   h_check_errors_at(ctx, file, line);
 }
 
+/* What the large-announcement tests watch at every step of the loop: the longest time the
+ * well-behaved server socket went without a message, and the most memory the process had pinned
+ * (VmPin of /proc/self/status: what RDMA registrations hold in RAM) above where it started. */
+static struct {
+  h_conn *conn; /* NULL: not watching */
+  int last_received;
+  uint64_t last_ms, longest_ms;
+  long pin_kb0, max_pin_kb;
+} hs_watch;
+
+static long hs_status_kb(const char *field) {
+  char line[256];
+  long kb = -1;
+  size_t n = strlen(field);
+  FILE *f = fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  while (fgets(line, sizeof line, f))
+    if (strncmp(line, field, n) == 0 && line[n] == ':') {
+      kb = strtol(line + n + 1, NULL, 10);
+      break;
+    }
+  fclose(f);
+  return kb;
+}
+
+static void hs_watch_step(void) {
+  uint64_t now;
+  long pin;
+  if (!hs_watch.conn) return;
+  now = h_now_ms();
+  if (hs_watch.conn->received != hs_watch.last_received) {
+    hs_watch.last_received = hs_watch.conn->received;
+    hs_watch.last_ms = now;
+  } else if (now - hs_watch.last_ms > hs_watch.longest_ms) {
+    hs_watch.longest_ms = now - hs_watch.last_ms;
+  }
+  pin = hs_status_kb("VmPin") - hs_watch.pin_kb0;
+  if (pin > hs_watch.max_pin_kb) hs_watch.max_pin_kb = pin;
+}
+
+static void hs_watch_start(h_conn *c) {
+  memset(&hs_watch, 0, sizeof hs_watch);
+  hs_watch.pin_kb0 = hs_status_kb("VmPin");
+  hs_watch.last_received = c->received;
+  hs_watch.last_ms = h_now_ms();
+  hs_watch.conn = c;
+}
+
+/* Stops watching and says what it saw. */
+static void hs_watch_end(const char *what) {
+  hs_watch_step();
+  hs_watch.conn = NULL;
+  print_message("  %s: the well-behaved stream's longest stall %llu ms; pinned memory at most "
+                "%ld KiB above the start\n", what, (unsigned long long)hs_watch.longest_ms,
+                hs_watch.max_pin_kb);
+}
+
 /* Runs the ibmsg loop and the raw peer until cond holds; fails the test after timeout_ms. */
 static void hs_step_at(h_ctx *ctx, struct raw *r, uint64_t deadline, int timeout_ms, const char *what,
                        const char *file, int line) {
@@ -325,6 +386,7 @@ static void hs_step_at(h_ctx *ctx, struct raw *r, uint64_t deadline, int timeout
     h_fail_at(file, line, "running the loop failed with %s (%d) while waiting for: %s",
               ibmsg_err_name(rc), rc, what);
   raw_poll(r);
+  hs_watch_step();
 }
 
 #define HS_RUN_UNTIL(ctx, r, cond, timeout_ms)                                                  \
@@ -343,7 +405,7 @@ static void hs_step_at(h_ctx *ctx, struct raw *r, uint64_t deadline, int timeout
   } while (0)
 
 /* The raw peers set up and not yet destroyed: a failed test leaves them to the teardown. */
-#define RAW_LIVE_MAX 4
+#define RAW_LIVE_MAX 8
 static struct raw *raw_live[RAW_LIVE_MAX];
 
 static void raw_destroy(struct raw *r) {
@@ -1155,6 +1217,135 @@ static void act_rts_valid(h_ctx *ctx, struct raw *r, h_conn *srv) {
   act_rts(r, 0, r->mr->rkey, 0, (uintptr_t)raw_data(r), RAW_DATA_SIZE);
 }
 
+/* --- large announcements: rendezvous memory, pieces, stalls (issue 21) ------------------------ */
+
+#define MIB_ ((uint64_t)1 << 20)
+#define N_ANNOUNCERS 5
+
+/* Polls every raw peer of the array, then steps the loop (watching the stream). */
+static void hs_step_all(h_ctx *ctx, struct raw **r, int n, uint64_t deadline, const char *what) {
+  int i;
+  for (i = 1; i < n; i++) raw_poll(r[i]);
+  hs_step_at(ctx, r[0], deadline, 0, what, __FILE__, __LINE__);
+}
+
+/* Five peers each announce 512 MiB with a key that does not work, at the same instant. The
+ * receiver stays up, reads one piece of one destination at a time (the destinations wait their
+ * turn under IBMSG_OPT_RNDV_MEMORY, 512 MiB by default), closes each of those connections with
+ * IBMSG_EPROTO, and pins far less than the cap; the well-behaved stream goes on. Before 1.6 the
+ * receiver registered all five destinations at once (2.5 GiB) and was killed for memory. */
+static void five_peers_announce_512_mib_with_bad_keys_at_once(void **state) {
+  h_ctx *ctx = *state;
+  struct hs_state st;
+  struct raw *r[N_ANNOUNCERS];
+  h_conn *srv[N_ANNOUNCERS];
+  struct w_hello h = w_hello_default();
+  uint8_t pdata[W_HELLO_SIZE];
+  uint64_t deadline;
+  int i, closed = 0;
+
+  hs_start_pair(ctx, &st);
+  w_hello_encode(&h, pdata);
+  for (i = 0; i < N_ANNOUNCERS; i++) {
+    srv[i] = &ctx->servers[ctx->n_servers];
+    r[i] = hs_raw_pair(ctx, pdata, srv[i]);
+  }
+  hs_watch_start(st.server);
+  for (i = 0; i < N_ANNOUNCERS; i++)
+    act_rts(r[i], 0, 0x00dead00u + (uint32_t)i, 0, (uint64_t)1 << 40, 512 * MIB_);
+  /* each case is one failed read: a bound for a hang, not for speed */
+  deadline = h_now_ms() + 120000;
+  while (closed < N_ANNOUNCERS) {
+    hs_step_all(ctx, r, N_ANNOUNCERS, deadline, "the five announcers' connections close");
+    for (closed = 0, i = 0; i < N_ANNOUNCERS; i++) closed += srv[i]->closed;
+  }
+  hs_watch_end("5 x 512 MiB with bad keys");
+  for (i = 0; i < N_ANNOUNCERS; i++)
+    H_ASSERT_REASON(srv[i]->close_reason, IBMSG_EPROTO, "the close reason of an announcer's socket");
+  H_CHECK(hs_watch.max_pin_kb < 64 * 1024, "the receiver pinned %ld KiB for announcements whose "
+          "keys do not work (one piece each is 4 MiB)", hs_watch.max_pin_kb);
+  hs_finish_pair(ctx, &st, r[0]);
+  for (i = 0; i < N_ANNOUNCERS; i++) raw_destroy(r[i]);
+  h_pair(ctx, NULL, NULL);
+  h_finish(ctx);
+}
+
+/* One peer announces 1.5 GiB with a key that does not work. With the default rendezvous memory
+ * (512 MiB) the message is declined unread (a FIN) and the connection goes on; with room for it
+ * (2 GiB) the receiver reads one piece, pins no more than that, and closes that connection with
+ * IBMSG_EPROTO. The well-behaved stream's longest stall is printed (before 1.6 the loop froze
+ * for 11 s while it registered 1.5 GiB). */
+static void a_peer_announces_1_5_gib_with_a_bad_key(void **state) {
+  h_ctx *ctx = *state;
+  struct hs_state st;
+  struct raw *r;
+  h_conn *srv;
+  struct w_hello h = w_hello_default();
+  uint8_t pdata[W_HELLO_SIZE];
+  uint64_t cap = 2048 * MIB_;
+
+  hs_start_pair(ctx, &st);
+  w_hello_encode(&h, pdata);
+  srv = &ctx->servers[ctx->n_servers];
+  r = hs_raw_pair(ctx, pdata, srv);
+  hs_watch_start(st.server);
+  act_rts(r, 0, 0x00dead00u, 0, (uint64_t)1 << 40, 1536 * MIB_);
+  HS_RUN_UNTIL(ctx, r, r->fins_seen == 1 || srv->closed, H_TIMEOUT_MS);
+  H_CHECK(!srv->closed, "an announcement above IBMSG_OPT_RNDV_MEMORY closed the connection (%s) "
+          "instead of being declined", ibmsg_err_name(srv->close_reason));
+  hs_watch_end("1.5 GiB with a bad key, declined");
+  H_ASSERT_OK(ibmsg_setopt(&ctx->loop, IBMSG_OPT_RNDV_MEMORY, &cap, sizeof cap));
+  hs_watch_start(st.server);
+  act_rts(r, 0, 0x00dead00u, 0, (uint64_t)1 << 40, 1536 * MIB_);
+  HS_RUN_UNTIL(ctx, r, srv->closed, 60000);
+  hs_watch_end("1.5 GiB with a bad key, read");
+  H_ASSERT_REASON(srv->close_reason, IBMSG_EPROTO, "the close reason of the announcer's socket");
+  H_CHECK(hs_watch.max_pin_kb < 16 * 1024, "the receiver pinned %ld KiB for an announcement whose "
+          "key does not work (one piece is 4 MiB)", hs_watch.max_pin_kb);
+  hs_finish_pair(ctx, &st, r);
+  raw_destroy(r);
+  h_finish(ctx);
+}
+
+/* Another process sends 8 messages of 64 MiB (valid) to the loop while the well-behaved pair
+ * streams: all arrive, and the stream's longest stall is printed (before 1.6: 2.2-2.8 s). */
+static void valid_large_messages_from_one_peer_while_another_streams(void **state) {
+  h_ctx *ctx = *state;
+  struct hs_state st;
+  h_conn *srv;
+  char port[16];
+  char *argv[] = {"examples/ibmsg-send", "-q", "-n", "8", "-s", "64M", "-w", "8", NULL, port, NULL};
+  pid_t pid;
+  int status = 0, done = 0;
+  uint64_t deadline;
+
+  H_CHECK(access(argv[0], X_OK) == 0, "%s not found (run from the build directory)", argv[0]);
+  hs_start_pair(ctx, &st);
+  srv = &ctx->servers[ctx->n_servers];
+  argv[8] = (char *)ctx->addr;
+  snprintf(port, sizeof port, "%u", (unsigned)ctx->port);
+  pid = fork();
+  H_CHECK(pid >= 0, "fork: %s", strerror(errno));
+  if (pid == 0) {
+    execv(argv[0], argv);
+    _exit(127);
+  }
+  hs_watch_start(st.server);
+  /* the sender's own time (64 MiB buffers, emulated): a bound for a hang, not for speed */
+  deadline = h_now_ms() + 600000;
+  while (!done) {
+    hs_step_at(ctx, NULL, deadline, 600000, "ibmsg-send ends", __FILE__, __LINE__);
+    done = waitpid(pid, &status, WNOHANG) == pid;
+  }
+  HS_RUN_UNTIL(ctx, NULL, srv->closed, CLOSE_TIMEOUT_MS);
+  hs_watch_end("8 x 64 MiB from another process");
+  H_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "ibmsg-send failed (status 0x%x)", status);
+  H_ASSERT_EQ(srv->received, 8, "64 MiB messages received");
+  H_ASSERT_EQ(srv->received_bytes, 8 * 64 * MIB_, "bytes received");
+  hs_finish_pair(ctx, &st, NULL);
+  h_finish(ctx);
+}
+
 /* --- the cases ----------------------------------------------------------------------------- */
 
 #define REFUSED(n, pd, prefix) {.name = n, .expect = HS_REFUSED, .pdata = pd, .reject_prefix = prefix}
@@ -1243,8 +1434,17 @@ static const struct hs_case cases[] = {
 
 #define N_CASES (sizeof cases / sizeof cases[0])
 
+/* Tests of their own (more than one raw peer, or another process). */
+static const struct CMUnitTest more[] = {
+    cmocka_unit_test_setup_teardown(five_peers_announce_512_mib_with_bad_keys_at_once, h_setup, hs_teardown),
+    cmocka_unit_test_setup_teardown(a_peer_announces_1_5_gib_with_a_bad_key, h_setup, hs_teardown),
+    cmocka_unit_test_setup_teardown(valid_large_messages_from_one_peer_while_another_streams, h_setup,
+                                    hs_teardown),
+};
+#define N_MORE (sizeof more / sizeof more[0])
+
 int main(int argc, char **argv) {
-  struct CMUnitTest tests[N_CASES];
+  struct CMUnitTest tests[N_CASES + N_MORE];
   size_t i;
   for (i = 0; i < N_CASES; i++) {
     tests[i].name = cases[i].name;
@@ -1253,6 +1453,7 @@ int main(int argc, char **argv) {
     tests[i].teardown_func = hs_teardown;
     tests[i].initial_state = (void *)&cases[i];
   }
+  for (i = 0; i < N_MORE; i++) tests[N_CASES + i] = more[i];
   h_init(argc, argv);
-  return _cmocka_run_group_tests("test_hostile", tests, N_CASES, NULL, NULL);
+  return _cmocka_run_group_tests("test_hostile", tests, N_CASES + N_MORE, NULL, NULL);
 }

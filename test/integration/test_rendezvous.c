@@ -81,13 +81,23 @@ static void one_gib_arrives_byte_exact(void **state) {
   h_conn *client, *server;
   const size_t size = 1024 * MiB;
 
+  uint64_t cap = size;
+
   h_watchdog(600);
   h_pair(ctx, &client, &server);
   server->verify = 1;
   server->expect_size = (long)size;
   h_alloc_fill(client, &ctx->msgs[0], size);
+  /* Above the default IBMSG_OPT_RNDV_MEMORY (512 MiB): declined unread, the connection goes on. */
   h_post(client, &ctx->msgs[0]);
-  H_RUN_UNTIL(ctx, server->received == 1 && client->sent == 1, 300000);
+  H_RUN_UNTIL(ctx, client->sent == 1, 300000);
+  H_ASSERT_REASON(client->last_sent_status, IBMSG_EDECLINED, "message_sent status (above the cap)");
+  H_ASSERT_EQ(server->received, 0, "messages received");
+  /* With room for it, it arrives. */
+  H_ASSERT_CODE(ibmsg_setopt(&ctx->loop, IBMSG_OPT_RNDV_MEMORY, &cap, sizeof cap), IBMSG_OK);
+  server->recv_seq = 0;
+  h_post(client, &ctx->msgs[0]);
+  H_RUN_UNTIL(ctx, server->received == 1 && client->sent == 2, 300000);
   H_ASSERT_REASON(client->last_sent_status, IBMSG_OK, "message_sent status");
   free_msgs(ctx, 0, 1);
   h_finish(ctx);
