@@ -519,6 +519,18 @@ IBMSG_EXPORT int ibmsg_socket_stats(const ibmsg_socket *socket, ibmsg_stats *out
 /** What the loop's connections and devices cost now, including buffers of closed connections
  *  the application still holds. */
 IBMSG_EXPORT int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out);
+/** A loop's counters (ibmsg_loop_stats(); since 1.6). */
+typedef struct ibmsg_loop_counters {
+  uint64_t remote_access_violations; /**< connections of the loop closed because their peer made
+                                          a remote access this side refused (a key, range or
+                                          right not granted on that connection) */
+  uint64_t requests_banned;          /**< connection requests listeners refused for
+                                          IBMSG_OPT_VIOLATION_BAN */
+  uint64_t reserved[6];              /**< zero: room for later versions */
+} ibmsg_loop_counters;
+/** Copies the loop's counters into out, at most size bytes (sizeof(ibmsg_loop_counters); since
+ *  1.6). IBMSG_EINVAL if loop is not an initialized loop or out is NULL. */
+IBMSG_EXPORT int ibmsg_loop_stats(ibmsg_event_loop *loop, ibmsg_loop_counters *out, size_t size);
 
 /* ---------------------------------------------------------------------------------------------
  * Messages
@@ -562,7 +574,12 @@ enum ibmsg_access {
                                       and of an atomic's result */
   IBMSG_ACCESS_REMOTE_READ = 2,  /**< descriptors of the region may let a peer read it */
   IBMSG_ACCESS_REMOTE_WRITE = 4, /**< ... write it (implies IBMSG_ACCESS_LOCAL_WRITE) */
-  IBMSG_ACCESS_REMOTE_ATOMIC = 8 /**< ... do atomics on it (implies IBMSG_ACCESS_LOCAL_WRITE) */
+  IBMSG_ACCESS_REMOTE_ATOMIC = 8, /**< ... do atomics on it (implies IBMSG_ACCESS_LOCAL_WRITE) */
+  /** ibmsg_region_descriptor() only (since 1.6): a grant any connection of the socket's device
+   *  may use, not that connection's alone. Risk: any peer connected to this device, by any
+   *  socket of the process, that learns or guesses the key can use it (keys are guessable on
+   *  some devices: rxe's have 8 random bits) */
+  IBMSG_ACCESS_DEVICE_WIDE = 16
 };
 
 /**

@@ -1445,6 +1445,15 @@ class loop {
     return m;
   }
 
+  /** The loop's counters (ibmsg_loop_stats(); since 1.6): its peers' remote access violations
+   *  and the connection requests refused for them. Throws ibmsg::error (IBMSG_EINVAL for an
+   *  empty loop). */
+  ibmsg_loop_counters stats() const {
+    ibmsg_loop_counters c{};
+    detail::check(ibmsg_loop_stats(l_, &c, sizeof c));
+    return c;
+  }
+
   /** The C loop, or nullptr for an empty (moved-from or closed) loop. Stays the same across
    *  moves. */
   ibmsg_event_loop *handle() const noexcept { return l_; }

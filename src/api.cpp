@@ -232,6 +232,11 @@ int ibmsg_socket_stats(const ibmsg_socket *socket, ibmsg_stats *out, size_t size
   return IBMSG_OK;
 }
 
+int ibmsg_loop_stats(ibmsg_event_loop *loop, ibmsg_loop_counters *out, size_t size) {
+  Loop *l = loop_of(loop);
+  return l && out ? violations_counters(l, out, size) : IBMSG_EINVAL;
+}
+
 int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out) {
   Loop *l = loop_of(loop);
   if (!l || !out) return IBMSG_EINVAL;

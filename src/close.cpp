@@ -47,7 +47,9 @@ void teardown(Socket *s) {
   posts_flush(loop);  // what a callback posted before it closed the socket goes out first
   if (s->cq) drain_device(s->dev);
   if (s->was_connected && s->id) tp::cm_disconnect(s->id);
+  grants_unbind(s);       // windows bound to the QP go before it (rxe holds the QP for them)
   conn_release(s, true);  // the pools stay while the canceled messages below are the application's
+  grants_closed(s);
   cancel_sends(s);
   requests_closed(s, s->close_reason);  // each posted request's done, with the reason
   answers_closed(s);
@@ -98,9 +100,13 @@ void socket_close(Socket *s, int reason) {
       return;
     }
   }
+  // A peer's access our queue pair refused looks like a reset otherwise.
+  const bool violated = reason == IBMSG_ECONNRESET && violation_seen(s);
+  if (violated) reason = IBMSG_EREMOTEACCESS;
   s->close_reason = reason;
   recv_closing(s);
   set_state(s, close_event(s));
+  if (violated) violation_note(s);
   // (after the state changed: a log callback that calls the API finds the socket closing)
   if (reason != IBMSG_OK)
     IBMSG_LOG(s, reason == IBMSG_ECONNRESET ? IBMSG_LOG_INFO : IBMSG_LOG_ERROR, "closing: %s (%s)",

@@ -107,6 +107,13 @@ void on_connect_request(Loop *loop, const tp::CmEvent &ev) {
     reject_id(ev.id, "too many connections");
     return;
   }
+  if (double left = violation_ban_left(loop, tp::cm_peer_addr(ev.id), l->opts.violation_ban_ms)) {
+    char text[96];
+    snprintf(text, sizeof text,
+             "refused for %.1f s more: a remote access violation came from this address", left);
+    reject_id(ev.id, text);
+    return;
+  }
   char peer[INET6_ADDRSTRLEN] = "";
   unsigned short port = 0;
   format_address(tp::cm_peer_addr(ev.id), peer, sizeof peer, &port);
@@ -131,6 +138,7 @@ void establish(Socket *s, bool by_data) {
   timer_stop(&s->connect_timer);
   set_state(s, Event::Established);
   s->was_connected = true;
+  grants_established(s);  // ahead of what waited: the peer may use the descriptors it gets
   poll_touch(s);
   keepalive_start(s);
   IBMSG_LOG(s, IBMSG_LOG_INFO, "established (features 0x%x)", s->features);

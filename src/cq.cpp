@@ -21,6 +21,7 @@ Socket *socket_of(const tp::Completion &wc) {
     case tp::Op::RdmaRead:
     case tp::Op::WriteImm:
     case tp::Op::Atomic: return static_cast<Op *>(ctx->owner)->sock;
+    case tp::Op::Bind: return static_cast<Grant *>(ctx->owner)->conn;
     default: return nullptr;  // nothing else is posted
   }
 }

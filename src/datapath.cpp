@@ -306,6 +306,7 @@ void on_completion(Socket *s, const tp::Completion &wc) {
     case tp::Op::Atomic: op_on_wc(s, static_cast<Op *>(wc.ctx->owner), wc); break;
     case tp::Op::RndvRead: rndv_on_read(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
     case tp::Op::RndvFin: rndv_on_fin_sent(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
+    case tp::Op::Bind: grant_on_bind(s, static_cast<Grant *>(wc.ctx->owner), wc); break;
     default: socket_close(s, IBMSG_EIO); break;  // nothing else is posted
   }
   if (carried) maybe_send_ctrl(s);  // one may have waited for a control slot

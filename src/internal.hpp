@@ -77,6 +77,7 @@ double timers_next(Loop *loop);
 #include "buffers.hpp"   // receive and send buffers (recv.cpp, send_slots.cpp)
 #include "keepalive.hpp"  // Liveness
 #include "requests.hpp"   // requests and replies
+#include "violations.hpp"  // remote access violations
 
 struct ibmsg__socket {
   using Loop = ibmsg::Loop;
@@ -128,6 +129,7 @@ struct ibmsg__socket {
   std::unique_ptr<ibmsg__op[]> ops;
   ibmsg::List<ibmsg__op, &ibmsg__op::free_link> free_ops;
   uint32_t ops_in_flight = 0;
+  ibmsg::ConnGrants grants;  // descriptors bound to it: their windows (region.cpp)
   uint8_t responder_resources = 0;  // what fill_conn_param offers
   uint8_t initiator_depth = 0;
   ibmsg::tp::WorkCtx ctrl_wr{ibmsg::tp::Op::Ctrl, 0, nullptr};
@@ -197,6 +199,7 @@ struct ibmsg__loop {
   ibmsg_stats closed_stats{};
   ibmsg::Options opts;
   ibmsg::ReqLoop req;  // requests and the answers kept for retries (requests.cpp, dedup.cpp)
+  ibmsg::Violations violations;  // peers' remote access violations (violations.cpp)
   // Rendezvous destinations the library allocated, from their first read until freed (bytes of
   // their size classes), and the connections waiting for room under IBMSG_OPT_RNDV_MEMORY, in
   // the order they asked (rndv.cpp).
@@ -358,6 +361,12 @@ tp::Mr *region_mr(Region *r, Device *dev, int *err);
 int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned access,
                       ibmsg_descriptor *out);
 int region_revoke(Region *r, const ibmsg_descriptor *d);
+void grant_on_bind(Socket *s, Grant *g, const tp::Completion &wc);  // a window's bind completed
+// It is up: the windows of grants made before are bound now, ahead of anything posted on it.
+void grants_established(Socket *s);
+// Closing, its QP in the error state: its windows go (invalidated), before the QP.
+void grants_unbind(Socket *s);
+void grants_closed(Socket *s);  // its QP gone: the grants and their registrations go
 
 // --- rdma.cpp ---
 using Op = ::ibmsg__op;
@@ -393,6 +402,17 @@ constexpr double kLingerS = 1.0;  // how long a disconnect waits to send the don
 void on_linger_end(Timer *t);
 // Runs due teardowns: releases everything and calls each closed callback.
 void run_teardowns(Loop *loop);
+
+// --- violations.cpp ---
+// Closing for a reset while connected: whether the queue pair is in the error state although
+// nothing of ours failed (the peer made a remote access it refused; it closes with
+// IBMSG_EREMOTEACCESS then).
+bool violation_seen(Socket *s);
+void violation_note(Socket *s);  // counted, logged at warning, its address remembered
+int violations_counters(Loop *loop, ibmsg_loop_counters *out, size_t size);  // ibmsg_loop_stats
+// Seconds a listener with IBMSG_OPT_VIOLATION_BAN ban_ms still refuses peer's address (0: none;
+// otherwise the request is counted as refused).
+double violation_ban_left(Loop *loop, const sockaddr *peer, int ban_ms);
 
 // --- errors.cpp ---
 // Counts transitions the state table refused: each one is a bug (tests check it stays 0).

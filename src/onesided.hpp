@@ -1,5 +1,5 @@
-// One-sided RDMA as the core holds it: application regions and the connection's operations
-// (region.cpp, rdma.cpp).
+// One-sided RDMA as the core holds it: application regions, their grants, and the connection's
+// operations (region.cpp, rdma.cpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -10,28 +10,55 @@
 #include "transport/transport.hpp"
 #include "wire.hpp"
 
+struct ibmsg__socket;
+struct ibmsg__region;
+
 namespace ibmsg {
 struct Device;
 constexpr uint32_t kRegionMagic = 0x1b5e610a;
 constexpr uint32_t kOpMagic = 0x1b50b0b0;
+// Binds of memory windows a connection has in flight at once: its queue pair has room for them
+// beside its messages and operations.
+constexpr uint32_t kBindDepth = 8;
+
+// A grant: the exact-range registration behind a descriptor (a registration of exactly the
+// granted bytes confines the peer to them on every device: a window alone does not on rxe) and,
+// unless it is device-wide, a type-2 memory window bound over it on one connection's queue pair,
+// whose key is the descriptor's (the registration itself then grants no remote right).
+struct Grant {
+  Device *dev;
+  ::ibmsg__region *region;
+  ::ibmsg__socket *conn;  // the connection its window is bound to; nullptr: device-wide
+  size_t offset, length;
+  unsigned access;        // IBMSG_ACCESS_REMOTE_* and IBMSG_ACCESS_DEVICE_WIDE
+  tp::Mr *mr;
+  tp::Mw *mw = nullptr;
+  tp::WorkCtx bind{tp::Op::Bind, 0, nullptr};
+  uint32_t key = 0;       // the window's key: the descriptor's
+  bool waiting = false;   // made before its connection was up: bound when it is
+  bool binding = false;   // its bind is in flight: the window must not go before it completes
+  bool revoked = false;   // revoked while binding: goes once the bind completed
+  uint8_t desc[wire::kDescriptorSize];
+  ListNode node;          // in its region's grants (until revoked)
+  ListNode conn_node;     // in its connection's grants
+};
+
+// A connection's grants: its windows go when it closes.
+struct ConnGrants {
+  List<Grant, &Grant::conn_node> list;
+  uint32_t binding = 0;  // binds in flight (at most kBindDepth)
+};
 }  // namespace ibmsg
 
 // An application memory region (ibmsg_region). Its registrations belong to the devices they are
-// on (each holds a reference), its grants are the exact-range registrations behind descriptors.
+// on (each holds a reference), as do its grants (the descriptors made of it).
 struct ibmsg__region {
   struct Reg {
     ibmsg::Device *dev;
     ibmsg::tp::Mr *mr;
     ibmsg::ListNode node;
   };
-  struct Grant {
-    ibmsg::Device *dev;
-    size_t offset, length;
-    unsigned access;
-    ibmsg::tp::Mr *mr;
-    uint8_t desc[ibmsg::wire::kDescriptorSize];
-    ibmsg::ListNode node;
-  };
+  using Grant = ibmsg::Grant;
   uint32_t magic = ibmsg::kRegionMagic;
   ibmsg::Loop *loop = nullptr;
   ibmsg_region *pub = nullptr;
@@ -39,7 +66,7 @@ struct ibmsg__region {
   size_t length = 0;
   unsigned access = 0;
   bool owned = false;   // ibmsg_alloc_region's memory: freed on deregistration
-  uint32_t busy = 0;    // this side's operations queued or in flight on it
+  uint32_t busy = 0;    // this side's operations queued or in flight on it, binds in flight
   ibmsg::List<Reg, &Reg::node> regs;
   ibmsg::List<Grant, &Grant::node> grants;
   ibmsg::ListNode loop_node;

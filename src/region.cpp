@@ -1,8 +1,12 @@
 // Application memory regions: registered once per device of the loop (eagerly on the devices
-// open at registration, lazily on later ones), and grants: the exact-range registrations behind
-// remote descriptors. A grant is a registration of its own because a memory window does not
-// confine remote access on every device (rxe checks the underlying region's range), while a
-// registration of exactly the granted bytes does.
+// open at registration, lazily on later ones), and grants: what stands behind remote
+// descriptors. A grant is a registration of its own because a memory window does not confine
+// remote access to its range on every device (rxe checks the underlying region's range), while a
+// registration of exactly the granted bytes does. A grant for one connection is a type-2 memory
+// window over that registration, bound to the connection's queue pair: a peer on another
+// connection of the device that learns or guesses its key gets a remote access error, as does
+// one that uses the registration's own key (it grants no remote right). A device-wide grant is
+// the registration with the rights itself: any connection of the device may use its key.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -66,8 +70,30 @@ void drop_reg(Region *r, Region::Reg *g) {
   delete g;
 }
 
-void drop_grant(Region *r, Region::Grant *g) {
-  r->grants.remove(g);
+// Posts the bind of g's window on its connection (up). A queue pair that refuses a work request
+// is broken: the connection closes (its teardown drops what was queued: the window is not bound).
+int post_window(Socket *s, Grant *g) {
+  const unsigned rights = g->access & kRemoteRights;
+  int err = tp::post_bind(s->id, &g->bind, g->mw, g->mr, g->region->addr + g->offset, g->length,
+                          tp_access(rights, false) & ~tp::kLocalReadOnly, g->key);
+  if (!err) err = posted(s, true);
+  if (err) {
+    socket_close(s, err);
+    return err;
+  }
+  g->waiting = false;
+  g->binding = true;
+  ++s->grants.binding;
+  ++g->region->busy;  // deregistration waits for the bind (a window must not go while it binds)
+  return IBMSG_OK;
+}
+
+// Its window (invalidated) and registration go; no bind of it may be in flight, unless its
+// queue pair is gone.
+void drop_grant(Grant *g) {
+  g->region->grants.remove(g);
+  if (g->conn) g->conn->grants.list.remove(g);
+  tp::mw_dealloc(g->mw);
   tp::mr_deregister(g->mr);
   device_put(g->dev);
   delete g;
@@ -125,7 +151,7 @@ int region_register(Loop *loop, ibmsg_region *pub, void *addr, size_t len, unsig
 
 int region_deregister(Region *r) {
   if (r->busy) return IBMSG_EBUSY;
-  while (Region::Grant *g = r->grants.front()) drop_grant(r, g);
+  while (Grant *g = r->grants.front()) drop_grant(g);
   while (Region::Reg *g = r->regs.front()) drop_reg(r, g);
   r->loop->regions.remove(r);
   ibmsg_region *pub = r->pub;
@@ -145,32 +171,66 @@ tp::Mr *region_mr(Region *r, Device *dev, int *err) {
 
 int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned access,
                       ibmsg_descriptor *out) {
-  if (!out || len == 0 || access == 0 || (access & ~kRemoteRights)) return IBMSG_EINVAL;
+  const unsigned rights = access & kRemoteRights;
+  const bool wide = (access & IBMSG_ACCESS_DEVICE_WIDE) != 0;
+  if (!out || len == 0 || rights == 0 || (access & ~(kRemoteRights | IBMSG_ACCESS_DEVICE_WIDE)))
+    return IBMSG_EINVAL;
   if (s->loop != r->loop || s->listener) return IBMSG_EINVAL;
   if (off > r->length || len > r->length - off) return IBMSG_ERANGE;
-  if ((access & r->access) != access) return IBMSG_EACCES;
+  if ((rights & r->access) != rights) return IBMSG_EACCES;
   if (!s->dev) return IBMSG_ENOTCONN;
   if (!(s->opts.rdma)) return IBMSG_EOPNOTSUPP;
-  for (Region::Grant *g = r->grants.front(); g; g = r->grants.next(g)) {
-    if (g->dev == s->dev && g->offset == off && g->length == len && g->access == access) {
+  // A window is bound on the connection's queue pair: now if it is up, else once it is.
+  const bool up = s->state == State::Connected && s->has_qp;
+  if (!wide && (s->state == State::Closing || s->state == State::Closed || s->lingering))
+    return IBMSG_ENOTCONN;
+  if (!wide && !tp::device_info(s->dev->tp).mw_type2) return IBMSG_EOPNOTSUPP;
+  for (Grant *g = r->grants.front(); g; g = r->grants.next(g)) {
+    if (g->dev == s->dev && g->conn == (wide ? nullptr : s) && g->offset == off &&
+        g->length == len && g->access == access) {
       memcpy(out->bytes, g->desc, sizeof g->desc);
       return IBMSG_OK;
     }
   }
-  auto *g = new (std::nothrow) Region::Grant();
+  if (!wide && up && s->grants.binding >= kBindDepth) return IBMSG_EAGAIN;
+  auto *g = new (std::nothrow) Grant();
   if (!g) return IBMSG_ENOMEM;
-  int err = tp::mr_register(s->dev->tp, r->addr + off, len, tp_access(access, false), &g->mr);
-  if (err) {
-    delete g;
-    return err;
-  }
   g->dev = s->dev;
+  g->region = r;
   g->offset = off;
   g->length = len;
   g->access = access;
+  g->bind.owner = g;
+  // The window's registration grants no remote right of its own (its key is the device's, as
+  // guessable as any): local write only where the window's rights need it.
+  const unsigned reg_access =
+      wide ? tp_access(rights, false)
+           : tp::kMwBind | (rights & (IBMSG_ACCESS_REMOTE_WRITE | IBMSG_ACCESS_REMOTE_ATOMIC)
+                                ? tp::kLocal
+                                : tp::kLocalReadOnly);
+  int err = tp::mr_register(s->dev->tp, r->addr + off, len, reg_access, &g->mr);
+  if (!err && !wide) err = tp::mw_alloc(s->dev->tp, &g->mw);
+  if (!err && !wide) {
+    g->key = tp::mw_next_key(g->mw);
+    if (up) err = post_window(s, g);
+    else g->waiting = true;
+  } else if (!err) {
+    g->key = tp::mr_rkey(g->mr);
+  }
+  if (err) {
+    tp::mw_dealloc(g->mw);
+    tp::mr_deregister(g->mr);
+    if (g->binding) --r->busy;  // (cannot happen: a failed post does not bind)
+    delete g;
+    return err;
+  }
+  if (!wide) {
+    g->conn = s;
+    s->grants.list.push_back(g);
+  }
   wire::Descriptor d;
-  d.access = uint8_t(access);
-  d.rkey = tp::mr_rkey(g->mr);
+  d.access = uint8_t(rights);
+  d.rkey = g->key;
   d.addr = reinterpret_cast<uintptr_t>(r->addr + off);
   d.length = len;
   wire::encode_descriptor(d, g->desc);
@@ -182,13 +242,58 @@ int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned acc
 
 int region_revoke(Region *r, const ibmsg_descriptor *d) {
   if (!d) return IBMSG_EINVAL;
-  for (Region::Grant *g = r->grants.front(); g; g = r->grants.next(g)) {
+  for (Grant *g = r->grants.front(); g; g = r->grants.next(g)) {
     if (memcmp(g->desc, d->bytes, wire::kDescriptorSize) == 0) {
-      drop_grant(r, g);
+      if (g->binding) {
+        // Deallocating a window whose bind is in flight would fail the bind and with it the
+        // connection: it goes at the bind's completion, a moment from now.
+        r->grants.remove(g);
+        g->revoked = true;
+      } else {
+        drop_grant(g);
+      }
       return IBMSG_OK;
     }
   }
   return IBMSG_EBADDESC;
+}
+
+void grant_on_bind(Socket *s, Grant *g, const tp::Completion &wc) {
+  if (!g->binding) return;  // (cannot happen: one completion per bind)
+  g->binding = false;
+  --s->grants.binding;
+  --g->region->busy;
+  if (g->revoked) drop_grant(g);
+  if (wc.status != tp::WcStatus::Ok && wc.status != tp::WcStatus::Flushed)
+    socket_close(s, wc_error(wc.status));
+}
+
+void grants_established(Socket *s) {
+  for (Grant *g = s->grants.list.front(); g && s->state == State::Connected;
+       g = s->grants.list.next(g))
+    if (g->waiting) post_window(s, g);
+}
+
+void grants_unbind(Socket *s) {
+  // A bind still in flight cannot execute any more (the QP is in the error state): it completes
+  // flushed, naming the grant, which stays until grants_closed.
+  for (Grant *g = s->grants.list.front(); g; g = s->grants.list.next(g)) {
+    tp::mw_dealloc(g->mw);
+    g->mw = nullptr;
+  }
+}
+
+void grants_closed(Socket *s) {
+  // The queue pair is gone (and its completions polled): no bind is in flight any more; the
+  // windows went before it, their registrations go now.
+  while (Grant *g = s->grants.list.front()) {
+    if (g->binding) {
+      g->binding = false;
+      --g->region->busy;
+    }
+    drop_grant(g);
+  }
+  s->grants.binding = 0;
 }
 
 }  // namespace ibmsg

@@ -183,7 +183,8 @@ int conn_open(Socket *s) {
   const uint32_t recv_slots = uint32_t(s->opts.recv_depth) + kCtrlDepth;
   const uint32_t send_wrs = uint32_t(s->opts.send_depth) + kCtrlDepth +
                             uint32_t(s->opts.rdma ? s->opts.rdma_depth : 0) +
-                            (rndv_offered(s) ? kRndvReads : 0);
+                            (rndv_offered(s) ? kRndvReads : 0) +
+                            (s->opts.rdma ? kBindDepth : 0);  // windows of its grants
   const tp::DeviceInfo &info = tp::device_info(s->dev->tp);
   if (s->opts.rdma || rndv_offered(s)) {  // rendezvous: the receiver reads the sender's buffer
     s->responder_resources = uint8_t(info.max_rd_atom > 255 ? 255 : info.max_rd_atom);

@@ -26,6 +26,10 @@ struct Mr {
   ibv_mr *mr;
 };
 
+struct Mw {
+  ibv_mw *mw;
+};
+
 namespace {
 
 int set_nonblocking(int fd) {
@@ -54,6 +58,8 @@ int device_open(DeviceKey key, Device **out) {
   d->info.max_init_rd_atom = uint32_t(attr.max_qp_init_rd_atom);
   d->info.atomics = attr.atomic_cap != IBV_ATOMIC_NONE;
   d->info.max_srq_wr = attr.max_srq > 0 ? uint32_t(attr.max_srq_wr) : 0;
+  d->info.mw_type2 = attr.max_mw > 0 && (attr.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A |
+                                                                  IBV_DEVICE_MEM_WINDOW_TYPE_2B));
   // Every port of a device has the same limit on the devices ibmsg knows; port 1 is always there.
   ibv_port_attr port;
   d->info.max_msg_size = ibv_query_port(ctx, 1, &port) == 0 && port.max_msg_sz ? port.max_msg_sz
@@ -168,6 +174,7 @@ int mr_register(Device *d, void *addr, size_t len, unsigned access, Mr **out) {
   if (access & kRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
   if (access & kRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE;
   if (access & kRemoteAtomic) flags |= IBV_ACCESS_REMOTE_ATOMIC;
+  if (access & kMwBind) flags |= IBV_ACCESS_MW_BIND;
   Mr *m = new (std::nothrow) Mr();
   if (!m) return IBMSG_ENOMEM;
   m->mr = ibv_reg_mr(d->pd, addr, len, flags);
@@ -188,6 +195,28 @@ void mr_deregister(Mr *m) {
 
 uint32_t mr_lkey(const Mr *m) { return m->mr->lkey; }
 uint32_t mr_rkey(const Mr *m) { return m->mr->rkey; }
+
+int mw_alloc(Device *d, Mw **out) {
+  Mw *w = new (std::nothrow) Mw();
+  if (!w) return IBMSG_ENOMEM;
+  w->mw = ibv_alloc_mw(d->pd, IBV_MW_TYPE_2);
+  if (!w->mw) {
+    int err = errno == EOPNOTSUPP || errno == ENOSYS ? IBMSG_EOPNOTSUPP : alloc_error();
+    delete w;
+    return err;
+  }
+  *out = w;
+  return IBMSG_OK;
+}
+
+void mw_dealloc(Mw *w) {
+  if (!w) return;
+  ibv_dealloc_mw(w->mw);
+  delete w;
+}
+
+ibv_mw *mw_verbs(Mw *w) { return w->mw; }
+ibv_mr *mr_verbs(const Mr *m) { return m->mr; }
 
 // For qp.cpp: the verbs objects behind the handles.
 ibv_pd *device_pd(Device *d) { return d->pd; }

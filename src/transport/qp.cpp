@@ -1,7 +1,9 @@
 // libibverbs: the reliable-connected queue pair of a connection and the work requests posted on
 // it. Every work request carries the core's WorkCtx in its wr_id.
 #include <arpa/inet.h>
+#include <sys/random.h>
 
+#include <ctime>
 #include <initializer_list>
 #include <new>
 
@@ -216,6 +218,66 @@ int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
     default: break;  // checked above
   }
   return IBMSG_OK;
+}
+
+namespace {
+
+// 8 random bits for a window's key: a peer that learned one key of the device (its index in the
+// upper 24 bits is predictable) still has to guess them. A per-thread generator seeded once
+// from the kernel: a grant costs no system call for them.
+uint8_t key_byte() {
+  thread_local uint64_t state = 0;
+  if (state == 0) {
+    if (getrandom(&state, sizeof state, GRND_NONBLOCK) != sizeof state)
+      state = uint64_t(reinterpret_cast<uintptr_t>(&state)) ^ uint64_t(time(nullptr));
+    state |= 1;
+  }
+  state ^= state << 13;  // xorshift64
+  state ^= state >> 7;
+  state ^= state << 17;
+  return uint8_t(state >> 32);
+}
+
+}  // namespace
+
+uint32_t mw_next_key(const Mw *mw) {
+  const ibv_mw *w = mw_verbs(const_cast<Mw *>(mw));
+  // A new key byte, never the one the window had (a key the peer may hold from before).
+  uint8_t b = key_byte();
+  if (b == uint8_t(w->rkey)) b = uint8_t(b + 1 + key_byte() % 255);
+  return (w->rkey & ~0xffu) | b;
+}
+
+int post_bind(CmId *id, WorkCtx *ctx, Mw *mw, const Mr *mr, void *addr, size_t len,
+              unsigned access, uint32_t rkey) {
+  if (ctx->op != Op::Bind) return IBMSG_EINVAL;
+  int err = IBMSG_OK;
+  ibv_send_wr *wr = chain_next(id, &err);
+  if (!wr) return err;
+  ibv_mw *w = mw_verbs(mw);
+  unsigned flags = 0;
+  if (access & kRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
+  if (access & kRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE;
+  if (access & kRemoteAtomic) flags |= IBV_ACCESS_REMOTE_ATOMIC;
+  wr->wr_id = reinterpret_cast<uintptr_t>(ctx);
+  wr->opcode = IBV_WR_BIND_MW;
+  wr->num_sge = 0;
+  wr->send_flags = IBV_SEND_SIGNALED;
+  wr->bind_mw.mw = w;
+  wr->bind_mw.rkey = rkey;
+  wr->bind_mw.bind_info.mr = mr_verbs(mr);
+  wr->bind_mw.bind_info.addr = reinterpret_cast<uintptr_t>(addr);
+  wr->bind_mw.bind_info.length = len;
+  wr->bind_mw.bind_info.mw_access_flags = flags;
+  return IBMSG_OK;
+}
+
+bool qp_failed(CmId *id) {
+  if (!id->qp) return false;
+  ibv_qp_attr attr;
+  ibv_qp_init_attr init;
+  if (ibv_query_qp(id->qp, &attr, IBV_QP_STATE, &init)) return false;
+  return attr.qp_state == IBV_QPS_ERR;
 }
 
 }  // namespace ibmsg::tp

@@ -30,6 +30,7 @@ enum class Op : uint8_t {
   Keepalive,
   RndvRead,    // an RDMA read of a rendezvous message's data (post_rdma, signaled)
   RndvFin,     // a rendezvous FIN (post_send_imm, always signaled)
+  Bind,        // a memory window's bind (post_bind, always signaled)
 };
 
 struct WorkCtx {
@@ -75,6 +76,7 @@ struct DeviceInfo {
   bool atomics;               // compare-and-swap and fetch-and-add work
   uint64_t max_msg_size;      // largest single message or RDMA read (the port's max_msg_sz)
   uint32_t max_srq_wr;        // largest shared receive queue (0: the device has none)
+  bool mw_type2;              // type-2 memory windows: a remote key bound to one queue pair
 };
 
 // A device as used by one loop: its protection domain and a completion channel (one fd) shared
@@ -133,6 +135,7 @@ enum Access : unsigned {
   kRemoteWrite = 1u << 1,
   kRemoteAtomic = 1u << 2,
   kLocalReadOnly = 1u << 3,   // no local write (read-only memory); not with remote write/atomic
+  kMwBind = 1u << 4,          // memory windows may be bound over it (post_bind)
 };
 
 struct Mr;
@@ -140,6 +143,16 @@ int mr_register(Device *dev, void *addr, size_t len, unsigned access, Mr **out);
 void mr_deregister(Mr *mr);
 uint32_t mr_lkey(const Mr *mr);
 uint32_t mr_rkey(const Mr *mr);
+
+// A type-2 memory window (DeviceInfo::mw_type2): a remote key that a bind ties to one queue pair
+// and to a registration's bytes; a peer on any other queue pair of the protection domain that
+// uses it gets a remote access error.
+struct Mw;
+int mw_alloc(Device *dev, Mw **out);
+// Invalidates it, bound or not, and frees it. A bind of it still in flight would fail and take
+// its queue pair to the error state: wait for the bind's completion first.
+void mw_dealloc(Mw *mw);
+
 
 // --- connection manager ---------------------------------------------------------------------
 
@@ -281,5 +294,21 @@ struct RdmaWr {
 };
 // Writes of up to max_inline bytes go inline.
 int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline);
+
+// The key mw gets at its next bind: its 8 low bits (the part a consumer may choose) new and
+// random.
+uint32_t mw_next_key(const Mw *mw);
+// Binds mw (ctx->op Bind) to the id's queue pair over the bytes [addr, addr + len) of mr (a
+// registration with kMwBind) with the remote rights in access (kRemote*) and the key rkey (from
+// mw_next_key), in send-queue order: work requests posted after it reach the peer after the
+// window is valid.
+int post_bind(CmId *id, WorkCtx *ctx, Mw *mw, const Mr *mr, void *addr, size_t len,
+              unsigned access, uint32_t rkey);
+
+// Whether the id's queue pair is in the error state. The core asks while the connection is up
+// and it has not disconnected: then nothing of its own failed, so the queue pair refused a
+// request of the peer (a remote access with a bad key, range or right, or a malformed request),
+// which is all a responder learns of it on Soft-RoCE (no completion, no asynchronous event).
+bool qp_failed(CmId *id);
 
 }  // namespace ibmsg::tp

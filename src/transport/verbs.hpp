@@ -33,6 +33,8 @@ inline CmId *wrap(rdma_cm_id *id) { return static_cast<CmId *>(id); }
 ibv_pd *device_pd(Device *d);
 ibv_cq *cq_verbs(Cq *c);
 ibv_srq *srq_verbs(Srq *s);
+ibv_mw *mw_verbs(Mw *w);
+ibv_mr *mr_verbs(const Mr *m);
 
 inline int alloc_error() { return errno == ENOMEM ? IBMSG_ENOMEM : IBMSG_ESYS; }
 

@@ -41,6 +41,14 @@
 //     (8 bytes, remote 8-aligned) compare-and-swap or fetch-and-add a host-order word and store
 //     its previous value locally. The local memory must lie in its registration (unless a write
 //     goes inline), and a read or atomic result needs local write access.
+//   - type-2 memory windows (mw_alloc, post_bind): a bind executes in send-queue order when it
+//     reaches the head (a local operation: it needs no peer), completes signaled, and from then
+//     the window's key works on that QP only, within the window and with its rights; on any
+//     other QP it is a remote access error. A registration's own key grants only the remote
+//     rights it was registered with (none for a window's). Deregistering a registration with
+//     windows over it, or deallocating a window whose bind is in flight, is a misuse. A QP that
+//     refused a peer's one-sided operation (remote access error) says so in qp_failed, as the
+//     rdma-core transport does by its error state.
 //   - the device offers 16 reads/atomics per QP each way and atomics (set_atomics turns them off
 //     for devices opened afterwards); an atomic posted on a device without them is a misuse, as
 //     is asking for more reads/atomics in cm_connect / cm_accept than the device has
@@ -66,7 +74,7 @@ namespace ibmsg::fake {
 void reset();
 
 struct Counts {
-  int channels, ids, devices, cqs, qps, mrs, srqs;
+  int channels, ids, devices, cqs, qps, mrs, srqs, mws;
 };
 Counts open_objects();
 // "" if everything is closed, else e.g. "2 CM ids, 1 device".
@@ -84,6 +92,7 @@ struct Stats {
   unsigned long registrations;         // successful mr_register calls (raw peers' included)
   unsigned long remote_access_errors;  // one-sided operations the responder refused
   unsigned long rdma_ops;              // one-sided operations executed
+  unsigned long binds;                 // memory window binds executed
   unsigned long cq_arms;     // successful cq_arm calls
   unsigned long cq_signals;  // completions that signalled their device's fd (the CQ was armed)
   unsigned long post_lists;  // send-queue lists posted by post_flush (doorbells)
@@ -116,6 +125,9 @@ void set_max_msg_size(uint64_t bytes);
 // gives its posted receives, in order, to whichever of its QPs gets a message; a QP in the error
 // state flushes only the receive it was taking, not the shared queue's.
 void set_max_srq_wr(uint32_t n);
+// Whether devices opened from now on have type-2 memory windows (default yes; reset() restores
+// it).
+void set_mw_type2(bool on);
 
 // One work request the core posted to a send queue (raw peers' posts are not recorded), in
 // posting order: the local port of its CM id (an accepted connection's is its listener's), what
@@ -163,6 +175,8 @@ enum class Call {
   PostFlush,  // the whole list is refused (none of it posted)
   CqArm,
   SrqCreate,
+  MwAlloc,
+  PostBind,
 };
 // The call after the next `skip` successful ones returns code (once).
 void fail_call(Call call, int code, unsigned skip = 0);

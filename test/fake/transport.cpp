@@ -35,6 +35,7 @@ struct Device {
   int cqs = 0;
   int mrs = 0;
   int srqs = 0;
+  int mws = 0;
   bool gone = false;  // removed: its fd stays readable and reading it fails, as rdma-core's
 };
 
@@ -69,6 +70,24 @@ struct Mr {
   size_t len;
   unsigned access;  // tp::Access flags
   uint32_t lkey, rkey;
+  int mws = 0;  // windows bound over it
+};
+
+constexpr uint32_t kMwMagic = 0x4d57f4e3;
+
+// A type-2 memory window: valid once a bind on a QP executed; then its key works on that QP
+// only, on [addr, addr + len) with its rights, while its registration lives.
+struct Mw {
+  uint32_t magic;
+  Device *dev;
+  uint32_t rkey;
+  bool valid = false;
+  Qp *qp = nullptr;
+  Mr *mr = nullptr;
+  uint64_t addr = 0;
+  size_t len = 0;
+  unsigned access = 0;
+  int binding = 0;  // binds posted, not yet executed
 };
 
 struct CmChannel {
@@ -118,6 +137,13 @@ struct SendWr {
   uint32_t imm;
   bool rdma = false;
   RdmaWr rw{};
+  Mw *bind = nullptr;  // a window's bind: its key, registration and range follow
+  bool bind_dead = false;  // a bind whose window went (its QP was in the error state)
+  uint32_t bind_key = 0;
+  Mr *bind_mr = nullptr;
+  uint64_t bind_addr = 0;
+  size_t bind_len = 0;
+  unsigned bind_access = 0;
   bool signaled = true;  // set at post_flush
 };
 
@@ -145,6 +171,7 @@ struct Qp {
   uint32_t num = 0;
   bool rts = false;
   bool error = false;
+  bool refused = false;  // it went to the error state refusing a request of the peer
   std::deque<RecvWr> rq;       // posted receives
   std::deque<SendWr> pending;  // queued for the next post_flush
   std::deque<RecvWr> pending_rq;  // likewise
@@ -163,7 +190,7 @@ constexpr size_t kReqPdata = 56;
 constexpr size_t kRepPdata = 196;
 constexpr size_t kRejPdata = 148;
 constexpr int kRejInvalidServiceId = 8;
-constexpr int kCalls = int(fake::Call::SrqCreate) + 1;
+constexpr int kCalls = int(fake::Call::PostBind) + 1;
 constexpr uint32_t kMaxRdAtom = 16;  // reads / atomics a QP serves and issues at once
 
 struct Injection {
@@ -189,6 +216,9 @@ struct Fabric {
   std::map<unsigned short, CmId *> ports;
   std::vector<Qp *> qps;
   std::map<uint32_t, Mr *> rkeys;  // every live registration by its remote key
+  std::map<uint32_t, Mw *> windows;  // every live window by its index (key >> 8)
+  uint32_t next_mw = 0x800000;       // window indexes: apart from registration keys
+  bool mw_type2 = true;              // devices opened from now on have type-2 windows
   std::vector<fake::Post> posts;   // the core's posts to send queues, in order
   std::vector<std::pair<CmId *, CmEvent>> held;  // Established events held back
   Injection inj[kCalls];
@@ -399,12 +429,22 @@ void fail_head(Qp *s, Qp *d, WcStatus st) {
   settle_acks(s);
   complete_send(s, ctx, st);
   qp_error(s);
+  if (st == WcStatus::RemoteAccess && !d->error) d->refused = true;
   qp_error(d);
 }
 
 // The registration on d's device (protection domain) that rkey names, if it allows right on
 // [addr, addr + len); nullptr otherwise (a remote access error).
+// A window's key works on the QP it is bound to only, within the window and its registration.
 Mr *remote_mr(const Qp *d, uint64_t addr, uint32_t len, uint32_t rkey, unsigned right) {
+  auto w = g.windows.find(rkey >> 8);
+  if (w != g.windows.end()) {
+    const Mw *mw = w->second;
+    if (!mw->valid || mw->rkey != rkey || mw->qp != d || !(mw->access & right)) return nullptr;
+    if (addr < mw->addr || addr - mw->addr > mw->len || len > mw->len - (addr - mw->addr))
+      return nullptr;
+    return mw->mr;
+  }
   auto it = g.rkeys.find(rkey);
   if (it == g.rkeys.end()) return nullptr;
   Mr *m = it->second;
@@ -412,6 +452,24 @@ Mr *remote_mr(const Qp *d, uint64_t addr, uint32_t len, uint32_t rkey, unsigned 
   uint64_t start = reinterpret_cast<uintptr_t>(m->addr);
   if (addr < start || addr - start > m->len || len > m->len - (addr - start)) return nullptr;
   return m;
+}
+
+// A bind at the head of s's send queue: a local operation, done when it is reached.
+void execute_bind(Qp *s, SendWr &w) {
+  Mw *mw = w.bind;
+  --mw->binding;
+  mw->valid = true;
+  mw->qp = s;
+  mw->rkey = w.bind_key;
+  if (mw->mr != w.bind_mr) {
+    if (mw->mr) --mw->mr->mws;
+    ++w.bind_mr->mws;
+  }
+  mw->mr = w.bind_mr;
+  mw->addr = w.bind_addr;
+  mw->len = w.bind_len;
+  mw->access = w.bind_access;
+  ++g.stats.binds;
 }
 
 const char *op_name(Op op) {
@@ -483,6 +541,14 @@ void deliver(Qp *s) {
     Qp *d = peer_qp(s);
     if (!d || d->error || !d->rts) return;  // nobody answers: stays in flight
     SendWr &w = s->sq.front();
+    if (w.bind || w.bind_dead) {
+      if (w.bind) execute_bind(s, w);
+      SendAck a{w.ctx, w.signaled};
+      s->sq.pop_front();
+      if (!s->acks.empty()) s->acks.push_back(a);
+      else complete_send(s, a.ctx, WcStatus::Ok, a.signaled);
+      continue;
+    }
     const bool needs_recv = !w.rdma || w.ctx->op == Op::WriteImm;
     if (needs_recv && recvq(d).empty()) {
       ++g.stats.rnr_errors;
@@ -619,6 +685,7 @@ int device_open(DeviceKey key, Device **out) {
   d->info.atomics = g.atomics;
   d->info.max_msg_size = g.max_msg;
   d->info.max_srq_wr = g.max_srq_wr;
+  d->info.mw_type2 = g.mw_type2;
   ++g.counts.devices;
   g.devices.push_back(d);
   *out = d;
@@ -626,9 +693,9 @@ int device_open(DeviceKey key, Device **out) {
 }
 
 void device_close(Device *d) {
-  if (d->cqs || d->mrs || d->srqs)
-    misuse("device_close with %d CQs, %d memory registrations and %d shared receive queues "
-           "still there", d->cqs, d->mrs, d->srqs);
+  if (d->cqs || d->mrs || d->srqs || d->mws)
+    misuse("device_close with %d CQs, %d memory registrations, %d shared receive queues and %d "
+           "memory windows still there", d->cqs, d->mrs, d->srqs, d->mws);
   close(d->fd);
   --g.counts.devices;
   g.devices.erase(std::find(g.devices.begin(), g.devices.end(), d));
@@ -736,7 +803,8 @@ int cq_poll(Cq *c, Completion *out, int max) {
 int mr_register(Device *d, void *addr, size_t len, unsigned access, Mr **out) {
   if (int err = injected(fake::Call::MrRegister)) return err;
   if (!addr || !len) return IBMSG_EINVAL;
-  constexpr unsigned kKnown = kRemoteRead | kRemoteWrite | kRemoteAtomic | kLocalReadOnly;
+  constexpr unsigned kKnown =
+      kRemoteRead | kRemoteWrite | kRemoteAtomic | kLocalReadOnly | kMwBind;
   if (access & ~kKnown) {
     misuse("mr_register with unknown access flags 0x%x", access);
     return IBMSG_EINVAL;
@@ -763,6 +831,7 @@ int mr_register(Device *d, void *addr, size_t len, unsigned access, Mr **out) {
 
 void mr_deregister(Mr *m) {
   if (!m) return;
+  if (m->mws) misuse("mr_deregister of a registration with %d memory windows bound", m->mws);
   g.rkeys.erase(m->rkey);
   --m->dev->mrs;
   --g.counts.mrs;
@@ -772,6 +841,42 @@ void mr_deregister(Mr *m) {
 
 uint32_t mr_lkey(const Mr *m) { return m->lkey; }
 uint32_t mr_rkey(const Mr *m) { return m->rkey; }
+
+int mw_alloc(Device *d, Mw **out) {
+  if (int err = injected(fake::Call::MwAlloc)) return err;
+  if (!d->info.mw_type2) return IBMSG_EOPNOTSUPP;
+  Mw *w = new Mw();
+  w->magic = kMwMagic;
+  w->dev = d;
+  w->rkey = g.next_mw++ << 8;
+  g.windows[w->rkey >> 8] = w;
+  ++d->mws;
+  ++g.counts.mws;
+  *out = w;
+  return IBMSG_OK;
+}
+
+void mw_dealloc(Mw *w) {
+  if (!w) return;
+  // A bind in flight on a QP in the error state only completes flushed: it may go (its work
+  // requests forget it); on a working QP the bind would fail and break the connection.
+  for (Qp *q : g.qps) {
+    for (auto *list : {&q->sq, &q->pending}) {
+      for (SendWr &x : *list) {
+        if (x.bind != w) continue;
+        if (!q->error) misuse("mw_dealloc of a window whose bind is in flight");
+        x.bind = nullptr;
+        x.bind_dead = true;
+      }
+    }
+  }
+  if (w->mr) --w->mr->mws;
+  g.windows.erase(w->rkey >> 8);
+  --w->dev->mws;
+  --g.counts.mws;
+  w->magic = 0;
+  delete w;
+}
 
 // --- connection manager ---
 
@@ -1248,6 +1353,60 @@ int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
   return IBMSG_OK;
 }
 
+// The 8 low bits change with every bind (as the rdma-core transport's random ones do).
+uint32_t mw_next_key(const Mw *mw) { return (mw->rkey & ~0xffu) | ((mw->rkey + 0x5b) & 0xff); }
+
+int post_bind(CmId *id, WorkCtx *ctx, Mw *mw, const Mr *mr, void *addr, size_t len,
+              unsigned access, uint32_t rkey) {
+  if (int err = injected(fake::Call::PostBind)) return err;
+  Qp *q = id->qp;
+  if (!q || !ctx || ctx->op != Op::Bind || !mw || mw->magic != kMwMagic) {
+    misuse("post_bind without a QP, a Bind context or a window");
+    return IBMSG_EINVAL;
+  }
+  if (!mr || mr->magic != kMrMagic || !(mr->access & kMwBind) || mr->dev != q->dev ||
+      mw->dev != q->dev) {
+    misuse("post_bind over a registration without kMwBind, or of another device");
+    return IBMSG_EINVAL;
+  }
+  auto p = static_cast<uint8_t *>(addr);
+  if (p < mr->addr || len > mr->len || size_t(p - mr->addr) > mr->len - len) {
+    misuse("post_bind of a range outside its registration");
+    return IBMSG_EINVAL;
+  }
+  if ((access & (kRemoteWrite | kRemoteAtomic)) && (mr->access & kLocalReadOnly)) {
+    misuse("post_bind of remote write or atomic over a registration without local write");
+    return IBMSG_EINVAL;
+  }
+  if (q->send_unpolled >= q->caps.send_wrs) {
+    misuse("send queue overflow: %u work requests outstanding", q->send_unpolled);
+    return IBMSG_EIO;
+  }
+  if (!q->rts && !q->error) {
+    misuse("post_bind before the connection is established");
+    return IBMSG_EIO;
+  }
+  record_post(q, Op::Bind, 0, false);
+  ++q->send_unpolled;
+  if ((rkey & ~0xffu) != (mw->rkey & ~0xffu)) {
+    misuse("post_bind with a key of another window");
+    return IBMSG_EINVAL;
+  }
+  ++mw->binding;
+  SendWr s;
+  s.ctx = ctx;
+  s.bind = mw;
+  s.bind_key = rkey;
+  s.bind_mr = const_cast<Mr *>(mr);
+  s.bind_addr = reinterpret_cast<uintptr_t>(addr);
+  s.bind_len = len;
+  s.bind_access = access;
+  q->pending.push_back(std::move(s));
+  return IBMSG_OK;
+}
+
+bool qp_failed(CmId *id) { return id->qp && id->qp->error && id->qp->refused; }
+
 int post_flush(CmId *id) {
   Qp *q = id->qp;
   if (!q) {
@@ -1328,8 +1487,10 @@ void reset() {
   tp::g.max_cqe = 4194303;
   tp::g.max_msg = uint64_t(1) << 20;
   tp::g.max_srq_wr = 0;
+  tp::g.mw_type2 = true;
   tp::g.ids.clear();
   tp::g.rkeys.clear();
+  tp::g.windows.clear();
   tp::g.posts.clear();
   tp::g.ports.clear();
   tp::g.qps.clear();
@@ -1357,6 +1518,7 @@ std::string open_objects_text() {
   add(c.qps, "QP(s)");
   add(c.mrs, "memory registration(s)");
   add(c.srqs, "shared receive queue(s)");
+  add(c.mws, "memory window(s)");
   return s;
 }
 
@@ -1368,6 +1530,7 @@ void set_atomics(bool atomics) { tp::g.atomics = atomics; }
 void set_max_cqe(uint32_t max_cqe) { tp::g.max_cqe = max_cqe; }
 void set_max_msg_size(uint64_t bytes) { tp::g.max_msg = bytes; }
 void set_max_srq_wr(uint32_t n) { tp::g.max_srq_wr = n; }
+void set_mw_type2(bool on) { tp::g.mw_type2 = on; }
 
 const std::vector<Post> &posts() { return tp::g.posts; }
 

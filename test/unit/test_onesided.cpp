@@ -326,6 +326,19 @@ struct Pair {
   Conn *l, *c, *a;  // listener, client, accepted
 };
 
+// Listeners of the loop refuse no address after a violation (tests that reconnect at once).
+void no_ban(H *h) {
+  int zero = 0;
+  expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_VIOLATION_BAN, &zero, sizeof zero), IBMSG_OK);
+}
+
+// The loop's count of its peers' remote access violations.
+uint64_t loop_violations(H *h) {
+  ibmsg_loop_counters c;
+  expect_code(ibmsg_loop_stats(&h->loop, &c, sizeof c), IBMSG_OK);
+  return c.remote_access_violations;
+}
+
 Pair connected(H *h, const ibmsg_options *lo = nullptr, const ibmsg_options *co = nullptr) {
   Conn &l = listener(h, lo);
   size_t before = h->accepted.size();
@@ -907,7 +920,8 @@ void peer_disconnect_cancels_operations_and_reports_econnreset(void **state) {
 
 // A remote access error closes that connection (RDMA moves both queue pairs to the error state):
 // the operation gets IBMSG_EREMOTEACCESS, the connection closes with it, what followed it is
-// canceled, the peer's side sees its connection reset, and other connections go on.
+// canceled, the granting side closes with IBMSG_EREMOTEACCESS too (a violation of its peer,
+// counted), and other connections go on.
 void remote_access_error_closes_only_that_connection(void **state) {
   H *h = h_of(state);
   Pair p1 = connected(h);
@@ -926,8 +940,9 @@ void remote_access_error_closes_only_that_connection(void **state) {
   RUN_UNTIL(h, p1.c->closed && p1.a->closed);
   assert_string_equal(p1.c->trace.c_str(), "op0=EREMOTEACCESS op1=ECANCELED closed=EREMOTEACCESS");
   expect_code(bad.op.status, IBMSG_EREMOTEACCESS);
-  expect_code(p1.a->close_reason, IBMSG_ECONNRESET);
+  expect_code(p1.a->close_reason, IBMSG_EREMOTEACCESS);
   assert_int_equal(fake::stats().remote_access_errors, 1);
+  assert_int_equal(loop_violations(h), 1);
   assert_true(all_zero(dst, 0, 4096));  // neither the refused write nor the one after it
   assert_int_equal(p1.l->s.status, IBMSG_LISTENING);
   assert_int_equal(p2.c->s.status, IBMSG_CONNECTED);
@@ -943,6 +958,7 @@ void remote_access_error_closes_only_that_connection(void **state) {
 // peer's registration, each closes its connection with IBMSG_EREMOTEACCESS.
 void forged_descriptors_are_refused_by_the_peer(void **state) {
   H *h = h_of(state);
+  no_ban(h);  // it reconnects after each violation
   Reg &dst = alloc_region(h, 256, kW | kR | kA);
   Reg &local = alloc_region(h, 256, kLW);
   pattern(local, 0, 256, 1);
@@ -1012,8 +1028,12 @@ void deregistering_a_region_revokes_its_descriptors(void **state) {
   ibmsg_descriptor dw = grant(dst, *p.a, 0, 256, kW);
   ibmsg_descriptor dr = grant(dst, *p.a, 0, 256, kR);
   int mrs = fake::open_objects().mrs;
-  deregister(dst);  // no operation of this side uses it: never busy
+  // Busy while the grants' windows are being bound (until the loop polled their completions).
+  expect_code(ibmsg_deregister_region(&dst.r), IBMSG_EBUSY);
+  settle(h);
+  deregister(dst);  // no operation of this side uses it
   assert_int_equal(fake::open_objects().mrs, mrs - 3);  // its registration and both grants
+  assert_int_equal(fake::open_objects().mws, 0);        // and their windows
   OpRec &o = new_op(h);
   expect_code(op_read(o, *p.c, src, 0, 64, dr, 0), IBMSG_OK);
   RUN_UNTIL(h, p.c->closed && o.dones == 1);
@@ -1260,7 +1280,9 @@ void operations_to_a_peer_without_rdma_are_eopnotsupp(void **state) {
   expect_code(op_write_imm(o, a, local, 0, 8, d, 0, 1), IBMSG_EOPNOTSUPP);
   expect_code(op_cas(o, a, local, 0, d, 0, 0, 1), IBMSG_EOPNOTSUPP);
   expect_code(op_fadd(o, a, local, 0, d, 0, 1), IBMSG_EOPNOTSUPP);
-  assert_int_equal(fake::posts_of(port_of(*rp.l)).size(), 0);
+  for (ibmsg::tp::Op x : fake::posts_of(port_of(*rp.l))) {  // the grant's bind only
+    assert_int_equal(int(x), int(ibmsg::tp::Op::Bind));
+  }
   settle(h);
   assert_int_equal(o.dones, 0);
   assert_int_equal(a.s.status, IBMSG_CONNECTED);
@@ -1392,7 +1414,7 @@ void deregister_is_ebusy_while_an_operation_uses_the_region(void **state) {
   expect_code(ibmsg_deregister_region(&s1.r), IBMSG_EINVAL);  // not registered any more
 }
 
-void descriptors_are_cached_per_range_rights_and_device(void **state) {
+void descriptors_are_cached_per_range_rights_and_connection(void **state) {
   H *h = h_of(state);
   Pair p1 = connected(h);
   Pair p2 = connected(h);  // the same loop: the same device
@@ -1403,10 +1425,19 @@ void descriptors_are_cached_per_range_rights_and_device(void **state) {
   assert_int_equal(fake::open_objects().mrs, mrs + 1);
   assert_int_equal(fake::stats().registrations, regs + 1);
   ibmsg_descriptor again = grant(r, *p1.a, 0, 4096, kW);
-  ibmsg_descriptor other_conn = grant(r, *p2.c, 0, 4096, kW);
   assert_memory_equal(again.bytes, d1.bytes, sizeof d1.bytes);
-  assert_memory_equal(other_conn.bytes, d1.bytes, sizeof d1.bytes);
   assert_int_equal(fake::stats().registrations, regs + 1);  // no new registration
+  // Another connection of the device gets a window of its own; a device-wide grant is one for
+  // every connection of the device.
+  ibmsg_descriptor other_conn = grant(r, *p2.c, 0, 4096, kW);
+  assert_memory_not_equal(other_conn.bytes, d1.bytes, sizeof d1.bytes);
+  ibmsg_descriptor wide1 = grant(r, *p1.a, 0, 4096, kW | IBMSG_ACCESS_DEVICE_WIDE);
+  ibmsg_descriptor wide2 = grant(r, *p2.c, 0, 4096, kW | IBMSG_ACCESS_DEVICE_WIDE);
+  assert_memory_equal(wide1.bytes, wide2.bytes, sizeof wide1.bytes);
+  assert_memory_not_equal(wide1.bytes, d1.bytes, sizeof d1.bytes);
+  assert_int_equal(fake::stats().registrations, regs + 3);
+  mrs += 2;
+  regs += 2;
   ibmsg_descriptor by_right = grant(r, *p1.a, 0, 4096, kR);
   ibmsg_descriptor by_range = grant(r, *p1.a, 4096, 4096, kW);
   ibmsg_descriptor by_both = grant(r, *p1.a, 0, 4096, kR | kW);
@@ -1421,6 +1452,7 @@ void descriptors_are_cached_per_range_rights_and_device(void **state) {
   assert_int_equal(access, kW);
   expect_code(ibmsg_descriptor_info(&by_both, nullptr, &access), IBMSG_OK);
   assert_int_equal(access, kR | kW);
+  settle(h);  // the windows are bound
   expect_code(ibmsg_revoke_descriptor(&r.r, &d1), IBMSG_OK);
   assert_int_equal(fake::open_objects().mrs, mrs + 3);
   ibmsg_descriptor fresh = grant(r, *p1.a, 0, 4096, kW);  // a new grant, a new key
@@ -1575,6 +1607,7 @@ void random_operations_messages_and_closes_keep_every_guarantee(void **state) {
   H *h = h_of(state);
   unsigned seed = getenv("FAKE_SEED") ? unsigned(atoi(getenv("FAKE_SEED"))) : 1;
   std::mt19937 rng(seed);
+  no_ban(h);  // it reconnects after violations
   ibmsg_options *o = options(h, {{IBMSG_OPT_RECV_DEPTH, 3},
                                  {IBMSG_OPT_SEND_DEPTH, 6},
                                  {IBMSG_OPT_SEND_QUEUE, 5},
@@ -1702,7 +1735,7 @@ int main(void) {
       T(failed_post_rdma_from_the_queue_cancels_it_and_closes_with_eio),
       // regions and descriptors
       T(deregister_is_ebusy_while_an_operation_uses_the_region),
-      T(descriptors_are_cached_per_range_rights_and_device),
+      T(descriptors_are_cached_per_range_rights_and_connection),
       T(region_descriptor_refuses_bad_arguments),
       T(region_registered_before_any_connection_is_registered_lazily),
       T(destroy_event_loop_with_a_registered_region_is_ebusy),
