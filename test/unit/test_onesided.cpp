@@ -20,6 +20,7 @@
 #include <cstdint>
 extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
 #include <cmocka.h>
+#include <unistd.h>
 }
 
 #include <cstdio>
@@ -1043,6 +1044,193 @@ void deregistering_a_region_revokes_its_descriptors(void **state) {
   (void)dw;
 }
 
+// === 3b. grants bound to their connection =====================================================
+
+// A descriptor is a window bound to its connection's queue pair: its key used on another
+// connection of the device (the right key, or a guess) fails there and closes that connection on
+// both sides with IBMSG_EREMOTEACCESS, counted by the granting loop; the connection it was made
+// for goes on using it.
+void window_key_fails_on_another_connection(void **state) {
+  H *h = h_of(state);
+  no_ban(h);
+  Pair pa = connected(h);
+  Reg &dst = alloc_region(h, 256, kW);
+  Reg &src = alloc_region(h, 256, 0);
+  pattern(src, 0, 256, 3);
+  ibmsg_descriptor d = grant(dst, *pa.a, 0, 256, kW);
+  assert_int_equal(fake::open_objects().mws, 1);
+  for (int i = 0; i < 3; ++i) {
+    Pair pb = connected(h);
+    OpRec &o = new_op(h);
+    expect_code(op_write(o, *pb.c, src, 0, 64, d, 0), IBMSG_OK);
+    RUN_UNTIL(h, pb.c->closed && pb.a->closed && o.dones == 1);
+    expect_code(o.status, IBMSG_EREMOTEACCESS);
+    expect_code(pb.c->close_reason, IBMSG_EREMOTEACCESS);
+    expect_code(pb.a->close_reason, IBMSG_EREMOTEACCESS);
+    assert_int_equal(loop_violations(h), uint64_t(i + 1));
+  }
+  assert_true(all_zero(dst, 0, 256));
+  OpRec &ok = new_op(h);
+  expect_code(op_write(ok, *pa.c, src, 0, 64, d, 0), IBMSG_OK);
+  RUN_UNTIL(h, ok.dones == 1);
+  expect_code(ok.status, IBMSG_OK);
+  assert_int_equal(pa.a->s.status, IBMSG_CONNECTED);
+}
+
+// A device-wide grant is a registration with the rights: every connection of the device may use
+// it, and it makes no window.
+void device_wide_grant_works_on_every_connection(void **state) {
+  H *h = h_of(state);
+  Pair pa = connected(h);
+  Pair pb = connected(h);
+  Reg &dst = alloc_region(h, 256, kW);
+  Reg &src = alloc_region(h, 256, 0);
+  pattern(src, 0, 256, 5);
+  int mws = fake::open_objects().mws;
+  ibmsg_descriptor d = grant(dst, *pa.a, 0, 256, kW | IBMSG_ACCESS_DEVICE_WIDE);
+  assert_int_equal(fake::open_objects().mws, mws);
+  OpRec &o = new_op(h);
+  expect_code(op_write(o, *pb.c, src, 0, 64, d, 0), IBMSG_OK);
+  RUN_UNTIL(h, o.dones == 1);
+  expect_code(o.status, IBMSG_OK);
+  assert_int_equal(loop_violations(h), 0);
+  expect_code(ibmsg_revoke_descriptor(&dst.r, &d), IBMSG_OK);
+}
+
+// Revoked while its bind is in flight: the descriptor is gone at once (EBADDESC again), the
+// window once the bind completed; the peer's use fails.
+void revoke_while_binding_drops_the_window_after_the_bind(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  Reg &dst = alloc_region(h, 256, kW);
+  Reg &src = alloc_region(h, 256, 0);
+  int mws = fake::open_objects().mws;
+  ibmsg_descriptor d = grant(dst, *p.a, 0, 256, kW);
+  expect_code(ibmsg_revoke_descriptor(&dst.r, &d), IBMSG_OK);
+  expect_code(ibmsg_revoke_descriptor(&dst.r, &d), IBMSG_EBADDESC);
+  assert_int_equal(fake::open_objects().mws, mws + 1);  // its bind is in flight still
+  settle(h);
+  assert_int_equal(fake::open_objects().mws, mws);
+  assert_int_equal(fake::stats().misuses, 0);
+  OpRec &o = new_op(h);
+  expect_code(op_write(o, *p.c, src, 0, 64, d, 0), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed && o.dones == 1);
+  expect_code(o.status, IBMSG_EREMOTEACCESS);
+  expect_code(p.a->close_reason, IBMSG_EREMOTEACCESS);
+}
+
+// A connection's close releases its windows and their registrations (a revoke then finds no
+// grant); the region's other grants stay.
+void close_releases_the_connections_windows(void **state) {
+  H *h = h_of(state);
+  Pair pa = connected(h);
+  Pair pb = connected(h);
+  Reg &dst = alloc_region(h, 256, kW);
+  int mws = fake::open_objects().mws;
+  ibmsg_descriptor da = grant(dst, *pa.a, 0, 256, kW);
+  ibmsg_descriptor db = grant(dst, *pb.a, 0, 256, kW);
+  assert_int_equal(fake::open_objects().mws, mws + 2);
+  expect_code(ibmsg_disconnect(&pa.a->s), IBMSG_OK);  // its bind may be in flight still
+  RUN_UNTIL(h, pa.a->closed && pa.c->closed);
+  assert_int_equal(fake::open_objects().mws, mws + 1);
+  expect_code(ibmsg_revoke_descriptor(&dst.r, &da), IBMSG_EBADDESC);
+  settle(h);  // (db's bind completed)
+  const int before = fake::open_objects().mrs;
+  expect_code(ibmsg_revoke_descriptor(&dst.r, &db), IBMSG_OK);
+  assert_int_equal(fake::open_objects().mws, mws);
+  assert_int_equal(fake::open_objects().mrs, before - 1);
+  assert_int_equal(fake::stats().misuses, 0);
+  assert_int_equal(pa.a->close_reason, IBMSG_OK);
+  assert_int_equal(loop_violations(h), 0);  // a disconnect is no violation
+}
+
+// A grant made before the connection is up is bound once it is, ahead of the messages queued
+// meanwhile: the peer that reads the descriptor from such a message can use it at once.
+void grant_before_established_is_bound_when_up(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  Reg &dst = alloc_region(h, 256, kW);
+  Reg &src = alloc_region(h, 256, 0);
+  fake::hold_established(true);
+  Conn &c = client(h, port_of(l));
+  RUN_UNTIL(h, c.established && !h->accepted.empty());
+  Conn &a = *h->accepted.back();
+  assert_int_equal(a.established, 0);
+  ibmsg_descriptor d = grant(dst, a, 0, 256, kW);
+  assert_int_equal(fake::stats().binds, 0);
+  fake::hold_established(false);
+  fake::release_established();
+  RUN_UNTIL(h, a.established == 1);
+  settle(h);
+  assert_int_equal(fake::stats().binds, 1);
+  OpRec &o = new_op(h);
+  expect_code(op_write(o, c, src, 0, 64, d, 0), IBMSG_OK);
+  RUN_UNTIL(h, o.dones == 1);
+  expect_code(o.status, IBMSG_OK);
+}
+
+// At most kBindDepth binds in flight per connection: beyond, IBMSG_EAGAIN until the loop ran.
+void grants_beyond_the_binds_in_flight_are_eagain(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  Reg &dst = alloc_region(h, 4096, kW);
+  ibmsg_descriptor d;
+  int n = 0;
+  while (n < 64 && ibmsg_region_descriptor(&dst.r, &p.a->s, size_t(n) * 64, 64, kW, &d) == IBMSG_OK)
+    ++n;
+  assert_int_equal(n, int(ibmsg::kBindDepth));
+  expect_code(ibmsg_region_descriptor(&dst.r, &p.a->s, size_t(n) * 64, 64, kW, &d), IBMSG_EAGAIN);
+  // device-wide grants make no window: not limited
+  expect_code(ibmsg_region_descriptor(&dst.r, &p.a->s, 0, 64, kW | IBMSG_ACCESS_DEVICE_WIDE, &d),
+              IBMSG_OK);
+  settle(h);
+  expect_code(ibmsg_region_descriptor(&dst.r, &p.a->s, size_t(n) * 64, 64, kW, &d), IBMSG_OK);
+}
+
+// A device without type-2 windows makes device-wide grants only.
+void without_type2_windows_only_device_wide_grants(void **state) {
+  H *h = h_of(state);
+  fake::set_mw_type2(false);
+  Pair p = connected(h);
+  Reg &dst = alloc_region(h, 256, kW);
+  ibmsg_descriptor d;
+  expect_code(ibmsg_region_descriptor(&dst.r, &p.a->s, 0, 256, kW, &d), IBMSG_EOPNOTSUPP);
+  expect_code(ibmsg_region_descriptor(&dst.r, &p.a->s, 0, 256, kW | IBMSG_ACCESS_DEVICE_WIDE, &d),
+              IBMSG_OK);
+}
+
+// With IBMSG_OPT_VIOLATION_BAN, a listener refuses requests from a violator's address for that
+// long (with a reason), then takes them again.
+void listener_refuses_a_violators_address_while_banned(void **state) {
+  H *h = h_of(state);
+  int ban = 300;
+  expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_VIOLATION_BAN, &ban, sizeof ban), IBMSG_OK);
+  Pair pa = connected(h);
+  Reg &dst = alloc_region(h, 256, kW);
+  Reg &src = alloc_region(h, 256, 0);
+  ibmsg_descriptor d = grant(dst, *pa.a, 0, 256, kW);
+  Conn &b = client(h, port_of(*pa.l));
+  RUN_UNTIL(h, b.established && h->accepted.back()->established);
+  Conn &sb = *h->accepted.back();
+  OpRec &o = new_op(h);
+  expect_code(op_write(o, b, src, 0, 64, d, 0), IBMSG_OK);
+  RUN_UNTIL(h, b.closed && sb.closed);
+  expect_code(sb.close_reason, IBMSG_EREMOTEACCESS);
+  Conn &c = client(h, port_of(*pa.l));
+  RUN_UNTIL(h, c.closed);
+  expect_code(c.close_reason, IBMSG_EREJECTED);
+  assert_non_null(strstr(c.s.reject_reason, "violation"));
+  ibmsg_loop_counters lc;
+  expect_code(ibmsg_loop_stats(&h->loop, &lc, sizeof lc), IBMSG_OK);
+  assert_int_equal(lc.requests_banned, 1);
+  assert_int_equal(lc.remote_access_violations, 1);
+  usleep(350 * 1000);
+  Conn &c2 = client(h, port_of(*pa.l));
+  RUN_UNTIL(h, c2.established);
+  expect_code(ibmsg_loop_stats(nullptr, &lc, sizeof lc), IBMSG_EINVAL);
+  expect_code(ibmsg_loop_stats(&h->loop, nullptr, sizeof lc), IBMSG_EINVAL);
+}
+
 // === 4. write with immediate and its credit ===================================================
 
 void write_imm_waits_for_a_data_credit_like_a_message(void **state) {
@@ -1712,6 +1900,14 @@ int main(void) {
       T(forged_descriptors_are_refused_by_the_peer),
       T(revoked_descriptor_makes_the_peers_next_operation_fail),
       T(deregistering_a_region_revokes_its_descriptors),
+      T(window_key_fails_on_another_connection),
+      T(device_wide_grant_works_on_every_connection),
+      T(revoke_while_binding_drops_the_window_after_the_bind),
+      T(close_releases_the_connections_windows),
+      T(grant_before_established_is_bound_when_up),
+      T(grants_beyond_the_binds_in_flight_are_eagain),
+      T(without_type2_windows_only_device_wide_grants),
+      T(listener_refuses_a_violators_address_while_banned),
       // write with immediate
       T(write_imm_waits_for_a_data_credit_like_a_message),
       T(many_write_imms_through_two_receive_buffers_all_arrive),
