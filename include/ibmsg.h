@@ -357,7 +357,8 @@ enum ibmsg_option {
                                       it. With IBMSG_OPT_MAX_MSG_SIZE at most the eager size it
                                       serves no RDMA reads or atomics; otherwise its peer reads
                                       its rendezvous messages, so its queue pair takes reads and
-                                      atomics that carry a valid key of the device's other
+                                      atomics that carry a valid device-wide key
+                                      (IBMSG_ACCESS_DEVICE_WIDE) of the device's other
                                       connections (and takes such RDMA writes either way) */
   IBMSG_OPT_RDMA_DEPTH = 10,     /**< int: one-sided operations in flight per connection (16);
                                       more wait in the send queue (IBMSG_OPT_SEND_QUEUE) */
@@ -647,26 +648,35 @@ IBMSG_EXPORT int ibmsg_register_region(ibmsg_event_loop *loop, ibmsg_region *reg
 IBMSG_EXPORT int ibmsg_alloc_region(ibmsg_event_loop *loop, ibmsg_region *region, size_t length,
                                     unsigned access);
 /** Deregisters a region (and frees it if ibmsg_alloc_region() made it); every descriptor of it
- *  stops working. IBMSG_EBUSY while one of this side's operations on it is queued or in flight
- *  (nothing changes); IBMSG_EINVAL if it is not a registered region. */
+ *  stops working. IBMSG_EBUSY while one of this side's operations on it is queued or in flight,
+ *  or a descriptor of it is still being bound to its connection (until the loop's next round;
+ *  since 1.6) (nothing changes); IBMSG_EINVAL if it is not a registered region. */
 IBMSG_EXPORT int ibmsg_deregister_region(ibmsg_region *region);
 
 /** Makes a descriptor granting the rights in access (IBMSG_ACCESS_REMOTE_*, a subset of the
- *  region's) on exactly the bytes [offset, offset + length) of region, for peers on the RDMA
- *  device socket uses (the key belongs to the device: any connection of the loop on that device
- *  may use it). The range is registered on its own, so a peer can reach no byte outside it; asking
- *  again for the same range, rights and device gives the same descriptor. IBMSG_ERANGE outside
- *  the region; IBMSG_EINVAL for length 0, NULL, no rights or rights that are not remote ones, a
+ *  region's) on exactly the bytes [offset, offset + length) of region, to the peer of the
+ *  connection socket only (since 1.6: a memory window bound to its queue pair; a peer on another
+ *  connection that uses its key fails with a remote access error, a violation). A message posted
+ *  on socket after the call reaches the peer after the grant is in force; made before socket is
+ *  established, it is in force from then. With IBMSG_ACCESS_DEVICE_WIDE in access the grant is
+ *  for every connection of the loop on socket's device instead (see its risk there). The range
+ *  is registered on its own, so a peer can reach no byte outside it; asking again for the same
+ *  range, rights and connection (device, for a device-wide grant) gives the same descriptor.
+ *  The connection's close revokes its grants. IBMSG_ERANGE outside the region; IBMSG_EINVAL for
+ *  length 0, NULL, no rights or flags that are not remote rights or IBMSG_ACCESS_DEVICE_WIDE, a
  *  listener, or a socket of another loop; IBMSG_EACCES for rights the region lacks;
- *  IBMSG_ENOTCONN if socket has no device yet (before ROUTE_RESOLVED) or closed;
- *  IBMSG_EOPNOTSUPP if socket has IBMSG_OPT_RDMA 0; IBMSG_ENOMEM or IBMSG_ESYS if the
+ *  IBMSG_ENOTCONN if socket has no device yet (before ROUTE_RESOLVED) or is closing;
+ *  IBMSG_EOPNOTSUPP if socket has IBMSG_OPT_RDMA 0, or its device has no type-2 memory windows
+ *  and IBMSG_ACCESS_DEVICE_WIDE is not asked for; IBMSG_EAGAIN while 8 grants of the connection
+ *  are being bound (run the loop, then ask again); IBMSG_ENOMEM or IBMSG_ESYS if the
  *  registration fails. */
 IBMSG_EXPORT int ibmsg_region_descriptor(ibmsg_region *region, ibmsg_socket *socket, size_t offset,
                                          size_t length, unsigned access, ibmsg_descriptor *out);
 /** Revokes a descriptor made by ibmsg_region_descriptor() on region: the peer's next operation
  *  on it fails with a remote access error (which closes that connection). Operations of the
- *  peer already executing may still complete. IBMSG_EBADDESC if desc is not a descriptor of
- *  region that is still granted. */
+ *  peer already executing may still complete; a grant revoked while it is still being bound
+ *  ends when the bind completes (the loop's next round). IBMSG_EBADDESC if desc is not a
+ *  descriptor of region that is still granted (revoked, or its connection closed). */
 IBMSG_EXPORT int ibmsg_revoke_descriptor(ibmsg_region *region, const ibmsg_descriptor *desc);
 /** Reads a descriptor's length and rights (either pointer may be NULL). IBMSG_EBADDESC if desc
  *  is not a well-formed descriptor (its check fails). */
