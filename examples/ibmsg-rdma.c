@@ -211,8 +211,8 @@ static void server_established(ibmsg_socket *socket) {
   unsigned char *p;
   int rc;
 
-  /* The descriptor belongs to this connection's device. ibmsg caches it, so the second client
-   * on the same device gets the same one without registering anything again. */
+  /* The descriptor works on this connection only (a peer on another connection that uses it
+   * fails); the connection's close ends it. */
   rc = ibmsg_region_descriptor(&g.buffer, socket, 0, g.buffer.length,
                                IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_WRITE, &desc);
   if (rc != IBMSG_OK) {

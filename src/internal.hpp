@@ -21,6 +21,7 @@
 //                      datapath.cpp  send queue, in flight, completions
 //                      message.cpp   the application's messages: alloc / post / free
 //                      rndv.cpp      rendezvous: messages above the eager size, read by the peer
+//                      violations.cpp  peers' remote access violations and the ban
 //                      close.cpp     the one close path and the teardown
 //                      (pure: state, credits, shared_credits, wire, pool, list, largebuf, qpmap)
 //   ----------------------------------------------------------------------------------------
