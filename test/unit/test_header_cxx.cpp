@@ -65,6 +65,9 @@ static_assert(std::is_same<decltype(std::declval<const ibmsg::socket &>().memory
                   std::is_same<decltype(std::declval<const ibmsg::loop &>().memory()),
                                ibmsg_memory>::value,
               "socket::memory() and loop::memory() return the C struct");
+static_assert(std::is_same<decltype(std::declval<const ibmsg::loop &>().stats()),
+                           ibmsg_loop_counters>::value,
+              "loop::stats() returns the C struct (1.6)");
 static_assert(std::is_same<decltype(std::declval<const ibmsg::loop &>().get_option_u64(0)),
                            std::uint64_t>::value &&
                   std::is_same<decltype(std::declval<const ibmsg::options &>().get_u64(0)),
@@ -88,6 +91,7 @@ void header_cxx_wrapper_calls(ibmsg::loop &lp, ibmsg::options &o, ibmsg::socket 
   (void)o.get_u64(IBMSG_OPT_MAX_MSG_SIZE);
   (void)s.memory();
   (void)lp.memory();
+  (void)lp.stats();
   if (m.from_region(s, r, 0, 1)) (void)m.post(s);
   if (!in.to_region(r, 0)) in.decline();
   lp.on_message_incoming([](ibmsg::socket &, ibmsg::incoming &) {});
