@@ -133,8 +133,8 @@ struct RecvWr {
 struct SendWr {
   WorkCtx *ctx;
   std::vector<uint8_t> data;  // a SEND's payload, or the bytes of an RDMA write (taken at posting)
-  bool has_imm;
-  uint32_t imm;
+  bool has_imm = false;
+  uint32_t imm = 0;
   bool rdma = false;
   RdmaWr rw{};
   Mw *bind = nullptr;  // a window's bind: its key, registration and range follow
