@@ -11,20 +11,9 @@ using namespace ibmsg;
 
 namespace {
 
-Socket *socket_of(const ibmsg_socket *pub) {
-  if (!pub || !pub->impl) return nullptr;
-  Socket *s = pub->impl;
-  return s->magic == kSocketMagic && s->pub == pub ? s : nullptr;
-}
-
 bool valid_request(const ibmsg_connection_request *req) {
   return req && req->impl && req->impl->id && req->impl->listener &&
          req->impl->listener->magic == kSocketMagic;
-}
-
-const Options *options_of(const ibmsg_options *o, bool *bad) {
-  *bad = o && o->magic != kOptionsMagic;
-  return o && !*bad ? &o->opts : nullptr;
 }
 
 }  // namespace

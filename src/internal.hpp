@@ -238,6 +238,7 @@ struct LoopEntered {
 
 // --- loop.cpp ---
 Loop *loop_of(ibmsg_event_loop *l);  // validated impl or nullptr
+Socket *socket_of(const ibmsg_socket *pub);  // validated impl or nullptr
 int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev);
 int loop_destroy(Loop *loop);
 int loop_run(Loop *loop, int flags, double timeout_s);
@@ -324,65 +325,14 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
 int msg_free(ibmsg_buffer *msg);
 int msg_from_region(Socket *s, ibmsg_buffer *msg, ::ibmsg__region *r, size_t off, size_t size);
 
-// --- rndv.cpp ---
-constexpr uint32_t kRndvReads = 8;  // a connection's rendezvous reads in flight
-uint32_t eager_recv_size(const Socket *s);  // the largest message its pools take
-bool rndv_offered(const Socket *s);         // whether its hello offers rendezvous
-// The RTS of slot's message (its work.rndv) into slot->buf; returns its length.
-uint32_t rndv_fill_rts(Socket *s, Slot *slot);
-// The peer read n of our RTSs (an immediate's done count); false if it never had them.
-bool rndv_on_done(Socket *s, uint32_t n);
-// A Rendezvous message arrived: an RTS (a data credit) or a FIN (a control credit).
-void rndv_on_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm);
-void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc);
-bool rndv_fin_due(const Socket *s);  // a declined message's FIN is next in order
-bool rndv_send_fin(Socket *s);       // sends it (a control credit); false: closing
-void rndv_on_fin_sent(Socket *s, Slot *slot, const tp::Completion &wc);
-void rndv_pump(Socket *s);  // posts the reads it can (connected)
-// A received message (slot lent, msg filled in) goes to the application, or waits in order
-// behind a rendezvous still being read.
-void deliver_msg(Socket *s, Slot *slot);
-uint32_t rndv_take_done(Socket *s);  // for an immediate
-// Closing, the QP gone: undelivered messages and their destinations go; nothing waits.
-void rndv_release(Socket *s);
-// A received message's destination goes back (ibmsg_free_msg, or undelivered): its device's cache
-// takes it, and the connections waiting for rendezvous memory get their turn.
-void rndv_dest_put(Slot *slot);
-int incoming_to_region(ibmsg_incoming *in, ::ibmsg__region *r, size_t off);
-int incoming_decline(ibmsg_incoming *in);
+// --- rndv.cpp, rndv_memory.cpp ---
+}  // namespace ibmsg
+#include "rndv.hpp"
+#include "rndv_memory.hpp"
+#include "incoming.hpp"
+namespace ibmsg {
 
-// --- region.cpp ---
-using Region = ::ibmsg__region;
-int region_register(Loop *loop, ibmsg_region *pub, void *addr, size_t len, unsigned access,
-                    bool allocate);
-int region_deregister(Region *r);
-Region *region_of(const ibmsg_region *pub);  // validated impl or nullptr
-// The registration of r on dev (made now if none yet).
-tp::Mr *region_mr(Region *r, Device *dev, int *err);
-int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned access,
-                      ibmsg_descriptor *out);
-int region_revoke(Region *r, const ibmsg_descriptor *d);
-void grant_on_bind(Socket *s, Grant *g, const tp::Completion &wc);  // a window's bind completed
-// It is up: the windows of grants made before are bound now, ahead of anything posted on it.
-void grants_established(Socket *s);
-// Closing, its QP in the error state: its windows go (invalidated), before the QP.
-void grants_unbind(Socket *s);
-void grants_closed(Socket *s);  // its QP gone: the grants and their registrations go
-
-// --- rdma.cpp ---
-using Op = ::ibmsg__op;
-// What an operation does beyond its ranges.
-struct OpArgs {
-  ibmsg_op_type type;
-  uint32_t imm;
-  uint64_t compare_add, swap;
-};
-int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
-            const ibmsg_descriptor *remote, size_t roff, const OpArgs &a);
-int ops_open(Socket *s);      // the operation table (its first operation); freed with the socket
-int op_send_now(Socket *s, Op *op);  // posts a queued operation (flush_sends)
-void op_on_wc(Socket *s, Op *op, const tp::Completion &wc);
-void op_finish(Socket *s, Op *op, int status);  // its done callback (from work_done, teardown)
+// --- region.cpp, rdma.cpp: onesided.hpp ---
 
 // --- poll.cpp ---
 void poll_init(Loop *loop);

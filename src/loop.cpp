@@ -36,6 +36,12 @@ void on_wakeup(struct ev_loop *, ev_timer *, int) {}
 
 }  // namespace
 
+Socket *socket_of(const ibmsg_socket *pub) {
+  if (!pub || !pub->impl) return nullptr;
+  Socket *s = pub->impl;
+  return s->magic == kSocketMagic && s->pub == pub ? s : nullptr;
+}
+
 Loop *loop_of(ibmsg_event_loop *l) {
   if (!l || !l->impl || l->impl->magic != kLoopMagic || l->impl->pub != l) return nullptr;
   return l->impl;

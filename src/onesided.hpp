@@ -83,3 +83,40 @@ struct ibmsg__op {
   ibmsg::tp::RdmaWr rw{};
   ibmsg::ListNode free_link;
 };
+
+namespace ibmsg {
+
+// --- region.cpp ---
+using Region = ::ibmsg__region;
+int region_register(Loop *loop, ibmsg_region *pub, void *addr, size_t len, unsigned access,
+                    bool allocate);
+int region_deregister(Region *r);
+Region *region_of(const ibmsg_region *pub);  // validated impl or nullptr
+// The registration of r on dev (made now if none yet).
+tp::Mr *region_mr(Region *r, Device *dev, int *err);
+int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned access,
+                      ibmsg_descriptor *out);
+int region_revoke(Region *r, const ibmsg_descriptor *d);
+void grant_on_bind(Socket *s, Grant *g, const tp::Completion &wc);  // a window's bind completed
+// It is up: the windows of grants made before are bound now, ahead of anything posted on it.
+void grants_established(Socket *s);
+// Closing, its QP in the error state: its windows go (invalidated), before the QP.
+void grants_unbind(Socket *s);
+void grants_closed(Socket *s);  // its QP gone: the grants and their registrations go
+
+// --- rdma.cpp ---
+using Op = ::ibmsg__op;
+// What an operation does beyond its ranges.
+struct OpArgs {
+  ibmsg_op_type type;
+  uint32_t imm;
+  uint64_t compare_add, swap;
+};
+int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
+            const ibmsg_descriptor *remote, size_t roff, const OpArgs &a);
+int ops_open(Socket *s);      // the operation table (its first operation); freed with the socket
+int op_send_now(Socket *s, Op *op);  // posts a queued operation (flush_sends)
+void op_on_wc(Socket *s, Op *op, const tp::Completion &wc);
+void op_finish(Socket *s, Op *op, int status);  // its done callback (from work_done, teardown)
+
+}  // namespace ibmsg

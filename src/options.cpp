@@ -64,6 +64,11 @@ bool int_option_valid(int option, int v) {
 
 }  // namespace
 
+const Options *options_of(const ibmsg_options *o, bool *bad) {
+  *bad = o && o->magic != kOptionsMagic;
+  return o && !*bad ? &o->opts : nullptr;
+}
+
 int options_set(Options *o, int option, const void *value, size_t len) {
   if (!value) return IBMSG_EINVAL;
   if (option == IBMSG_OPT_MAX_MSG_SIZE || option == IBMSG_OPT_RNDV_MEMORY) {

@@ -34,6 +34,8 @@ struct Options {
   char device[kNameMax] = "";
 };
 int options_set(Options *o, int option, const void *value, size_t len);
+// The options of a set from ibmsg_options_new (nullptr for NULL); *bad if o is not one.
+const Options *options_of(const ibmsg_options *o, bool *bad);
 int options_get(const Options *o, int option, void *value, size_t *len);
 
 }  // namespace ibmsg

@@ -30,10 +30,6 @@ constexpr uint64_t kChunkMax = uint64_t(8) << 20;
 // link busy; the other connections of the loop keep flowing between them.
 constexpr uint64_t kReadAhead = kLargePiece;
 
-// The message_incoming callback's handle while it runs on this thread (its functions compare
-// before they read anything through it: a kept copy is refused, not followed).
-thread_local const ibmsg_incoming *g_incoming = nullptr;
-
 // The peer read our rendezvous message w (status IBMSG_OK) or declined it: w is done once its
 // RTS's send completed too.
 void read_done(Socket *, Work *w, int status) {
@@ -59,35 +55,11 @@ uint64_t read_len(const RndvIn &in, uint64_t off, uint64_t chunk) {
   return !in.region && n > room ? room : n;
 }
 
-// Bytes of the destination the library allocates for a message of length bytes (its size class).
-size_t dest_bytes(uint64_t length) {
-  unsigned index;
-  size_t bytes;
-  return large_class(size_t(length), &index, &bytes) ? bytes : SIZE_MAX;
-}
-
-// Room for a destination of bytes under the loop's IBMSG_OPT_RNDV_MEMORY, in the order the
-// connections asked for it; false: s waits in the loop's queue (rndv_dest_put wakes it). With
-// nothing allocated, any message gets its turn (one above the cap is declined before it asks:
-// this is for a cap lowered meanwhile).
-bool mem_take(Socket *s, size_t bytes) {
-  Loop *loop = s->loop;
-  auto &waiters = loop->rndv_mem_waiters;
-  const bool my_turn = s->rndv_mem_node.linked() ? waiters.front() == s : waiters.empty();
-  if (!my_turn || (loop->rndv_mem && bytes > loop->opts.rndv_memory - loop->rndv_mem)) {
-    if (!s->rndv_mem_node.linked()) waiters.push_back(s);
-    return false;
-  }
-  if (s->rndv_mem_node.linked()) waiters.remove(s);
-  loop->rndv_mem += bytes;
-  return true;
-}
-
 // The first waiting connections whose destinations fit now post their reads.
 void mem_wake(Loop *loop) {
-  while (Socket *w = loop->rndv_mem_waiters.front()) {
+  while (Socket *w = rndv_mem_first(loop)) {
     rndv_pump(w);
-    if (loop->rndv_mem_waiters.front() == w) break;  // still waits (or reads before it first)
+    if (rndv_mem_first(loop) == w) break;  // still waits (or reads before it first)
   }
 }
 
@@ -98,7 +70,7 @@ void rndv_dest_put(Slot *slot) {
   if (!m) return;
   slot->large = nullptr;
   Loop *loop = m->dev->loop;
-  loop->rndv_mem -= m->bytes < loop->rndv_mem ? m->bytes : loop->rndv_mem;
+  rndv_mem_give(loop, m->bytes);
   large_put(m);
   mem_wake(loop);
 }
@@ -110,7 +82,7 @@ void rndv_dest_put(Slot *slot) {
 // work costs one piece, and this step registers at most kReadAhead / kLargePiece + 1 pieces.
 void rndv_pump(Socket *s) {
   if (s->state != State::Connected || s->lingering) {  // a closing one starts no reads
-    if (s->rndv_mem_node.linked()) s->loop->rndv_mem_waiters.remove(s);
+    rndv_mem_leave(s);
     return;
   }
   const uint64_t chunk = read_chunk(s);
@@ -124,12 +96,12 @@ void rndv_pump(Socket *s) {
     if (s->rndv_read_bytes && s->rndv_read_bytes + n > kReadAhead)
       break;  // enough in flight: the next completion posts more
     if (!in->dest) {
-      const size_t bytes = dest_bytes(in->length);
-      if (!mem_take(s, bytes)) break;  // waits for rendezvous memory
+      const size_t bytes = rndv_dest_bytes(in->length);
+      if (!rndv_mem_take(s, bytes)) break;  // waits for rendezvous memory
       int err = IBMSG_OK;
       slot->large = large_get(s->dev, false, 0, size_t(in->length), &err);
       if (!slot->large) {
-        s->loop->rndv_mem -= bytes;
+        rndv_mem_give(s->loop, bytes);
         socket_close(s, err);
         return;
       }
@@ -265,25 +237,8 @@ void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
   ibmsg_request *answers = r.req == 2 ? req_awaiting(s, tr.id) : nullptr;
   if ((r.req == 1 && answer_is_copy(s, slot)) || (r.req == 2 && !answers))
     in.declined = true;
-  else if (auto cb = s->loop->pub->message_incoming) {
-    ibmsg_incoming inc{};
-    inc.size = msg->size;
-    inc.imm = msg->imm;
-    inc.flags = msg->flags;
-    inc.impl = slot;
-    inc.request = answers;
-    g_incoming = &inc;
-    cb(s->pub, &inc);
-    g_incoming = nullptr;
-  }
-  if (!in.declined && !in.region && dest_bytes(r.length) > s->loop->opts.rndv_memory) {
-    // Larger than the loop's rendezvous memory, and not for a region of the application's.
-    in.declined = true;
-    IBMSG_LOG(s, IBMSG_LOG_WARN,
-              "declined a message of %llu bytes: more than IBMSG_OPT_RNDV_MEMORY (%llu)",
-              static_cast<unsigned long long>(r.length),
-              static_cast<unsigned long long>(s->loop->opts.rndv_memory));
-  }
+  else
+    incoming_choose(s, slot, answers);
   if (in.region) msg->flags |= IBMSG_MSG_REGION;
   const bool declined = in.declined;
   if (!declined) s->deliver.push_back(slot);
@@ -427,38 +382,11 @@ void rndv_release(Socket *s) {
   while (RndvIn *in = s->fins.pop_front()) drop_slot(s, static_cast<Slot *>(in->wr.owner));
   while (s->rndv_wait.pop_front()) {
   }
-  if (s->rndv_mem_node.linked()) s->loop->rndv_mem_waiters.remove(s);
+  rndv_mem_leave(s);
   while (Slot *slot = s->deliver.pop_front()) drop_slot(s, slot);
   s->rndv_reads = 0;
   s->rndv_read_bytes = 0;
   s->done_owed = 0;
-}
-
-int incoming_to_region(ibmsg_incoming *inc, Region *r, size_t off) {
-  if (!inc || inc != g_incoming || !r) return IBMSG_EINVAL;  // outside its callback
-  Slot *slot = inc->impl;
-  Socket *s = recv_owner(slot);
-  RndvIn &in = slot->in;
-  if (in.declined || in.region) return IBMSG_ESTATE;
-  if (r->loop != s->loop) return IBMSG_EINVAL;
-  if (off > r->length || in.length > r->length - off) return IBMSG_ERANGE;
-  if (!(r->access & IBMSG_ACCESS_LOCAL_WRITE)) return IBMSG_EACCES;
-  int err = IBMSG_OK;
-  const tp::Mr *mr = region_mr(r, s->dev, &err);
-  if (!mr) return err;
-  in.dest = r->addr + off;
-  in.dest_mr = mr;
-  in.region = r;
-  ++r->busy;  // the reads write into it, and the message points into it until it is freed
-  return IBMSG_OK;
-}
-
-int incoming_decline(ibmsg_incoming *inc) {
-  if (!inc || inc != g_incoming) return IBMSG_EINVAL;  // outside its callback
-  Slot *slot = inc->impl;
-  if (slot->in.declined || slot->in.region) return IBMSG_ESTATE;
-  slot->in.declined = true;
-  return IBMSG_OK;
 }
 
 }  // namespace ibmsg
