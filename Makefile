@@ -11,7 +11,7 @@ CONFIGURE_FLAGS ?=
 # Debian packages the build and the tests need (the Soft-RoCE rig installs its own); protobuf-c
 # is for the example ibmsg-rpc only (configure skips it without).
 DEPS = g++ make autoconf automake libtool pkg-config librdmacm-dev libibverbs-dev libev-dev \
-       libcmocka-dev mandoc doxygen protobuf-c-compiler libprotobuf-c-dev
+       libcmocka-dev mandoc doxygen protobuf-c-compiler libprotobuf-c-dev clang python3
 
 .DEFAULT_GOAL := all
 .PHONY: deps configure all check demo install uninstall distcheck dist clean distclean doc
