@@ -4,9 +4,8 @@
 // exactly-once done callbacks on every close path, remote access errors, the checks before
 // posting, and the features both hellos must offer.
 //
-// The harness follows test_connection.cpp's (its fixture lives in that file, so the parts needed
-// here are repeated, with operations and regions added). Every test runs on a fresh loop and a
-// reset fake. The teardown closes what the test left open and then checks what must hold after
+// The fixture is test/fake/harness.hpp's, with operations and regions. Every test runs on a fresh
+// loop and a reset fake. The teardown closes what the test left open and then checks what must hold after
 // any scenario: each socket that was set up closed exactly once, no callback after its closed
 // callback, exactly one done per posted operation and one message_sent per posted message, all
 // of them before connection_closed and in posting order per connection, every region
@@ -14,318 +13,24 @@
 // length error and no misuse of the transport, and no invalid state transition.
 //
 // FAKE_SEED=n runs the randomized test with another seed.
-#include <csetjmp>
-#include <cstdarg>
-#include <cstddef>
-#include <cstdint>
-extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
-#include <cmocka.h>
+#include "harness.hpp"  // the fixture: H, Conn, OpRec, Reg, the callbacks, setup and teardown
+
 #include <unistd.h>
-}
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <functional>
-#include <initializer_list>
 #include <map>
-#include <memory>
 #include <random>
-#include <string>
-#include <utility>
-#include <vector>
 
-#include "fake.hpp"
-#include "ibmsg.h"
 #include "internal.hpp"  // ibmsg::invalid_transitions
-#include "wire.hpp"
 
 namespace fake = ibmsg::fake;
 namespace wire = ibmsg::wire;
-using Raw = fake::RawPeer;
+using namespace ibmsg::fake::harness;
 using TpOp = ibmsg::tp::Op;
 
 namespace {
-
-// --- the harness ------------------------------------------------------------------------------
-
-#define expect_code(actual, expected)                                           \
-  do {                                                                          \
-    int a_ = (actual), e_ = (expected);                                         \
-    if (a_ != e_)                                                               \
-      fail_msg("%s: got %s (%d), expected %s", #actual, ibmsg_err_name(a_), a_, \
-               ibmsg_err_name(e_));                                             \
-  } while (0)
-
-struct Conn;
-
-// A send buffer the test owns (it stays at its address while allocated).
-struct Out {
-  ibmsg_buffer m{};
-  bool allocated = false;
-  int posts = 0;     // successful posts
-  int sent_cbs = 0;  // message_sent callbacks
-  int seq = -1;      // the connection's posting number of its last post
-  int id = -1;       // the message's number on its connection
-};
-
-// A one-sided operation the test owns (at the same address until its done callback).
-struct OpRec {
-  ibmsg_op op{};
-  int id = 0;
-  Conn *conn = nullptr;
-  int posts = 0, dones = 0;
-  int status = -1;        // what done got
-  int status_field = -1;  // op.status inside done
-  int seq = -1;           // the connection's posting number
-  std::function<void()> when_done;
-};
-
-// One ibmsg_socket and what its callbacks reported.
-struct Conn {
-  ibmsg_socket s{};
-  const char *name = "";
-  bool opened = false;
-  int lives = 1;
-  unsigned short local_port = 0;  // when it was established
-  int established = 0;
-  int closed = 0;
-  int close_reason = -1;
-  int after_close = 0;  // callbacks after the closed callback (must stay 0)
-  std::function<void()> when_closed;
-  // posting order: every successful post (message or operation) takes the next number, every
-  // message_sent / done must come with the next expected one
-  int next_post = 0, next_cb = 0, bad_cb_order = 0;
-  int ops_posted = 0, ops_done = 0, ops_done_at_close = -1, msgs_done_at_close = -1;
-  int msgs_posted = 0, msgs_done = 0;
-  std::string trace;  // "op0=OK msg1=ECANCELED closed=OK ..."
-  // sending
-  std::deque<Out> outs;
-  uint64_t next_send_seq = 0;
-  int sent_ok = 0, sent_canceled = 0, sent_other = 0;
-  // receiving
-  bool hold = false;
-  std::deque<ibmsg_buffer *> held;
-  uint64_t received = 0;
-  uint64_t next_seq = 0;
-  int bad_order = 0;
-  std::string last_payload;
-  std::vector<std::pair<unsigned, uint32_t>> rx_imm;  // (flags, imm) of each received message
-  std::vector<size_t> rx_sizes;
-  std::function<void(ibmsg_buffer *)> on_msg;
-  // write-immediates received
-  std::vector<uint32_t> write_imms;
-  std::vector<size_t> write_lens;
-  std::function<void(uint32_t, size_t)> on_write;
-};
-
-// A region the test owns.
-struct Reg {
-  ibmsg_region r{};
-  bool live = false;
-  std::vector<uint8_t> own;  // the memory of a registered (not allocated) region
-  uint8_t *p() const { return static_cast<uint8_t *>(r.addr); }
-};
-
-struct H {
-  ibmsg_event_loop loop;
-  bool loop_alive = false;
-  std::deque<Conn> conns;
-  std::deque<OpRec> ops;
-  std::deque<Reg> regs;
-  std::vector<std::unique_ptr<Raw>> raws;
-  std::vector<ibmsg_options *> opts;
-  ibmsg_options *accept_opts = nullptr;
-  bool hold_accepted = false;
-  int requests = 0;
-  std::vector<Conn *> accepted;
-  unsigned long transitions_before = 0;
-};
-
-H *h_of(void **state) { return static_cast<H *>(*state); }
-
-std::string short_name(int code) {
-  std::string n = ibmsg_err_name(code);
-  return n.compare(0, 6, "IBMSG_") == 0 ? n.substr(6) : n;
-}
-
-void add_trace(Conn *c, const std::string &what) {
-  if (!c->trace.empty()) c->trace += ' ';
-  c->trace += what;
-}
-
-Conn &new_conn(H *h, const char *name) {
-  h->conns.emplace_back();
-  Conn &c = h->conns.back();
-  c.name = name;
-  c.s.user_data = &c;
-  return c;
-}
-
-Raw *new_raw(H *h, uint32_t recv_bufs = 32) {
-  h->raws.push_back(std::make_unique<Raw>(recv_bufs));
-  return h->raws.back().get();
-}
-
-ibmsg_options *options(H *h, std::initializer_list<std::pair<int, int>> values) {
-  ibmsg_options *o = ibmsg_options_new(&h->loop);
-  if (!o) fail_msg("ibmsg_options_new failed");
-  h->opts.push_back(o);
-  for (auto &v : values)
-    expect_code(ibmsg_options_set(o, v.first, &v.second, sizeof(int)), IBMSG_OK);
-  return o;
-}
-
-void fill(ibmsg_buffer *m, uint64_t seq) {
-  auto p = static_cast<uint8_t *>(m->data);
-  if (m->size >= 8) memcpy(p, &seq, 8);
-  for (size_t i = 8; i < m->size; ++i) p[i] = uint8_t(seq);
-}
-
-// A posting call succeeded: it takes the connection's next posting number.
-int take_post(Conn &c) { return c.next_post++; }
-
-// A message_sent or done with posting number seq arrived.
-void check_cb_order(Conn *c, int seq) {
-  if (seq != c->next_cb) ++c->bad_cb_order;
-  c->next_cb = seq + 1;
-}
-
-// --- callbacks ---
-
-void on_request(ibmsg_connection_request *req) {
-  H *h = static_cast<H *>(req->loop->user_data);
-  ++h->requests;
-  Conn &c = new_conn(h, "accepted");
-  c.hold = h->hold_accepted;
-  if (ibmsg_accept_opts(req, &c.s, h->accept_opts) == IBMSG_OK) {
-    c.opened = true;
-    h->accepted.push_back(&c);
-  }
-}
-
-void on_established(ibmsg_socket *s) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  if (c->closed >= c->lives) ++c->after_close;
-  ++c->established;
-  ibmsg_socket_local_address(s, nullptr, 0, &c->local_port);
-}
-
-void on_received(ibmsg_socket *s, ibmsg_buffer *m) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  if (c->closed >= c->lives) ++c->after_close;
-  ++c->received;
-  c->last_payload.assign(static_cast<const char *>(m->data), m->size);
-  c->rx_imm.emplace_back(m->flags, m->imm);
-  c->rx_sizes.push_back(m->size);
-  if (m->size >= 8) {
-    uint64_t seq;
-    memcpy(&seq, m->data, 8);
-    if (seq != c->next_seq) ++c->bad_order;
-    c->next_seq = seq + 1;
-  } else {
-    ++c->next_seq;  // too short for its number
-  }
-  if (c->on_msg) c->on_msg(m);
-  if (c->hold) c->held.push_back(m);
-  else if (ibmsg_free_msg(m) != IBMSG_OK) ++c->bad_order;
-}
-
-void on_sent(ibmsg_socket *s, ibmsg_buffer *m, int status) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  if (c->closed >= c->lives) ++c->after_close;
-  Out *o = static_cast<Out *>(m->user_data);
-  ++o->sent_cbs;
-  ++c->msgs_done;
-  check_cb_order(c, o->seq);
-  add_trace(c, "msg" + std::to_string(o->id) + "=" + short_name(status));
-  if (status == IBMSG_OK) ++c->sent_ok;
-  else if (status == IBMSG_ECANCELED) ++c->sent_canceled;
-  else ++c->sent_other;
-  if (ibmsg_free_msg(m) == IBMSG_OK) o->allocated = false;
-}
-
-void on_done(ibmsg_socket *s, ibmsg_op *op, int status) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  if (c->closed >= c->lives) ++c->after_close;
-  OpRec *o = static_cast<OpRec *>(op->user_data);
-  ++o->dones;
-  o->status = status;
-  o->status_field = op->status;
-  ++c->ops_done;
-  if (o->conn != c) ++c->bad_cb_order;
-  check_cb_order(c, o->seq);
-  add_trace(c, "op" + std::to_string(o->id) + "=" + short_name(status));
-  if (o->when_done) o->when_done();
-}
-
-void on_write_received(ibmsg_socket *s, uint32_t imm, size_t len) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  if (c->closed >= c->lives) ++c->after_close;
-  c->write_imms.push_back(imm);
-  c->write_lens.push_back(len);
-  if (c->on_write) c->on_write(imm, len);
-}
-
-void on_closed(ibmsg_socket *s, int reason) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  ++c->closed;
-  c->close_reason = reason;
-  c->ops_done_at_close = c->ops_done;
-  c->msgs_done_at_close = c->msgs_done;
-  add_trace(c, "closed=" + short_name(reason));
-  if (c->when_closed) c->when_closed();
-}
-
-// --- driving the loop ---
-
-template <class F>
-bool run_until(H *h, F done, int max_rounds = 400, int timeout_ms = 1) {
-  for (int i = 0; i < max_rounds; ++i) {
-    for (auto &r : h->raws) r->pump();
-    if (done()) return true;
-    ibmsg_dispatch_event_loop_timeout(&h->loop, timeout_ms);
-  }
-  for (auto &r : h->raws) r->pump();
-  return done();
-}
-
-#define RUN_UNTIL(h, cond)                                                                \
-  do {                                                                                    \
-    if (!run_until(h, [&] { return bool(cond); })) fail_msg("never happened: %s", #cond); \
-  } while (0)
-
-void settle(H *h, int rounds = 10) {
-  auto never = [] { return false; };
-  run_until(h, never, rounds, 1);
-}
-
-// --- sockets ---
-
-unsigned short port_of(Conn &l) {
-  unsigned short p = 0;
-  expect_code(ibmsg_socket_local_address(&l.s, nullptr, 0, &p), IBMSG_OK);
-  return p;
-}
-
-Conn &listener(H *h, const ibmsg_options *o = nullptr, int max_conn = 8) {
-  Conn &l = new_conn(h, "listener");
-  expect_code(ibmsg_listen_opts(&h->loop, &l.s, nullptr, 0, max_conn, o), IBMSG_OK);
-  l.opened = true;
-  return l;
-}
-
-Conn &client(H *h, unsigned short port, const ibmsg_options *o = nullptr) {
-  Conn &c = new_conn(h, "client");
-  expect_code(ibmsg_connect_opts(&h->loop, &c.s, "127.0.0.1", port, o), IBMSG_OK);
-  c.opened = true;
-  return c;
-}
-
-struct Pair {
-  Conn *l, *c, *a;  // listener, client, accepted
-};
 
 // Listeners of the loop refuse no address after a violation (tests that reconnect at once).
 void no_ban(H *h) {
@@ -338,73 +43,6 @@ uint64_t loop_violations(H *h) {
   ibmsg_loop_counters c;
   expect_code(ibmsg_loop_stats(&h->loop, &c, sizeof c), IBMSG_OK);
   return c.remote_access_violations;
-}
-
-Pair connected(H *h, const ibmsg_options *lo = nullptr, const ibmsg_options *co = nullptr) {
-  Conn &l = listener(h, lo);
-  size_t before = h->accepted.size();
-  Conn &c = client(h, port_of(l), co);
-  RUN_UNTIL(h, c.established && h->accepted.size() > before && h->accepted.back()->established);
-  return Pair{&l, &c, h->accepted.back()};
-}
-
-// Allocates, fills and posts one message (with an immediate if with_imm); the code of the call
-// that failed (its buffer is freed again then).
-int send_msg(Conn &c, size_t size, bool with_imm = false, uint32_t imm = 0) {
-  Out *o = nullptr;
-  for (Out &x : c.outs)
-    if (!x.allocated) {
-      o = &x;
-      break;
-    }
-  if (!o) {
-    c.outs.emplace_back();
-    o = &c.outs.back();
-  }
-  int rc = ibmsg_alloc_msg(&o->m, &c.s, size);
-  if (rc) return rc;
-  o->allocated = true;
-  o->m.user_data = o;
-  fill(&o->m, c.next_send_seq);
-  rc = with_imm ? ibmsg_post_send_imm(&c.s, &o->m, imm) : ibmsg_post_send(&c.s, &o->m);
-  if (rc) {
-    expect_code(ibmsg_free_msg(&o->m), IBMSG_OK);
-    o->allocated = false;
-    return rc;
-  }
-  ++o->posts;
-  ++c.msgs_posted;
-  o->seq = take_post(c);
-  o->id = int(c.next_send_seq);
-  ++c.next_send_seq;
-  return IBMSG_OK;
-}
-
-void free_held(Conn &c, size_t n = SIZE_MAX) {
-  while (n-- && !c.held.empty()) {
-    expect_code(ibmsg_free_msg(c.held.front()), IBMSG_OK);
-    c.held.pop_front();
-  }
-}
-
-struct RawPair {
-  Raw *r;
-  Conn *l, *a;
-};
-
-// A raw client connected to an ibmsg listener (recv_depth receive buffers for data); the accepted
-// socket holds what it receives.
-RawPair raw_client(H *h, const wire::Hello &hello, int recv_depth = 4,
-                   std::initializer_list<std::pair<int, int>> more = {}) {
-  ibmsg_options *o = options(h, {{IBMSG_OPT_RECV_DEPTH, recv_depth}});
-  for (auto &v : more) expect_code(ibmsg_options_set(o, v.first, &v.second, sizeof(int)), IBMSG_OK);
-  Conn &l = listener(h, o);
-  h->hold_accepted = true;
-  Raw *r = new_raw(h);
-  expect_code(r->connect(port_of(l), hello), IBMSG_OK);
-  RUN_UNTIL(h, r->state() == Raw::State::Established && !h->accepted.empty() &&
-                   h->accepted.back()->established);
-  return RawPair{r, &l, h->accepted.back()};
 }
 
 // --- regions, descriptors, operations ---
@@ -536,125 +174,16 @@ std::string ops_text(const std::vector<TpOp> &v) {
 // What the core posted on c's QP (credit-only messages left out), as text.
 std::string posted(Conn &c) { return ops_text(fake::posts_of(c.local_port)); }
 
-// --- setup and the checks after every test ---
-
+// Seq payloads (only the number checked); message_sent and done in posting order and before
+// connection_closed; write-immediates reported.
 int setup(void **state) {
-  fake::reset();
-  H *h = new H();
-  if (ibmsg_init_event_loop(&h->loop) != IBMSG_OK) return -1;
-  h->loop_alive = true;
-  h->loop.user_data = h;
-  h->loop.connection_request = on_request;
-  h->loop.connection_established = on_established;
-  h->loop.message_received = on_received;
-  h->loop.message_sent = on_sent;
-  h->loop.connection_closed = on_closed;
-  h->loop.write_received = on_write_received;
-  h->transitions_before = ibmsg::invalid_transitions();
-  *state = h;
-  return 0;
-}
-
-void complain(std::string *errs, const char *fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  *errs += "\n  ";
-  *errs += buf;
-}
-
-int teardown(void **state) {
-  H *h = h_of(state);
-  std::string errs;
-  // Hooks may point into the test's stack frame, which is gone (a failed test jumped out of it).
-  for (Conn &c : h->conns) {
-    c.on_msg = nullptr;
-    c.on_write = nullptr;
-    c.when_closed = nullptr;
-  }
-  for (OpRec &o : h->ops) o.when_done = nullptr;
-  fake::pause_wire(false);
-  fake::delay_send_completions(false);
-  fake::hold_established(false);
-  fake::release_established();
-  for (Conn &c : h->conns)
-    if (c.opened && c.closed < c.lives) ibmsg_disconnect(&c.s);
-  bool all_closed = run_until(h, [h] {
-    for (Conn &c : h->conns)
-      if (c.opened && c.closed < c.lives) return false;
-    return true;
+  return fixture_setup(state, [](H *h) {
+    h->payload = Payload::SeqNumber;
+    h->sent_in_order = true;
+    h->sent_before_closed = true;
+    h->loop.write_received = on_write_received;
+    return 0;
   });
-  for (Conn &c : h->conns) {
-    if (c.opened && c.closed != c.lives)
-      complain(&errs, "%s socket: %d closed callbacks, expected exactly %d%s", c.name, c.closed,
-               c.lives, all_closed ? "" : " (it never closed)");
-    if (!c.opened && c.closed)
-      complain(&errs, "%s socket that was never set up got a closed callback", c.name);
-    if (c.after_close)
-      complain(&errs, "%s socket: %d callbacks after its closed callback", c.name, c.after_close);
-    if (c.bad_order)
-      complain(&errs, "%s socket: %d messages out of order or corrupted", c.name, c.bad_order);
-    if (c.bad_cb_order)
-      complain(&errs, "%s socket: %d message_sent/done callbacks out of posting order (%s)",
-               c.name, c.bad_cb_order, c.trace.c_str());
-    if (c.closed && c.ops_done_at_close != c.ops_posted)
-      complain(&errs, "%s socket: %d of %d done callbacks before its closed callback", c.name,
-               c.ops_done_at_close, c.ops_posted);
-    if (c.closed && c.msgs_done_at_close != c.msgs_posted)
-      complain(&errs, "%s socket: %d of %d message_sent callbacks before its closed callback",
-               c.name, c.msgs_done_at_close, c.msgs_posted);
-    for (ibmsg_buffer *m : c.held)
-      if (int rc = ibmsg_free_msg(m))
-        complain(&errs, "%s socket: freeing a received message: %s", c.name, ibmsg_err_name(rc));
-    c.held.clear();
-    for (Out &o : c.outs) {
-      if (o.posts != o.sent_cbs)
-        complain(&errs, "%s socket: a message posted %d times got %d message_sent callbacks",
-                 c.name, o.posts, o.sent_cbs);
-      if (o.allocated)
-        if (int rc = ibmsg_free_msg(&o.m))
-          complain(&errs, "%s socket: freeing a send buffer: %s", c.name, ibmsg_err_name(rc));
-      o.allocated = false;
-    }
-  }
-  for (OpRec &o : h->ops)
-    if (o.posts != o.dones)
-      complain(&errs, "operation %d: posted %d times, %d done callbacks", o.id, o.posts, o.dones);
-  for (Reg &g : h->regs) {
-    if (!g.live) continue;
-    if (int rc = ibmsg_deregister_region(&g.r))
-      complain(&errs, "deregistering a region: %s", ibmsg_err_name(rc));
-    else g.live = false;
-  }
-  for (auto &r : h->raws) r->close();
-  settle(h, 3);
-  bool destroyed = !h->loop_alive;
-  if (h->loop_alive) {
-    int rc = ibmsg_destroy_event_loop(&h->loop);
-    if (rc) complain(&errs, "ibmsg_destroy_event_loop: %s", ibmsg_err_name(rc));
-    destroyed = rc == IBMSG_OK;
-  }
-  for (ibmsg_options *o : h->opts) ibmsg_options_free(o);
-  std::string left = fake::open_objects_text();
-  if (!left.empty()) complain(&errs, "left open in the transport: %s", left.c_str());
-  const fake::Stats &st = fake::stats();
-  if (st.misuses)
-    complain(&errs, "%lu misuses of the transport, the first: %s", st.misuses,
-             st.first_misuse.c_str());
-  if (st.rnr_errors) complain(&errs, "%lu sends found no posted receive (RNR)", st.rnr_errors);
-  if (st.length_errors)
-    complain(&errs, "%lu sends were longer than the receive buffer", st.length_errors);
-  if (unsigned long n = ibmsg::invalid_transitions() - h->transitions_before)
-    complain(&errs, "%lu invalid state transitions (IBMSG_DEBUG=1 names them)", n);
-  if (destroyed) delete h;
-  if (errs.empty()) return 0;
-  static char text[8192];
-  snprintf(text, sizeof text, "%s", errs.c_str());
-  std::string().swap(errs);
-  fail_msg("after the test:%s", text);
-  return 0;
 }
 
 constexpr unsigned kR = IBMSG_ACCESS_REMOTE_READ;

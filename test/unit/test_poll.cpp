@@ -6,8 +6,8 @@
 // while something polls; a failing arm closes only its connection; closing stops the polling;
 // the option per socket; a credit-only message followed by a message in its round is unsignaled.
 //
-// The harness follows test_connection.cpp's (its fixture lives in that file, so the parts needed
-// here are repeated, with replies sent from the callbacks and the CQ's arming recorded there).
+// The fixture is test/fake/harness.hpp's, with replies sent from the callbacks and the CQ's arming
+// recorded there (rx_probe).
 // Every test runs on a fresh loop and a reset fake. The teardown closes what the test left open
 // and then checks what must hold after any scenario: each socket that was set up closed exactly
 // once, no callback after its closed callback, one message_sent per posted message, messages in
@@ -16,13 +16,7 @@
 //
 // The arming is read from the fake (fake::cq_info on the connection's CQ) and whether the loop
 // polls from the core's loop (internal.hpp): white-box, as the property is about them.
-#include <csetjmp>
-#include <cstdarg>
-#include <cstddef>
-#include <cstdint>
-extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
-#include <cmocka.h>
-}
+#include "harness.hpp"  // the fixture: H, Conn, the callbacks, run_until, setup and teardown
 
 #include <poll.h>
 #include <time.h>
@@ -30,150 +24,20 @@ extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <functional>
-#include <initializer_list>
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
 
-#include "fake.hpp"
-#include "ibmsg.h"
 #include "internal.hpp"  // ibmsg::invalid_transitions, the socket's CQ, the loop's poller
 
 namespace fake = ibmsg::fake;
+using namespace ibmsg::fake::harness;
 
 namespace {
 
-// --- the harness ------------------------------------------------------------------------------
-
-#define expect_code(actual, expected)                                           \
-  do {                                                                          \
-    int a_ = (actual), e_ = (expected);                                         \
-    if (a_ != e_)                                                               \
-      fail_msg("%s: got %s (%d), expected %s", #actual, ibmsg_err_name(a_), a_, \
-               ibmsg_err_name(e_));                                             \
-  } while (0)
-
-double now_ms() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
-}
-
-// A send buffer the test owns (it stays at its address while allocated).
-struct Out {
-  ibmsg_buffer m{};
-  bool allocated = false;
-  int posts = 0;     // successful ibmsg_post_send
-  int sent_cbs = 0;  // message_sent callbacks
-};
-
-// One ibmsg_socket and what its callbacks reported.
-struct Conn {
-  ibmsg_socket s{};
-  const char *name = "";
-  bool opened = false;  // listen/connect/accept succeeded: one closed callback must follow
-  int established = 0;
-  int closed = 0;
-  int close_reason = -1;
-  int disconnect_in_closed = -1;  // what ibmsg_disconnect said inside the closed callback
-  int sent_at_close = -1;         // message_sent callbacks before the closed callback
-  int after_close = 0;            // callbacks after the closed callback (must stay 0)
-  // sending
-  std::deque<Out> outs;
-  uint64_t next_send_seq = 0;
-  int sent_ok = 0, sent_canceled = 0, sent_other = 0;  // by status; each sent buffer is freed
-  // receiving
-  uint64_t received = 0;
-  uint64_t next_seq = 0;
-  int bad_order = 0;  // out of order, duplicated or corrupted
-  double last_rx_ms = 0;
-  // replies sent from message_received (ping-pong)
-  int replies_left = 0;
-  int reply_errors = 0;
-  uint64_t disconnect_at = 0;  // > 0: ibmsg_disconnect inside the callback of that message
-  int disconnect_rc = -1;
-  std::function<void()> on_rx;  // runs inside message_received, after the above
-  // the CQ as message_received found it (a received message's completion was just polled)
-  int rx_armed = 0;  // messages that found the CQ armed
-  bool rx_seen = false;
-  fake::CqInfo rx_first{}, rx_last{};
-  int rx_polling = 0;  // messages received while the connection polled
-  int rx_unread = 0;   // messages handed out before the event that signalled them was read
-};
-
-struct H {
-  ibmsg_event_loop loop;
-  bool loop_alive = false;
-  std::deque<Conn> conns;  // a deque: references stay valid
-  std::vector<ibmsg_options *> opts;
-  std::deque<ibmsg_region> regions;      // deregistered by the teardown
-  ibmsg_options *accept_opts = nullptr;  // what connection_request accepts with
-  int requests = 0;
-  std::vector<Conn *> accepted;
-  unsigned long transitions_before = 0;  // ibmsg::invalid_transitions() at the start
-};
-
-H *h_of(void **state) { return static_cast<H *>(*state); }
-
-Conn &new_conn(H *h, const char *name) {
-  h->conns.emplace_back();
-  Conn &c = h->conns.back();
-  c.name = name;
-  c.s.user_data = &c;
-  return c;
-}
-
-ibmsg_options *options(H *h, std::initializer_list<std::pair<int, int>> values) {
-  ibmsg_options *o = ibmsg_options_new(&h->loop);
-  if (!o) fail_msg("ibmsg_options_new failed");
-  h->opts.push_back(o);
-  for (auto &v : values)
-    expect_code(ibmsg_options_set(o, v.first, &v.second, sizeof(int)), IBMSG_OK);
-  return o;
-}
+// --- what this file adds to the harness (test/fake/harness.hpp) ---------------------------------
 
 ibmsg_options *busy_poll(H *h, int value) { return options(h, {{IBMSG_OPT_BUSY_POLL, value}}); }
 
 void set_loop_busy_poll(H *h, int value) {
   expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_BUSY_POLL, &value, sizeof value), IBMSG_OK);
-}
-
-// Payload: the sequence number, then its low byte repeated.
-void fill(ibmsg_buffer *m, uint64_t seq) {
-  auto p = static_cast<uint8_t *>(m->data);
-  if (m->size >= 8) memcpy(p, &seq, 8);
-  for (size_t i = 8; i < m->size; ++i) p[i] = uint8_t(seq);
-}
-
-// Allocates, fills and posts one message; the code of the call that failed (its buffer is freed
-// again then). Calls no cmocka check: it runs inside callbacks too.
-int send_msg(Conn &c, size_t size) {
-  Out *o = nullptr;
-  for (Out &x : c.outs)
-    if (!x.allocated) {
-      o = &x;
-      break;
-    }
-  if (!o) {
-    c.outs.emplace_back();
-    o = &c.outs.back();
-  }
-  int rc = ibmsg_alloc_msg(&o->m, &c.s, size);
-  if (rc) return rc;
-  o->allocated = true;
-  o->m.user_data = o;
-  fill(&o->m, c.next_send_seq);
-  rc = ibmsg_post_send(&c.s, &o->m);
-  if (rc) {
-    if (ibmsg_free_msg(&o->m) == IBMSG_OK) o->allocated = false;
-    return rc;
-  }
-  ++o->posts;
-  ++c.next_send_seq;
-  return IBMSG_OK;
 }
 
 ibmsg::tp::Cq *cq_of(const Conn &c) { return c.s.impl ? c.s.impl->cq : nullptr; }
@@ -182,99 +46,6 @@ bool polls(const Conn &c) { return c.s.impl && c.s.impl->poll_active; }
 int loop_polling(H *h) { return h->loop.impl->polling; }
 bool poller_running(H *h) { return ev_is_active(&h->loop.impl->poller); }
 int loop_timeout(H *h) { return ibmsg_event_loop_timeout(&h->loop); }
-
-// --- callbacks ---
-
-void on_request(ibmsg_connection_request *req) {
-  H *h = static_cast<H *>(req->loop->user_data);
-  ++h->requests;
-  Conn &c = new_conn(h, "accepted");
-  if (ibmsg_accept_opts(req, &c.s, h->accept_opts) == IBMSG_OK) {
-    c.opened = true;
-    h->accepted.push_back(&c);
-  }
-}
-
-void on_established(ibmsg_socket *s) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  if (c->closed) ++c->after_close;
-  ++c->established;
-}
-
-void on_received(ibmsg_socket *s, ibmsg_buffer *m) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  if (c->closed) ++c->after_close;
-  ++c->received;
-  c->last_rx_ms = now_ms();
-  fake::CqInfo info = cq(*c);
-  if (info.armed) ++c->rx_armed;
-  if (info.signals > info.taken) ++c->rx_unread;
-  if (!c->rx_seen) c->rx_first = info;
-  c->rx_seen = true;
-  c->rx_last = info;
-  if (polls(*c)) ++c->rx_polling;
-  if (m->size >= 8) {
-    uint64_t seq;
-    memcpy(&seq, m->data, 8);
-    if (seq != c->next_seq) ++c->bad_order;
-    c->next_seq = seq + 1;
-    auto p = static_cast<const uint8_t *>(m->data);
-    for (size_t i = 8; i < m->size; ++i)
-      if (p[i] != uint8_t(seq)) {
-        ++c->bad_order;
-        break;
-      }
-  }
-  if (ibmsg_free_msg(m) != IBMSG_OK) ++c->bad_order;
-  if (c->replies_left > 0) {
-    --c->replies_left;
-    if (send_msg(*c, 16) != IBMSG_OK) ++c->reply_errors;
-  }
-  if (c->disconnect_at && c->received == c->disconnect_at) c->disconnect_rc = ibmsg_disconnect(s);
-  if (c->on_rx) c->on_rx();
-}
-
-void on_sent(ibmsg_socket *s, ibmsg_buffer *m, int status) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  if (c->closed) ++c->after_close;
-  Out *o = static_cast<Out *>(m->user_data);
-  ++o->sent_cbs;
-  if (status == IBMSG_OK) ++c->sent_ok;
-  else if (status == IBMSG_ECANCELED) ++c->sent_canceled;
-  else ++c->sent_other;
-  if (ibmsg_free_msg(m) == IBMSG_OK) o->allocated = false;
-}
-
-void on_closed(ibmsg_socket *s, int reason) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  ++c->closed;
-  c->close_reason = reason;
-  c->sent_at_close = c->sent_ok + c->sent_canceled + c->sent_other;
-  c->disconnect_in_closed = ibmsg_disconnect(s);
-}
-
-// --- driving the loop ---
-
-// Runs the loop until done() or max_rounds rounds.
-template <class F>
-bool run_until(H *h, F done, int max_rounds = 2000, int timeout_ms = 1) {
-  for (int i = 0; i < max_rounds; ++i) {
-    if (done()) return true;
-    ibmsg_dispatch_event_loop_timeout(&h->loop, timeout_ms);
-  }
-  return done();
-}
-
-#define RUN_UNTIL(h, cond)                                                                \
-  do {                                                                                    \
-    if (!run_until(h, [&] { return bool(cond); })) fail_msg("never happened: %s", #cond); \
-  } while (0)
-
-// Lets whatever is pending happen.
-void settle(H *h, int rounds = 10) {
-  auto never = [] { return false; };
-  run_until(h, never, rounds, 1);
-}
 
 // Drives the loop as a foreign event loop would (ibmsg_event_loop_process while
 // ibmsg_event_loop_timeout() says 0) until the timeout is no longer 0; the milliseconds that
@@ -292,41 +63,6 @@ double process_while_polling(H *h, double limit_ms = 3000) {
 bool loop_fd_readable(H *h) {
   pollfd p{ibmsg_event_loop_fd(&h->loop), POLLIN, 0};
   return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
-}
-
-// --- setting up sockets ---
-
-unsigned short port_of(Conn &l) {
-  unsigned short p = 0;
-  expect_code(ibmsg_socket_local_address(&l.s, nullptr, 0, &p), IBMSG_OK);
-  return p;
-}
-
-Conn &listener(H *h, const ibmsg_options *o = nullptr, int max_conn = 8) {
-  Conn &l = new_conn(h, "listener");
-  expect_code(ibmsg_listen_opts(&h->loop, &l.s, nullptr, 0, max_conn, o), IBMSG_OK);
-  l.opened = true;
-  return l;
-}
-
-Conn &client(H *h, unsigned short port, const ibmsg_options *o = nullptr) {
-  Conn &c = new_conn(h, "client");
-  expect_code(ibmsg_connect_opts(&h->loop, &c.s, "127.0.0.1", port, o), IBMSG_OK);
-  c.opened = true;
-  return c;
-}
-
-struct Pair {
-  Conn *l, *c, *a;  // listener, client, accepted
-};
-
-// A connection: the accepted side takes the listener's options (lo), or h->accept_opts if set.
-Pair connected(H *h, const ibmsg_options *lo = nullptr, const ibmsg_options *co = nullptr) {
-  Conn &l = listener(h, lo);
-  size_t before = h->accepted.size();
-  Conn &c = client(h, port_of(l), co);
-  RUN_UNTIL(h, c.established && h->accepted.size() > before && h->accepted.back()->established);
-  return Pair{&l, &c, h->accepted.back()};
 }
 
 // One message each way, so that each CQ has had its first completion.
@@ -356,116 +92,31 @@ void reset_rx(Conn &c) {
   c.rx_unread = 0;
 }
 
-// --- setup and the checks after every test ---
-
+// Seq payloads, checked byte for byte; ibmsg_disconnect is called (and checked) in every closed
+// callback; each received message records how it found its CQ (armed, signalled, polling).
 int setup(void **state) {
-  fake::reset();
-  H *h = new H();
-  if (ibmsg_init_event_loop(&h->loop) != IBMSG_OK) return -1;
-  h->loop_alive = true;
-  // No keepalive timer: these tests check that nothing but polling sets the loop's timeout.
-  int off = 0;
-  if (ibmsg_setopt(&h->loop, IBMSG_OPT_KEEPALIVE, &off, sizeof off) != IBMSG_OK) return -1;
-  h->loop.user_data = h;
-  h->loop.connection_request = on_request;
-  h->loop.connection_established = on_established;
-  h->loop.message_received = on_received;
-  h->loop.message_sent = on_sent;
-  h->loop.connection_closed = on_closed;
-  h->transitions_before = ibmsg::invalid_transitions();
-  *state = h;
-  return 0;
-}
-
-// Adds one line to the teardown's complaints.
-void complain(std::string *errs, const char *fmt, ...) {
-  char buf[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  *errs += "\n  ";
-  *errs += buf;
-}
-
-// Closes what the test left open, releases everything, then reports every broken guarantee at
-// once (so that a failed test still cleans up for the next one).
-int teardown(void **state) {
-  H *h = h_of(state);
-  std::string errs;
-  fake::before_cq_arm(nullptr, nullptr);
-  fake::pause_wire(false);
-  for (Conn &c : h->conns) {
-    c.replies_left = 0;
-    c.on_rx = nullptr;
-  }
-  if (h->loop_alive) {
-    for (Conn &c : h->conns)
-      if (c.opened && !c.closed) ibmsg_disconnect(&c.s);
-    bool all_closed = run_until(h, [h] {
-      for (Conn &c : h->conns)
-        if (c.opened && !c.closed) return false;
-      return true;
-    });
-    if (!all_closed) complain(&errs, "sockets never closed");
-  }
-  for (Conn &c : h->conns) {
-    if (c.opened && c.closed != 1)
-      complain(&errs, "%s socket: %d closed callbacks, expected exactly 1", c.name, c.closed);
-    if (!c.opened && c.closed)
-      complain(&errs, "%s socket that was never set up got a closed callback", c.name);
-    if (c.after_close)
-      complain(&errs, "%s socket: %d callbacks after its closed callback", c.name, c.after_close);
-    if (c.closed && c.disconnect_in_closed != IBMSG_ENOTCONN)
-      complain(&errs, "%s socket: ibmsg_disconnect inside its closed callback returned %s", c.name,
-               ibmsg_err_name(c.disconnect_in_closed));
-    if (c.bad_order)
-      complain(&errs, "%s socket: %d messages out of order or corrupted", c.name, c.bad_order);
-    if (c.reply_errors)
-      complain(&errs, "%s socket: %d replies failed to go out", c.name, c.reply_errors);
-    for (Out &o : c.outs) {
-      if (o.posts != o.sent_cbs)
-        complain(&errs, "%s socket: a message posted %d times got %d message_sent callbacks",
-                 c.name, o.posts, o.sent_cbs);
-      if (o.allocated)
-        if (int rc = ibmsg_free_msg(&o.m))
-          complain(&errs, "%s socket: freeing a send buffer: %s", c.name, ibmsg_err_name(rc));
-      o.allocated = false;
-    }
-  }
-  for (ibmsg_region &r : h->regions)
-    if (r.impl)
-      if (int rc = ibmsg_deregister_region(&r))
-        complain(&errs, "ibmsg_deregister_region: %s", ibmsg_err_name(rc));
-  settle(h, 3);
-  bool destroyed = !h->loop_alive;
-  if (h->loop_alive) {
-    if (loop_polling(h) != 0)
-      complain(&errs, "the loop still counts %d polling connections", loop_polling(h));
-    int rc = ibmsg_destroy_event_loop(&h->loop);
-    if (rc) complain(&errs, "ibmsg_destroy_event_loop: %s", ibmsg_err_name(rc));
-    destroyed = rc == IBMSG_OK;
-  }
-  for (ibmsg_options *o : h->opts) ibmsg_options_free(o);
-  std::string left = fake::open_objects_text();
-  if (!left.empty()) complain(&errs, "left open in the transport: %s", left.c_str());
-  const fake::Stats &st = fake::stats();
-  if (st.misuses)
-    complain(&errs, "%lu misuses of the transport, the first: %s", st.misuses,
-             st.first_misuse.c_str());
-  if (st.rnr_errors) complain(&errs, "%lu sends found no posted receive (RNR)", st.rnr_errors);
-  if (st.length_errors)
-    complain(&errs, "%lu sends were longer than the receive buffer", st.length_errors);
-  // The count is the process's: this test's share is what it added.
-  if (unsigned long n = ibmsg::invalid_transitions() - h->transitions_before)
-    complain(&errs, "%lu invalid state transitions (IBMSG_DEBUG=1 names them)", n);
-  if (destroyed) delete h;  // else the loop may still point into it
-  if (errs.empty()) return 0;
-  static char text[4096];  // fail_msg does not return: nothing may be left to destroy
-  snprintf(text, sizeof text, "%s", errs.c_str());
-  std::string().swap(errs);
-  fail_msg("after the test:%s", text);
-  return 0;
+  return fixture_setup(state, [](H *h) {
+    // No keepalive timer: these tests check that nothing but polling sets the loop's timeout.
+    int off = 0;
+    if (ibmsg_setopt(&h->loop, IBMSG_OPT_KEEPALIVE, &off, sizeof off) != IBMSG_OK) return -1;
+    h->disconnect_in_closed = true;
+    h->max_rounds = 2000;
+    h->rx_probe = [](Conn &c, ibmsg_buffer *) {
+      fake::CqInfo info = cq(c);
+      if (info.armed) ++c.rx_armed;
+      if (info.signals > info.taken) ++c.rx_unread;
+      if (!c.rx_seen) c.rx_first = info;
+      c.rx_seen = true;
+      c.rx_last = info;
+      if (polls(c)) ++c.rx_polling;
+    };
+    h->extra_checks = [](H *hh, std::string *errs) {
+      if (loop_polling(hh) != 0)
+        *errs += "\n  the loop still counts " + std::to_string(loop_polling(hh)) +
+                 " polling connections";
+    };
+    return 0;
+  });
 }
 
 // === the option ===============================================================================

@@ -6,8 +6,7 @@
 // side; IBMSG_OPT_MAX_MSG_SIZE and IBMSG_OPT_EAGER_SIZE; hostile and older (1.1) peers; the cache
 // of large buffers; rendezvous with one-sided RDMA off.
 //
-// The harness follows test_onesided.cpp's (itself taken from test_connection.cpp, where the
-// fixture lives), without regions and operations, with a payload check added: message number k
+// The fixture is test/fake/harness.hpp's, with its Pattern payload check: message number k
 // of a connection carries a pattern of k and of the offset, checked byte for byte when it arrives,
 // and again when a held message is freed (its buffer is lent until then, also after its
 // connection closed). Every test runs on a fresh loop and a reset fake. The teardown closes what
@@ -18,37 +17,21 @@
 // error and no misuse of the transport, and no invalid state transition.
 //
 // FAKE_SEED=n runs the randomized test with another seed; FAKE_DEBUG=1 prints what it did.
-#include <csetjmp>
-#include <cstdarg>
-#include <cstddef>
-#include <cstdint>
-extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
-#include <cmocka.h>
-}
+#include "harness.hpp"  // the fixture: H, Conn, the pattern, the callbacks, setup and teardown
 
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <deque>
-#include <functional>
-#include <initializer_list>
 #include <map>
-#include <memory>
 #include <random>
-#include <string>
-#include <utility>
-#include <vector>
 
-#include "fake.hpp"
-#include "ibmsg.h"
 #include "internal.hpp"  // ibmsg::invalid_transitions
-#include "wire.hpp"
 
 namespace fake = ibmsg::fake;
 namespace wire = ibmsg::wire;
-using Raw = fake::RawPeer;
+using namespace ibmsg::fake::harness;
 using TpOp = ibmsg::tp::Op;
 
 namespace {
@@ -57,407 +40,12 @@ constexpr size_t kEager = 16384;  // the default IBMSG_OPT_EAGER_SIZE (since 1.3
 constexpr size_t kMiB = size_t(1) << 20;
 constexpr uint64_t kMax32 = 0xffffffffu;  // the default IBMSG_OPT_MAX_MSG_SIZE
 
-// --- the payload pattern ----------------------------------------------------------------------
-
-// Word w of message k: every 4-byte word differs from its neighbours and from the same word of
-// other messages, so a chunk read to the wrong place or a message delivered out of order shows.
-uint32_t pattern_word(uint64_t k, size_t w) {
-  uint32_t x = uint32_t(w) * 0x9e3779b1u ^ (uint32_t(k) * 0x85ebca77u + 0x27d4eb2fu);
-  x ^= uint32_t(uint64_t(w) >> 32);
-  x ^= x >> 15;
-  x *= 0x2c1b3c6du;
-  x ^= x >> 12;
-  x *= 0x297a2d39u;
-  x ^= x >> 15;
-  return x;
-}
-
-void fill_pattern(void *data, size_t n, uint64_t k) {
-  auto p = static_cast<uint8_t *>(data);
-  for (size_t i = 0; i < n; i += 4) {
-    const uint32_t x = pattern_word(k, i / 4);
-    memcpy(p + i, &x, n - i < 4 ? n - i : 4);
-  }
-}
-
-// The offset of the first byte that differs from message k's pattern; n if none does.
-size_t pattern_mismatch(const void *data, size_t n, uint64_t k) {
-  if (n && !data) return 0;
-  auto p = static_cast<const uint8_t *>(data);
-  for (size_t i = 0; i < n; i += 4) {
-    const uint32_t x = pattern_word(k, i / 4);
-    const size_t m = n - i < 4 ? n - i : 4;
-    if (memcmp(p + i, &x, m) == 0) continue;
-    const auto *xb = reinterpret_cast<const uint8_t *>(&x);
-    for (size_t j = 0; j < m; ++j)
-      if (p[i + j] != xb[j]) return i + j;
-  }
-  return n;
-}
-
-// --- the harness ------------------------------------------------------------------------------
-
-#define expect_code(actual, expected)                                           \
-  do {                                                                          \
-    int a_ = (actual), e_ = (expected);                                         \
-    if (a_ != e_)                                                               \
-      fail_msg("%s: got %s (%d), expected %s", #actual, ibmsg_err_name(a_), a_, \
-               ibmsg_err_name(e_));                                             \
-  } while (0)
-
-struct Conn;
-
-// A send buffer the test owns (it stays at its address while allocated).
-struct Out {
-  ibmsg_buffer m{};
-  bool allocated = false;
-  int posts = 0;     // successful posts
-  int sent_cbs = 0;  // message_sent callbacks
-  int seq = -1;      // the connection's posting number of its last post
-  int id = -1;       // the message's number on its connection
-};
-
-// A received message the application holds, and its number on the connection.
-struct Held {
-  ibmsg_buffer *m;
-  uint64_t k;
-};
-
-// One ibmsg_socket and what its callbacks reported.
-struct Conn {
-  ibmsg_socket s{};
-  const char *name = "";
-  bool opened = false;
-  int lives = 1;
-  unsigned short local_port = 0;  // when it was established
-  int established = 0;
-  int closed = 0;
-  int close_reason = -1;
-  int after_close = 0;  // callbacks after the closed callback (must stay 0)
-  std::function<void()> when_closed;
-  // posting order: every successful post takes the next number, every message_sent must come
-  // with the next expected one
-  int next_post = 0, next_cb = 0, bad_cb_order = 0;
-  int msgs_done_at_close = -1;
-  int msgs_posted = 0, msgs_done = 0;
-  std::string trace;  // "msg0=OK msg1=ECANCELED closed=OK ..."
-  // sending
-  std::deque<Out> outs;
-  uint64_t next_send_seq = 0;
-  int sent_ok = 0, sent_canceled = 0, sent_other = 0;
-  std::vector<size_t> tx_sizes;  // by message number
-  std::vector<int> tx_status;    // by message number: what message_sent said (-1: nothing yet)
-  std::function<void(int id, int status)> on_sent_hook;
-  // receiving
-  bool verify = true;  // received messages carry the pattern (not from a raw peer)
-  bool hold = false;
-  std::deque<Held> held;
-  uint64_t received = 0;
-  int bad_payload = 0;
-  std::string first_bad;
-  std::vector<std::pair<unsigned, uint32_t>> rx_imm;  // (flags, imm) of each received message
-  std::vector<size_t> rx_sizes;
-  std::function<void(ibmsg_buffer *)> on_msg;
-};
-
-struct H {
-  ibmsg_event_loop loop;
-  bool loop_alive = false;
-  ibmsg_event_loop loop2;  // a second loop, when a test needs a second device
-  bool loop2_alive = false;
-  std::deque<Conn> conns;
-  std::vector<std::unique_ptr<Raw>> raws;
-  std::vector<ibmsg_options *> opts;
-  ibmsg_options *accept_opts = nullptr;
-  bool hold_accepted = false;
-  int requests = 0;
-  std::vector<Conn *> accepted;
-  unsigned long transitions_before = 0;
-};
-
-H *h_of(void **state) { return static_cast<H *>(*state); }
-
-std::string short_name(int code) {
-  std::string n = ibmsg_err_name(code);
-  return n.compare(0, 6, "IBMSG_") == 0 ? n.substr(6) : n;
-}
-
-void add_trace(Conn *c, const std::string &what) {
-  if (!c->trace.empty()) c->trace += ' ';
-  c->trace += what;
-}
-
-Conn &new_conn(H *h, const char *name) {
-  h->conns.emplace_back();
-  Conn &c = h->conns.back();
-  c.name = name;
-  c.s.user_data = &c;
-  return c;
-}
-
-Raw *new_raw(H *h, uint32_t recv_bufs = 32, uint32_t buf_size = 4096) {
-  h->raws.push_back(std::make_unique<Raw>(recv_bufs, buf_size));
-  return h->raws.back().get();
-}
-
-ibmsg_options *options(H *h, std::initializer_list<std::pair<int, int>> values) {
-  ibmsg_options *o = ibmsg_options_new(&h->loop);
-  if (!o) fail_msg("ibmsg_options_new failed");
-  h->opts.push_back(o);
-  for (auto &v : values)
-    expect_code(ibmsg_options_set(o, v.first, &v.second, sizeof(int)), IBMSG_OK);
-  return o;
-}
-
-// A posting call succeeded: it takes the connection's next posting number.
-int take_post(Conn &c) { return c.next_post++; }
-
-// A message_sent with posting number seq arrived.
-void check_cb_order(Conn *c, int seq) {
-  if (seq != c->next_cb) ++c->bad_cb_order;
-  c->next_cb = seq + 1;
-}
-
-void note_bad(Conn *c, const std::string &what) {
-  if (c->bad_payload++ == 0) c->first_bad = what;
-}
-
-void check_payload(Conn *c, const ibmsg_buffer *m, uint64_t k, const char *when) {
-  if (!c->verify) return;
-  const size_t bad = pattern_mismatch(m->data, m->size, k);
-  if (bad == m->size) return;
-  char buf[160];
-  snprintf(buf, sizeof buf, "message %llu of %zu bytes %s: byte %zu differs",
-           (unsigned long long)k, m->size, when, bad);
-  note_bad(c, buf);
-}
-
-// --- callbacks ---
-
-void on_request(ibmsg_connection_request *req) {
-  H *h = static_cast<H *>(req->loop->user_data);
-  ++h->requests;
-  Conn &c = new_conn(h, "accepted");
-  c.hold = h->hold_accepted;
-  if (ibmsg_accept_opts(req, &c.s, h->accept_opts) == IBMSG_OK) {
-    c.opened = true;
-    h->accepted.push_back(&c);
-  }
-}
-
-void on_established(ibmsg_socket *s) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  if (c->closed >= c->lives) ++c->after_close;
-  ++c->established;
-  ibmsg_socket_local_address(s, nullptr, 0, &c->local_port);
-}
-
-void on_received(ibmsg_socket *s, ibmsg_buffer *m) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  if (c->closed >= c->lives) ++c->after_close;
-  const uint64_t k = c->received++;
-  c->rx_imm.emplace_back(m->flags, m->imm);
-  c->rx_sizes.push_back(m->size);
-  if (m->status != IBMSG_RECEIVED)
-    note_bad(c, "message " + std::to_string(k) + " arrived with status " +
-                    std::to_string(int(m->status)));
-  check_payload(c, m, k, "on arrival");
-  if (c->on_msg) c->on_msg(m);
-  if (c->hold) {
-    c->held.push_back(Held{m, k});
-  } else if (int rc = ibmsg_free_msg(m)) {
-    note_bad(c, "freeing message " + std::to_string(k) + ": " + ibmsg_err_name(rc));
-  }
-}
-
-void on_sent(ibmsg_socket *s, ibmsg_buffer *m, int status) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  if (c->closed >= c->lives) ++c->after_close;
-  Out *o = static_cast<Out *>(m->user_data);
-  ++o->sent_cbs;
-  ++c->msgs_done;
-  check_cb_order(c, o->seq);
-  add_trace(c, "msg" + std::to_string(o->id) + "=" + short_name(status));
-  if (status == IBMSG_OK) ++c->sent_ok;
-  else if (status == IBMSG_ECANCELED) ++c->sent_canceled;
-  else ++c->sent_other;
-  if (o->id >= 0 && size_t(o->id) < c->tx_status.size()) c->tx_status[size_t(o->id)] = status;
-  const int id = o->id;
-  if (ibmsg_free_msg(m) == IBMSG_OK) o->allocated = false;
-  if (c->on_sent_hook) c->on_sent_hook(id, status);
-}
-
-void on_closed(ibmsg_socket *s, int reason) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  ++c->closed;
-  c->close_reason = reason;
-  c->msgs_done_at_close = c->msgs_done;
-  add_trace(c, "closed=" + short_name(reason));
-  if (c->when_closed) c->when_closed();
-}
-
-// --- driving the loops ---
-
-void dispatch_once(H *h, int timeout_ms) {
-  for (auto &r : h->raws) r->pump();
-  ibmsg_dispatch_event_loop_timeout(&h->loop, timeout_ms);
-  if (h->loop2_alive) ibmsg_dispatch_event_loop_timeout(&h->loop2, 0);
-}
-
-template <class F>
-bool run_until(H *h, F done, int max_rounds = 400, int timeout_ms = 1) {
-  for (int i = 0; i < max_rounds; ++i) {
-    for (auto &r : h->raws) r->pump();
-    if (done()) return true;
-    dispatch_once(h, timeout_ms);
-  }
-  for (auto &r : h->raws) r->pump();
-  return done();
-}
-
-std::string state_text(H *h);
-
-#define RUN_UNTIL(h, cond)                                                                 \
-  do {                                                                                     \
-    if (!run_until(h, [&] { return bool(cond); }))                                         \
-      fail_msg("never happened: %s%s", #cond, state_text(h).c_str());                      \
-  } while (0)
-
-// What the sockets did, for a condition that never came true.
-std::string state_text(H *h) {
-  std::string s;
-  for (Conn &c : h->conns) {
-    if (!c.opened) continue;
-    char buf[200];
-    snprintf(buf, sizeof buf,
-             "\n  %s (port %u, status %d): posted %d, sent_ok %d, done %d, received %llu: ", c.name,
-             c.local_port, int(c.s.status), c.msgs_posted, c.sent_ok, c.msgs_done,
-             (unsigned long long)c.received);
-    s += buf;
-    s += c.trace.size() > 300 ? "..." + c.trace.substr(c.trace.size() - 300) : c.trace;
-  }
-  return s;
-}
-
-void settle(H *h, int rounds = 10) {
-  auto never = [] { return false; };
-  run_until(h, never, rounds, 1);
-}
-
-void init_loop(H *h, ibmsg_event_loop *l) {
-  if (ibmsg_init_event_loop(l) != IBMSG_OK) fail_msg("ibmsg_init_event_loop failed");
-  l->user_data = h;
-  l->connection_request = on_request;
-  l->connection_established = on_established;
-  l->message_received = on_received;
-  l->message_sent = on_sent;
-  l->connection_closed = on_closed;
-}
-
-// --- sockets ---
-
-unsigned short port_of(Conn &l) {
-  unsigned short p = 0;
-  expect_code(ibmsg_socket_local_address(&l.s, nullptr, 0, &p), IBMSG_OK);
-  return p;
-}
-
-Conn &listener(H *h, const ibmsg_options *o = nullptr, int max_conn = 8) {
-  Conn &l = new_conn(h, "listener");
-  expect_code(ibmsg_listen_opts(&h->loop, &l.s, nullptr, 0, max_conn, o), IBMSG_OK);
-  l.opened = true;
-  return l;
-}
-
-Conn &client(H *h, unsigned short port, const ibmsg_options *o = nullptr,
-             ibmsg_event_loop *loop = nullptr) {
-  Conn &c = new_conn(h, "client");
-  expect_code(ibmsg_connect_opts(loop ? loop : &h->loop, &c.s, "127.0.0.1", port, o), IBMSG_OK);
-  c.opened = true;
-  return c;
-}
-
-struct Pair {
-  Conn *l, *c, *a;  // listener, client, accepted
-};
-
-Pair connected(H *h, const ibmsg_options *lo = nullptr, const ibmsg_options *co = nullptr,
-               ibmsg_event_loop *client_loop = nullptr) {
-  Conn &l = listener(h, lo);
-  size_t before = h->accepted.size();
-  Conn &c = client(h, port_of(l), co, client_loop);
-  RUN_UNTIL(h, c.established && h->accepted.size() > before && h->accepted.back()->established);
-  return Pair{&l, &c, h->accepted.back()};
-}
-
-// Allocates a send buffer of size bytes and fills it with the pattern of the connection's next
-// message; nullptr with *rc if the allocation failed.
-Out *alloc_out(Conn &c, size_t size, int *rc) {
-  Out *o = nullptr;
-  for (Out &x : c.outs)
-    if (!x.allocated) {
-      o = &x;
-      break;
-    }
-  if (!o) {
-    c.outs.emplace_back();
-    o = &c.outs.back();
-  }
-  *rc = ibmsg_alloc_msg(&o->m, &c.s, size);
-  if (*rc) return nullptr;
-  o->allocated = true;
-  o->m.user_data = o;
-  fill_pattern(o->m.data, size, c.next_send_seq);
-  return o;
-}
-
-// The bookkeeping of a successful post of o: the connection's next message.
-void note_post(Conn &c, Out &o) {
-  ++o.posts;
-  ++c.msgs_posted;
-  o.seq = take_post(c);
-  o.id = int(c.next_send_seq);
-  c.tx_sizes.push_back(o.m.size);
-  c.tx_status.push_back(-1);
-  ++c.next_send_seq;
-}
-
-// Posts o (its size as it is now) as the connection's next message; the code of the call.
-int post_out(Conn &c, Out &o, bool with_imm = false, uint32_t imm = 0) {
-  int rc = with_imm ? ibmsg_post_send_imm(&c.s, &o.m, imm) : ibmsg_post_send(&c.s, &o.m);
-  if (rc) return rc;
-  note_post(c, o);
-  return IBMSG_OK;
-}
-
-// Allocates, fills and posts one message (with an immediate if with_imm); the code of the call
-// that failed (its buffer is freed again then).
-int send_msg(Conn &c, size_t size, bool with_imm = false, uint32_t imm = 0) {
-  int rc;
-  Out *o = alloc_out(c, size, &rc);
-  if (!o) return rc;
-  rc = post_out(c, *o, with_imm, imm);
-  if (rc) {
-    expect_code(ibmsg_free_msg(&o->m), IBMSG_OK);
-    o->allocated = false;
-  }
-  return rc;
-}
+// --- what this file adds to the harness (test/fake/harness.hpp) ---------------------------------
 
 void send_all(Conn &c, const std::vector<size_t> &sizes) {
   for (size_t n : sizes)
     if (int rc = send_msg(c, n))
       fail_msg("%s: posting a message of %zu bytes: %s", c.name, n, ibmsg_err_name(rc));
-}
-
-// Frees n held messages (all by default), checking each is still intact.
-void free_held(Conn &c, size_t n = SIZE_MAX) {
-  while (n-- && !c.held.empty()) {
-    Held x = c.held.front();
-    c.held.pop_front();
-    check_payload(&c, x.m, x.k, "when freed");
-    expect_code(ibmsg_free_msg(x.m), IBMSG_OK);
-  }
 }
 
 std::string sizes_text(const std::vector<size_t> &v) {
@@ -499,28 +87,6 @@ std::vector<uint32_t> post_lens(unsigned short port, TpOp op, size_t from) {
   return out;
 }
 
-// --- raw peers ---
-
-struct RawPair {
-  Raw *r;
-  Conn *l, *a;
-};
-
-// A raw client connected to an ibmsg listener (recv_depth receive buffers for data); the accepted
-// socket holds what it receives.
-RawPair raw_client(H *h, const wire::Hello &hello, int recv_depth = 4,
-                   std::initializer_list<std::pair<int, int>> more = {}) {
-  ibmsg_options *o = options(h, {{IBMSG_OPT_RECV_DEPTH, recv_depth}});
-  for (auto &v : more) expect_code(ibmsg_options_set(o, v.first, &v.second, sizeof(int)), IBMSG_OK);
-  Conn &l = listener(h, o);
-  h->hold_accepted = true;
-  Raw *r = new_raw(h);
-  expect_code(r->connect(port_of(l), hello), IBMSG_OK);
-  RUN_UNTIL(h, r->state() == Raw::State::Established && !h->accepted.empty() &&
-                   h->accepted.back()->established);
-  h->accepted.back()->verify = false;  // a raw peer sends no pattern
-  return RawPair{r, &l, h->accepted.back()};
-}
 
 // A hello of protocol 1.2 that offers rendezvous: 4096 bytes eagerly, 16 MiB in all.
 wire::Hello rndv_hello(uint32_t recv_depth = 8) {
@@ -569,120 +135,15 @@ void expect_still_working(H *h, Pair p) {
   assert_int_equal(p.c->bad_payload, 0);
 }
 
-// --- setup and the checks after every test ---
-
+// Pattern payloads, checked byte for byte on arrival and when freed; message_sent in posting
+// order and before connection_closed.
 int setup(void **state) {
-  fake::reset();
-  H *h = new H();
-  if (ibmsg_init_event_loop(&h->loop) != IBMSG_OK) return -1;
-  h->loop_alive = true;
-  h->loop.user_data = h;
-  h->loop.connection_request = on_request;
-  h->loop.connection_established = on_established;
-  h->loop.message_received = on_received;
-  h->loop.message_sent = on_sent;
-  h->loop.connection_closed = on_closed;
-  h->transitions_before = ibmsg::invalid_transitions();
-  *state = h;
-  return 0;
-}
-
-void complain(std::string *errs, const char *fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  *errs += "\n  ";
-  *errs += buf;
-}
-
-int teardown(void **state) {
-  H *h = h_of(state);
-  std::string errs;
-  // Hooks may point into the test's stack frame, which is gone (a failed test jumped out of it).
-  for (Conn &c : h->conns) {
-    c.on_msg = nullptr;
-    c.on_sent_hook = nullptr;
-    c.when_closed = nullptr;
-  }
-  fake::pause_wire(false);
-  fake::delay_send_completions(false);
-  fake::hold_established(false);
-  fake::release_established();
-  for (Conn &c : h->conns)
-    if (c.opened && c.closed < c.lives) ibmsg_disconnect(&c.s);
-  bool all_closed = run_until(h, [h] {
-    for (Conn &c : h->conns)
-      if (c.opened && c.closed < c.lives) return false;
-    return true;
+  return fixture_setup(state, [](H *h) {
+    h->payload = Payload::Pattern;
+    h->sent_in_order = true;
+    h->sent_before_closed = true;
+    return 0;
   });
-  for (Conn &c : h->conns) {
-    if (c.opened && c.closed != c.lives)
-      complain(&errs, "%s socket: %d closed callbacks, expected exactly %d%s", c.name, c.closed,
-               c.lives, all_closed ? "" : " (it never closed)");
-    if (!c.opened && c.closed)
-      complain(&errs, "%s socket that was never set up got a closed callback", c.name);
-    if (c.after_close)
-      complain(&errs, "%s socket: %d callbacks after its closed callback", c.name, c.after_close);
-    if (c.bad_cb_order)
-      complain(&errs, "%s socket: %d message_sent callbacks out of posting order (%s)", c.name,
-               c.bad_cb_order, c.trace.c_str());
-    if (c.closed && c.msgs_done_at_close != c.msgs_posted)
-      complain(&errs, "%s socket: %d of %d message_sent callbacks before its closed callback",
-               c.name, c.msgs_done_at_close, c.msgs_posted);
-    // Still lent after the close: the payload must be intact until it is freed.
-    for (const Held &x : c.held) {
-      check_payload(&c, x.m, x.k, "when freed after the test");
-      if (int rc = ibmsg_free_msg(x.m))
-        complain(&errs, "%s socket: freeing a received message: %s", c.name, ibmsg_err_name(rc));
-    }
-    c.held.clear();
-    if (c.bad_payload)
-      complain(&errs, "%s socket: %d received messages wrong (%s)", c.name, c.bad_payload,
-               c.first_bad.c_str());
-    for (Out &o : c.outs) {
-      if (o.posts != o.sent_cbs)
-        complain(&errs, "%s socket: a message posted %d times got %d message_sent callbacks",
-                 c.name, o.posts, o.sent_cbs);
-      if (o.allocated)
-        if (int rc = ibmsg_free_msg(&o.m))
-          complain(&errs, "%s socket: freeing a send buffer: %s", c.name, ibmsg_err_name(rc));
-      o.allocated = false;
-    }
-  }
-  for (auto &r : h->raws) r->close();
-  settle(h, 3);
-  if (h->loop2_alive) {
-    int rc = ibmsg_destroy_event_loop(&h->loop2);
-    if (rc) complain(&errs, "ibmsg_destroy_event_loop (second loop): %s", ibmsg_err_name(rc));
-    else h->loop2_alive = false;
-  }
-  if (h->loop_alive) {
-    int rc = ibmsg_destroy_event_loop(&h->loop);
-    if (rc) complain(&errs, "ibmsg_destroy_event_loop: %s", ibmsg_err_name(rc));
-    else h->loop_alive = false;
-  }
-  const bool destroyed = !h->loop_alive && !h->loop2_alive;
-  for (ibmsg_options *o : h->opts) ibmsg_options_free(o);
-  std::string left = fake::open_objects_text();
-  if (!left.empty()) complain(&errs, "left open in the transport: %s", left.c_str());
-  const fake::Stats &st = fake::stats();
-  if (st.misuses)
-    complain(&errs, "%lu misuses of the transport, the first: %s", st.misuses,
-             st.first_misuse.c_str());
-  if (st.rnr_errors) complain(&errs, "%lu sends found no posted receive (RNR)", st.rnr_errors);
-  if (st.length_errors)
-    complain(&errs, "%lu sends were longer than the receive buffer", st.length_errors);
-  if (unsigned long n = ibmsg::invalid_transitions() - h->transitions_before)
-    complain(&errs, "%lu invalid state transitions (IBMSG_DEBUG=1 names them)", n);
-  if (destroyed) delete h;
-  if (errs.empty()) return 0;
-  static char text[8192];
-  snprintf(text, sizeof text, "%s", errs.c_str());
-  std::string().swap(errs);
-  fail_msg("after the test:%s", text);
-  return 0;
 }
 
 // === 1. sizes, immediates, reads ==============================================================

@@ -2,37 +2,21 @@
 // the fake transport with shared receive queues (set_max_srq_wr): the hello (base 2, cap
 // IBMSG_OPT_RECV_DEPTH), ibmsg_socket_memory, streams, the cap counting held messages, credits
 // moving to a busy connection and given back (Return), hostile and older raw peers, buffers of
-// its own, closing while messages are held. The harness is test_rndv.cpp's, trimmed; raw peers
+// its own, closing while messages are held. The fixture is test/fake/harness.hpp's (Stream payloads); raw peers
 // keep a book of their credits (RawBook); some checks read the core's book through
 // ibmsg_socket.impl. The teardown checks: each socket closed once, one message_sent per post
 // before its closed callback, received messages intact, loops destroyed, nothing left open in
 // the fake, no RNR, length error, misuse or invalid state transition.
-#include <csetjmp>
-#include <cstdarg>
-#include <cstddef>
-#include <cstdint>
-extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
-#include <cmocka.h>
-}
+#include "harness.hpp"  // the fixture: H, Conn, the Stream payload, the callbacks, setup, teardown
 
 #include <algorithm>
 #include <cstdio>
-#include <deque>
-#include <functional>
-#include <initializer_list>
-#include <memory>
-#include <string>
-#include <utility>
-#include <vector>
 
-#include "fake.hpp"
-#include "ibmsg.h"
 #include "internal.hpp"  // the core's book: Socket::share, SharedRecv, invalid_transitions
-#include "wire.hpp"
 
 namespace fake = ibmsg::fake;
 namespace wire = ibmsg::wire;
-using Raw = fake::RawPeer;
+using namespace ibmsg::fake::harness;
 
 namespace {
 
@@ -41,229 +25,7 @@ constexpr size_t kIdle = (2 + 4) * kSlot;  // an idle connection: its base and c
 constexpr uint32_t kOpData = 0, kOpCredit = 1, kOpReturn = 6;
 constexpr uint32_t kWants = wire::kWantsBit;
 
-// --- the harness ------------------------------------------------------------------------------
-
-// Message k of a stream: sizes from 1 byte to the eager size, bytes that depend on k.
-size_t size_of(uint64_t k) { return k % 50 == 49 ? 16384 : 1 + (k * 977) % 3000; }
-uint8_t pattern_byte(uint64_t k, size_t i) { return uint8_t((k * 131 + i * 7 + (i >> 8)) ^ 0x5a); }
-
-#define expect_code(actual, expected)                                           \
-  do {                                                                          \
-    int a_ = (actual), e_ = (expected);                                         \
-    if (a_ != e_)                                                               \
-      fail_msg("%s: got %s (%d), expected %s", #actual, ibmsg_err_name(a_), a_, \
-               ibmsg_err_name(e_));                                             \
-  } while (0)
-
-struct Out {
-  ibmsg_buffer m{};
-  bool allocated = false;
-  int posts = 0, sent_cbs = 0;
-};
-struct Held { ibmsg_buffer *m; uint64_t k; };
-
-struct Conn {
-  ibmsg_socket s{};
-  const char *name = "";
-  bool opened = false;
-  int established = 0, closed = 0, close_reason = -1, after_close = 0;
-  int msgs_posted = 0, msgs_done = 0, sent_ok = 0, msgs_done_at_close = -1;
-  std::deque<Out> outs;
-  uint64_t next_send_seq = 0;
-  bool verify = true;  // received messages carry the pattern (not from a raw peer)
-  bool hold = false;
-  std::deque<Held> held;
-  uint64_t received = 0;
-  int bad_payload = 0;
-  std::string first_bad;
-  std::vector<size_t> rx_sizes;
-  std::function<void(ibmsg_buffer *)> on_msg;
-};
-
-struct H {
-  ibmsg_event_loop loops[2];  // the second when a test needs a second device
-  bool alive[2] = {false, false};
-  std::deque<Conn> conns;
-  std::vector<std::unique_ptr<Raw>> raws;
-  std::vector<ibmsg_options *> opts;
-  bool hold_accepted = false;
-  std::vector<Conn *> accepted;
-  unsigned long transitions_before = 0;
-};
-
-H *h_of(void **state) { return static_cast<H *>(*state); }
-
-Conn &new_conn(H *h, const char *name) {
-  Conn &c = h->conns.emplace_back();
-  c.name = name;
-  c.s.user_data = &c;
-  return c;
-}
-
-Raw *new_raw(H *h) { return h->raws.emplace_back(std::make_unique<Raw>(40, 4096)).get(); }
-
-ibmsg_options *options(H *h, std::initializer_list<std::pair<int, int>> values) {
-  ibmsg_options *o = h->opts.emplace_back(ibmsg_options_new(&h->loops[0]));
-  for (auto &v : values)
-    expect_code(ibmsg_options_set(o, v.first, &v.second, sizeof(int)), IBMSG_OK);
-  return o;
-}
-
-void check_payload(Conn *c, const ibmsg_buffer *m, uint64_t k, const char *when) {
-  if (!c->verify) return;
-  bool ok = m->size == size_of(k);
-  auto *d = static_cast<const uint8_t *>(m->data);
-  for (size_t i = 0; ok && i < m->size; ++i) ok = d[i] == pattern_byte(k, i);
-  if (!ok && c->bad_payload++ == 0)
-    c->first_bad = "message " + std::to_string(k) + " of " + std::to_string(m->size) +
-                   " bytes wrong " + when;
-}
-
-void on_request(ibmsg_connection_request *req) {
-  H *h = static_cast<H *>(req->loop->user_data);
-  Conn &c = new_conn(h, "accepted");
-  c.hold = h->hold_accepted;
-  if (ibmsg_accept(req, &c.s) == IBMSG_OK) {
-    c.opened = true;
-    h->accepted.push_back(&c);
-  }
-}
-
-void on_established(ibmsg_socket *s) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  c->after_close += c->closed;
-  ++c->established;
-}
-
-void on_received(ibmsg_socket *s, ibmsg_buffer *m) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  c->after_close += c->closed;
-  const uint64_t k = c->received++;
-  c->rx_sizes.push_back(m->size);
-  check_payload(c, m, k, "on arrival");
-  if (c->on_msg) c->on_msg(m);
-  if (c->hold) c->held.push_back(Held{m, k});
-  else expect_code(ibmsg_free_msg(m), IBMSG_OK);
-}
-
-void on_sent(ibmsg_socket *s, ibmsg_buffer *m, int status) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  c->after_close += c->closed;
-  Out *o = static_cast<Out *>(m->user_data);
-  ++o->sent_cbs;
-  ++c->msgs_done;
-  if (status == IBMSG_OK) ++c->sent_ok;
-  if (ibmsg_free_msg(m) == IBMSG_OK) o->allocated = false;
-}
-
-void on_closed(ibmsg_socket *s, int reason) {
-  Conn *c = static_cast<Conn *>(s->user_data);
-  ++c->closed;
-  c->close_reason = reason;
-  c->msgs_done_at_close = c->msgs_done;
-}
-
-void init_loop(H *h, int i) {
-  ibmsg_event_loop *l = &h->loops[i];
-  if (ibmsg_init_event_loop(l) != IBMSG_OK) fail_msg("ibmsg_init_event_loop failed");
-  h->alive[i] = true;
-  l->user_data = h;
-  l->connection_request = on_request;
-  l->connection_established = on_established;
-  l->message_received = on_received;
-  l->message_sent = on_sent;
-  l->connection_closed = on_closed;
-}
-
-template <class F>
-bool run_until(H *h, F done, int max_rounds = 2000) {
-  for (int i = 0; i < max_rounds; ++i) {
-    for (auto &r : h->raws) r->pump();
-    if (done()) return true;
-    ibmsg_dispatch_event_loop_timeout(&h->loops[0], 1);
-    if (h->alive[1]) ibmsg_dispatch_event_loop_timeout(&h->loops[1], 0);
-  }
-  for (auto &r : h->raws) r->pump();
-  return done();
-}
-
-std::string state_text(H *h) {
-  std::string s;
-  char buf[160];
-  for (Conn &c : h->conns)
-    if (c.opened) {
-      snprintf(buf, sizeof buf, "\n  %s (status %d): posted %d, sent_ok %d, received %llu",
-               c.name, int(c.s.status), c.msgs_posted, c.sent_ok, (unsigned long long)c.received);
-      s += buf;
-    }
-  return s;
-}
-
-#define RUN_UNTIL(h, cond)                                                \
-  do {                                                                    \
-    if (!run_until(h, [&] { return bool(cond); }))                        \
-      fail_msg("never happened: %s%s", #cond, state_text(h).c_str());     \
-  } while (0)
-
-void settle(H *h, int rounds = 30) { run_until(h, [] { return false; }, rounds); }
-
-// --- sockets and messages ---
-
-unsigned short port_of(Conn &l) {
-  unsigned short p = 0;
-  expect_code(ibmsg_socket_local_address(&l.s, nullptr, 0, &p), IBMSG_OK);
-  return p;
-}
-
-Conn &listener(H *h, const ibmsg_options *o = nullptr) {
-  Conn &l = new_conn(h, "listener");
-  expect_code(ibmsg_listen_opts(&h->loops[0], &l.s, nullptr, 0, 32, o), IBMSG_OK);
-  l.opened = true;
-  return l;
-}
-
-Conn &client(H *h, unsigned short port, const ibmsg_options *o = nullptr, int loop = 0) {
-  Conn &c = new_conn(h, "client");
-  expect_code(ibmsg_connect_opts(&h->loops[loop], &c.s, "127.0.0.1", port, o), IBMSG_OK);
-  c.opened = true;
-  return c;
-}
-
-struct Pair { Conn *c, *a; };  // client, accepted
-
-Pair connect_to(H *h, Conn &l, const ibmsg_options *co = nullptr, int loop = 0) {
-  const size_t before = h->accepted.size();
-  Conn &c = client(h, port_of(l), co, loop);
-  RUN_UNTIL(h, c.established && h->accepted.size() > before && h->accepted.back()->established);
-  return Pair{&c, h->accepted.back()};
-}
-
-Pair connected(H *h, const ibmsg_options *lo = nullptr, const ibmsg_options *co = nullptr) {
-  return connect_to(h, listener(h, lo), co);
-}
-
-// Allocates and posts the connection's next message; the code of the call that failed.
-int send_next(Conn &c) {
-  Out *o = nullptr;
-  for (Out &x : c.outs)
-    if (!x.allocated && !o) o = &x;
-  if (!o) o = &c.outs.emplace_back();
-  const uint64_t k = c.next_send_seq;
-  if (int rc = ibmsg_alloc_msg(&o->m, &c.s, size_of(k))) return rc;
-  o->allocated = true;
-  o->m.user_data = o;
-  auto *d = static_cast<uint8_t *>(o->m.data);
-  for (size_t i = 0; i < size_of(k); ++i) d[i] = pattern_byte(k, i);
-  if (int rc = ibmsg_post_send(&c.s, &o->m)) {
-    expect_code(ibmsg_free_msg(&o->m), IBMSG_OK);
-    o->allocated = false;
-    return rc;
-  }
-  ++o->posts;
-  ++c.msgs_posted;
-  ++c.next_send_seq;
-  return IBMSG_OK;
-}
+// --- what this file adds to the harness (test/fake/harness.hpp) ---------------------------------
 
 // Posts messages until the connection posted total of them or has no room now (IBMSG_EAGAIN).
 void top_up(Conn &c, uint64_t total) {
@@ -290,16 +52,6 @@ void stream_both(H *h, Pair p, uint64_t n) {
                     p.c->sent_ok == p.c->msgs_posted && p.a->sent_ok == p.a->msgs_posted));
   assert_int_equal(p.a->bad_payload + p.c->bad_payload, 0);
 }
-
-void free_held(Conn &c, size_t n = SIZE_MAX) {
-  for (; n && !c.held.empty(); --n) {
-    Held x = c.held.front();
-    c.held.pop_front();
-    check_payload(&c, x.m, x.k, "when freed");
-    expect_code(ibmsg_free_msg(x.m), IBMSG_OK);
-  }
-}
-
 size_t shared_mem(Conn &c) {
   ibmsg_memory m;
   expect_code(ibmsg_socket_memory(&c.s, &m), IBMSG_OK);
@@ -338,7 +90,7 @@ wire::Hello decode(const std::vector<uint8_t> &pdata) {
 }
 
 // The hello an ibmsg connect sends a raw listener.
-wire::Hello hello_of_client(H *h, const ibmsg_options *o, int loop = 0) {
+wire::Hello hello_of_client(H *h, const ibmsg_options *o, ibmsg_event_loop *loop = nullptr) {
   Raw *r = new_raw(h);
   expect_code(r->listen(), IBMSG_OK);
   client(h, r->port(), o, loop);
@@ -397,24 +149,14 @@ struct RawBook {
   }
 };
 
-struct RawPair {
-  Raw *r;
-  Conn *l, *a;
-  wire::Hello mine;  // the ibmsg side's hello
-};
-
 // A raw client with hello hh (len bytes of it) connected to an ibmsg listener (options o).
-RawPair raw_client(H *h, const wire::Hello &hh, const ibmsg_options *o = nullptr,
-                   size_t len = wire::kHelloSize) {
+RawPair raw_client_with(H *h, const wire::Hello &hh, const ibmsg_options *o = nullptr,
+                        size_t len = wire::kHelloSize) {
   uint8_t b[wire::kHelloSize];
   wire::encode_hello(hh, b);
-  Conn &l = listener(h, o);
-  Raw *r = new_raw(h);
-  expect_code(r->connect(port_of(l), b, len), IBMSG_OK);
-  RUN_UNTIL(h, r->state() == Raw::State::Established && !h->accepted.empty() &&
-                   h->accepted.back()->established);
-  h->accepted.back()->verify = false;  // a raw peer sends no pattern
-  return RawPair{r, &l, h->accepted.back(), decode(r->event_pdata())};
+  RawPair p = raw_connect(h, listener(h, o), b, len);
+  p.mine = decode(p.r->event_pdata());
+  return p;
 }
 
 RawBook book_of(const RawPair &p, bool shared) {
@@ -431,86 +173,19 @@ void expect_eproto(H *h, const RawPair &p) {
   RUN_UNTIL(h, p.r->state() == Raw::State::Disconnected);
 }
 
-// --- setup and the checks after every test ---
-
+// Stream payloads; every message_sent before connection_closed; a device with shared receive
+// queues, raw peers with 40 receive buffers.
 int setup(void **state) {
-  fake::reset();
-  fake::set_max_srq_wr(16384);
-  H *h = new H();
-  init_loop(h, 0);
-  h->transitions_before = ibmsg::invalid_transitions();
-  *state = h;
-  return 0;
-}
-
-void complain(std::string *errs, const char *fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof buf, fmt, ap);
-  va_end(ap);
-  *errs += "\n  ";
-  *errs += buf;
-}
-
-int teardown(void **state) {
-  H *h = h_of(state);
-  std::string errs;
-  for (Conn &c : h->conns) {
-    c.on_msg = nullptr;
-    if (c.opened && !c.closed) ibmsg_disconnect(&c.s);
-  }
-  run_until(h, [h] {
-    for (Conn &c : h->conns)
-      if (c.opened && !c.closed) return false;
-    return true;
+  return fixture_setup(state, [](H *h) {
+    fake::set_max_srq_wr(16384);
+    h->payload = Payload::Stream;
+    h->sent_before_closed = true;
+    h->max_rounds = 2000;
+    h->settle_rounds = 30;
+    h->backlog = 32;
+    h->raw_recv_bufs = 40;
+    return 0;
   });
-  for (Conn &c : h->conns) {
-    if (c.opened && c.closed != 1) complain(&errs, "%s: %d closed callbacks", c.name, c.closed);
-    if (c.after_close) complain(&errs, "%s: %d callbacks after closed", c.name, c.after_close);
-    if (c.closed && c.msgs_done_at_close != c.msgs_posted)
-      complain(&errs, "%s: %d of %d message_sent callbacks before its closed callback", c.name,
-               c.msgs_done_at_close, c.msgs_posted);
-    for (const Held &x : c.held) {
-      check_payload(&c, x.m, x.k, "when freed after the test");
-      if (int rc = ibmsg_free_msg(x.m))
-        complain(&errs, "%s: free: %s", c.name, ibmsg_err_name(rc));
-    }
-    c.held.clear();
-    if (c.bad_payload) complain(&errs, "%s: %d received messages wrong (%s)", c.name,
-                                c.bad_payload, c.first_bad.c_str());
-    for (Out &o : c.outs) {
-      if (o.posts != o.sent_cbs)
-        complain(&errs, "%s: a message posted %d times got %d message_sent callbacks", c.name,
-                 o.posts, o.sent_cbs);
-      if (o.allocated) ibmsg_free_msg(&o.m);
-      o.allocated = false;
-    }
-  }
-  for (auto &r : h->raws) r->close();
-  settle(h, 3);
-  for (int i = 1; i >= 0; --i)
-    if (h->alive[i]) {
-      if (int rc = ibmsg_destroy_event_loop(&h->loops[i]))
-        complain(&errs, "ibmsg_destroy_event_loop(%d): %s", i, ibmsg_err_name(rc));
-      else h->alive[i] = false;
-    }
-  const bool destroyed = !h->alive[0] && !h->alive[1];
-  for (ibmsg_options *o : h->opts) ibmsg_options_free(o);
-  std::string left = fake::open_objects_text();
-  if (!left.empty()) complain(&errs, "left open in the transport: %s", left.c_str());
-  const fake::Stats &st = fake::stats();
-  if (st.misuses) complain(&errs, "%lu misuses, first: %s", st.misuses, st.first_misuse.c_str());
-  if (st.rnr_errors) complain(&errs, "%lu sends found no posted receive (RNR)", st.rnr_errors);
-  if (st.length_errors) complain(&errs, "%lu sends too long", st.length_errors);
-  if (unsigned long n = ibmsg::invalid_transitions() - h->transitions_before)
-    complain(&errs, "%lu invalid state transitions", n);
-  if (destroyed) delete h;
-  if (errs.empty()) return 0;
-  static char text[8192];
-  snprintf(text, sizeof text, "%s", errs.c_str());
-  fail_msg("after the test:%s", text);
-  return 0;
 }
 
 // === 1. ibmsg to ibmsg ========================================================================
@@ -526,7 +201,7 @@ void hellos_offer_a_base_of_2_and_the_cap(void **state) {
     assert_int_equal(mine.cap, depth);
     assert_int_equal(mine.ctrl_depth, 4);
   }
-  RawPair p = raw_client(h, hello13(8, 8));  // the accepting side's
+  RawPair p = raw_client_with(h, hello13(8, 8));  // the accepting side's
   assert_int_equal(p.mine.minor, wire::kMinor);
   assert_true(p.mine.features & wire::kFeatureShared);
   assert_int_equal(p.mine.recv_depth, 2);
@@ -703,7 +378,7 @@ int64_t earn_credits(H *h, RawBook &b, int msgs) {
 void return_above_the_base_is_eproto_for_that_connection_only(void **state) {
   H *h = h_of(state);
   Pair other = connected(h);
-  RawPair p = raw_client(h, hello13(8, 8));
+  RawPair p = raw_client_with(h, hello13(8, 8));
   RawBook b = book_of(p, true);
   // A Return of what it holds above the base is fine.
   const int64_t held = earn_credits(h, b, 4);
@@ -728,7 +403,7 @@ void return_above_the_base_is_eproto_for_that_connection_only(void **state) {
 void malformed_or_unagreed_return_is_eproto(void **state) {
   H *h = h_of(state);
   for (int variant = 0; variant < 4; ++variant) {
-    RawPair p = raw_client(h, variant == 3 ? fake::hello(8) : hello13(8, 8));
+    RawPair p = raw_client_with(h, variant == 3 ? fake::hello(8) : hello13(8, 8));
     RawBook b = book_of(p, variant != 3);
     assert_int_equal(bool(core(*p.a)->features & wire::kFeatureShared), variant != 3);
     if (variant != 3) assert_true(earn_credits(h, b, 4) > 2);  // a plain Return of 1 is fine
@@ -745,7 +420,7 @@ void wants_on_a_credit_message_gets_a_credit(void **state) {
   H *h = h_of(state);
   h->hold_accepted = true;
   for (int cap : {32, 2}) {
-    RawPair p = raw_client(h, hello13(8, 8), options(h, {{IBMSG_OPT_RECV_DEPTH, cap}}));
+    RawPair p = raw_client_with(h, hello13(8, 8), options(h, {{IBMSG_OPT_RECV_DEPTH, cap}}));
     assert_int_equal(p.mine.recv_depth, 2);
     assert_int_equal(p.mine.cap, cap);
     RawBook b = book_of(p, true);
@@ -779,7 +454,7 @@ void data_beyond_the_credits_is_eproto_and_others_go_on(void **state) {
   H *h = h_of(state);
   Pair other = connected(h);
   h->hold_accepted = true;
-  RawPair p = raw_client(h, hello13(8, 8));
+  RawPair p = raw_client_with(h, hello13(8, 8));
   RawBook b = book_of(p, true);
   b.send(kOpData, 10, 1);
   b.send(kOpData, 10, 2);
@@ -802,7 +477,7 @@ void peer_of_protocol_1_2_gets_at_most_the_base_and_no_wants_bit(void **state) {
   wire::Hello hh = fake::hello(4);
   hh.minor = 2;
   hh.features = wire::kFeatureRdma | wire::kFeatureImm | wire::kFeatureRndv;
-  RawPair p = raw_client(h, hh, nullptr, 28);
+  RawPair p = raw_client_with(h, hh, nullptr, 28);
   assert_false(core(*p.a)->features & wire::kFeatureShared);
   assert_int_equal(p.mine.recv_depth, 2);
   RawBook b = book_of(p, false);
@@ -849,8 +524,8 @@ void device_without_srq_gives_buffers_of_its_own(void **state) {
   Conn &l = listener(h);
   Pair first = connect_to(h, l);  // the first loop's device: with shared receive queues
   fake::set_max_srq_wr(0);        // the second loop's: without
-  init_loop(h, 1);
-  Pair p = connect_to(h, l, nullptr, 1);
+  init_loop(h, &h->loop2);
+  Pair p = connect_to(h, l, nullptr, &h->loop2);
   assert_int_equal(fake::open_objects().srqs, 1);
   for (int round = 0; round < 2; ++round) {  // before and after streams both ways
     if (round) stream_both(h, p, 300), settle(h);
@@ -860,7 +535,7 @@ void device_without_srq_gives_buffers_of_its_own(void **state) {
     assert_int_equal(core(*p.a)->credits.data(), 32);
     assert_int_equal(core(*p.c)->credits.data(), 2);
   }
-  assert_int_equal(hello_of_client(h, nullptr, 1).recv_depth, 32);  // its 32 buffers at once
+  assert_int_equal(hello_of_client(h, nullptr, &h->loop2).recv_depth, 32);  // its 32 buffers at once
   stream(h, *first.c, *first.a, 50);
 }
 
@@ -885,7 +560,7 @@ void close_while_messages_are_held(void **state) {
     assert_int_equal(r->conns, conns - 2);
     assert_int_equal(r->lent, 20);
     ibmsg_memory lm;
-    expect_code(ibmsg_loop_memory(&h->loops[0], &lm), IBMSG_OK);
+    expect_code(ibmsg_loop_memory(&h->loop, &lm), IBMSG_OK);
     assert_true(lm.shared >= r->buffers * kSlot);
     // Freed after the close: intact, and their buffers back in the pool.
     free_held(*p.a);
