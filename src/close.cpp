@@ -84,7 +84,7 @@ void teardown(Socket *s) {
 
 }  // namespace
 
-void socket_close(Socket *s, int reason) {
+void close_begin(Socket *s, int reason) {
   if (s->state == State::Closing || s->state == State::Closed) return;
   if (reason == IBMSG_OK && s->state == State::Connected && !s->lingering) {
     // The application disconnects: the done counts it owes for the peer's rendezvous messages

@@ -49,16 +49,6 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
 
 }  // namespace
 
-int wc_error(tp::WcStatus st) {
-  switch (st) {
-    case tp::WcStatus::Ok: return IBMSG_OK;
-    case tp::WcStatus::Flushed: return IBMSG_ECONNRESET;
-    case tp::WcStatus::RemoteAccess: return IBMSG_EREMOTEACCESS;
-    case tp::WcStatus::Timeout: return IBMSG_ETIMEDOUT;
-    default: return IBMSG_EIO;
-  }
-}
-
 int send_now(Socket *s, Slot *slot) {
   Credits saved = s->credits;
   const uint32_t done = s->done_owed;
@@ -160,23 +150,6 @@ void send_last_done(Socket *s) {
          s->ctrl_in_flight < kCtrlDepth && post_ctrl(s)) continue;
 }
 
-int posted(Socket *s, bool send_queue) {
-  // Outside callbacks nothing would flush it soon; and a send to a connection with nothing in
-  // flight goes at once, since batching only adds latency while the wire is idle (as TCP
-  // autocorking holds back only while earlier packets wait to go out).
-  if (s->loop->depth == 0 ||
-      (send_queue && s->flight.empty() && s->ctrl_in_flight == 0))
-    return tp::post_flush(s->id);
-  if (!s->post_node.linked()) s->loop->unflushed.push_back(s);
-  return IBMSG_OK;
-}
-
-void posts_flush(Loop *loop) {
-  // A refused list closes its connection: what it carried is canceled with the rest.
-  while (Socket *s = loop->unflushed.pop_front())
-    if (s->has_qp && tp::post_flush(s->id)) socket_close(s, IBMSG_EIO);
-}
-
 bool work_can_go(const Socket *s, const Work *w) {
   switch (w->wr.op) {
     case tp::Op::Send: return s->credits.can_send_data();
@@ -229,14 +202,14 @@ void notify_sent(Socket *s, Slot *slot, int status) {
   if (auto cb = s->loop->pub->message_sent) cb(s->pub, msg, status);
 }
 
-void on_send_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
+}  // namespace
+
+void send_on_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (slot->state != SlotState::InFlight || slot->work.done) return;  // cannot happen
   const bool ok = wc.status == tp::WcStatus::Ok;
-  const int st = ok ? IBMSG_OK : wc.status == tp::WcStatus::Flushed ? IBMSG_ECANCELED : wc_error(wc.status);
-  work_done(s, &slot->work, st, ok ? IBMSG_OK : wc_error(wc.status));
+  const int st = tp::wc_work_status(wc.status);
+  work_done(s, &slot->work, st, ok ? IBMSG_OK : tp::wc_error(wc.status));
 }
-
-}  // namespace
 
 void notify_work(Socket *s, Work *w, int status) {
   if (w->wr.op == tp::Op::Send) notify_sent(s, static_cast<Slot *>(w->wr.owner), status);
@@ -277,39 +250,6 @@ void work_done(Socket *s, Work *w, int status, int close_reason) {
     w->status = status != IBMSG_OK || !w->rndv ? status : w->read_status;
   }
   notify_front(s);
-}
-
-void on_completion(Socket *s, const tp::Completion &wc) {
-  // The unsignaled credit-only messages posted before this work request (tp::post_flush): done
-  // if it succeeded; a failure closes the connection, and a flushed one completes on its own.
-  uint32_t carried = wc.ctx->carried;
-  if (carried) {
-    wc.ctx->carried = 0;
-    if (wc.status != tp::WcStatus::Ok || carried > s->ctrl_in_flight) carried = 0;
-    s->ctrl_in_flight -= carried;
-  }
-  if (wc.status != tp::WcStatus::Ok && wc.status != tp::WcStatus::Flushed &&
-      s->state != State::Closing)
-    IBMSG_LOG(s, IBMSG_LOG_INFO, "a work request failed: %s",
-              wc.status_text ? wc.status_text : "transport error");
-  switch (wc.ctx->op) {
-    case tp::Op::Recv: on_recv_wc(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
-    case tp::Op::Send: on_send_wc(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
-    case tp::Op::Ctrl:
-      --s->ctrl_in_flight;
-      if (wc.status != tp::WcStatus::Ok) socket_close(s, wc_error(wc.status));
-      else maybe_send_ctrl(s);  // it may have waited for room in the send queue
-      break;
-    case tp::Op::RdmaWrite:
-    case tp::Op::RdmaRead:
-    case tp::Op::WriteImm:
-    case tp::Op::Atomic: op_on_wc(s, static_cast<Op *>(wc.ctx->owner), wc); break;
-    case tp::Op::RndvRead: rndv_on_read(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
-    case tp::Op::RndvFin: rndv_on_fin_sent(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
-    case tp::Op::Bind: grant_on_bind(s, static_cast<Grant *>(wc.ctx->owner), wc); break;
-    default: socket_close(s, IBMSG_EIO); break;  // nothing else is posted
-  }
-  if (carried) maybe_send_ctrl(s);  // one may have waited for a control slot
 }
 
 }  // namespace ibmsg

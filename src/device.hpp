@@ -88,8 +88,8 @@ struct Device {
 };
 Device *device_get(Loop *loop, tp::DeviceKey key, int *err);  // takes a reference
 void device_put(Device *dev);
-void devices_collect(Loop *loop);  // releases the devices no one references (from the loop)
-void devices_stop_rescans(Loop *loop);  // after a removed device's release (the loop goes)
+
+
 // --- memory.cpp ------------------------------------------------------------------------------
 
 // count slots of slot_size bytes, registered on dev for local access, lent to user.

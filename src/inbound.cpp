@@ -101,7 +101,7 @@ void req_mark(Socket *s, Slot *slot, bool request, const wire::ReqTrailer &tr) {
 
 void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (wc.status != tp::WcStatus::Ok) {
-    recv_drop(s, slot, wc_error(wc.status));
+    recv_drop(s, slot, tp::wc_error(wc.status));
     return;
   }
   ++s->live.heard;  // the peer lives (keepalive.cpp)

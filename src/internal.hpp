@@ -34,13 +34,18 @@
 #include <cstdint>
 #include <memory>
 
+#include "batch.hpp"
 #include "credits.hpp"
+#include "hooks.hpp"
 #include "ibmsg.h"
 #include "list.hpp"
 #include "options.hpp"
+#include "poll.hpp"
+#include "completion.hpp"
 #include "pool.hpp"
 #include "state.hpp"
 #include "transport/transport.hpp"
+#include "wake.hpp"
 #include "wire.hpp"
 
 struct ibmsg__loop;
@@ -74,6 +79,7 @@ double timers_next(Loop *loop);
 }  // namespace ibmsg
 
 #include "device.hpp"    // Device, DevCq, pools and large buffers
+#include "device_release.hpp"
 #include "onesided.hpp"  // ibmsg__region, ibmsg__op
 #include "buffers.hpp"   // receive and send buffers (recv.cpp, send_slots.cpp)
 #include "keepalive.hpp"  // Liveness
@@ -171,6 +177,7 @@ struct ibmsg__loop {
   using Socket = ::ibmsg__socket;
   uint32_t magic = ibmsg::kLoopMagic;
   ibmsg_event_loop *pub = nullptr;
+  const ibmsg::Hooks *hooks = nullptr;  // what lower tiers tell higher ones (loop.cpp)
   struct ev_loop *ev = nullptr;
   bool own_ev = false;
   ibmsg::tp::CmChannel *cm = nullptr;
@@ -223,9 +230,11 @@ struct ibmsg__request {
 
 namespace ibmsg {
 
-void posts_flush(Loop *loop);  // datapath.cpp
 // Held while a watcher callback runs: the loop's API refuses to re-enter (IBMSG_EBUSY). What the
 // callbacks posted goes to the QPs when it ends, if not before (posts_flush).
+// Lower tiers ask for the close through the hook the loop registered (hooks.hpp).
+inline void socket_close(Socket *s, int reason) { s->loop->hooks->close(s, reason); }
+
 struct LoopEntered {
   explicit LoopEntered(Loop *l) : loop(l) { ++loop->depth; }
   ~LoopEntered() {
@@ -244,8 +253,6 @@ int loop_destroy(Loop *loop);
 int loop_run(Loop *loop, int flags, double timeout_s);
 int loop_fd(Loop *loop);
 int loop_timeout_ms(Loop *loop);
-void loop_watch_fd(Loop *loop, int fd, bool watch = true);  // for ibmsg_event_loop_fd
-void loop_kick(Loop *loop);              // run the idle work (teardowns, device release) soon
 
 // --- setup.cpp ---
 int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port, int max_conn,
@@ -284,27 +291,16 @@ void establish(Socket *s, bool by_data = false);  // it is up (CM event, or data
 // A CQ of the device with room for need more completions (grown, or a new one).
 DevCq *device_cq_reserve(Device *dev, uint32_t need, int *err);
 void device_cqs_destroy(Device *dev);
-void devices_unpark(Loop *loop);  // polls the CQs of parked pools, then lets the pools go
-// Polls the device's CQs empty, each completion to its connection (callbacks: loop context only).
-int drain_device(Device *dev);
-void device_cq_failed(Device *dev, int reason);  // closes the connections on its CQ
-void on_cq_ready(void *cq_user, void *arg);      // for tp::device_take_events
 
 // --- datapath.cpp ---
-void on_completion(Socket *s, const tp::Completion &wc);
 void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc);  // inbound.cpp
-// What a failed completion closes its connection with (IBMSG_ECONNRESET for a flushed one,
-// IBMSG_ETIMEDOUT when the transport's resends ran out).
-int wc_error(tp::WcStatus st);
+void send_on_wc(Socket *s, Slot *slot, const tp::Completion &wc);  // a send's completion
 void cancel_sends(Socket *s);  // closing: flight and queue complete (ECANCELED unless done)
 // Posts one message with a data credit; on failure the credits are as before.
 int send_now(Socket *s, Slot *slot);
 void notify_front(Socket *s);
 void notify_work(Socket *s, Work *w, int status);  // message_sent, or the operation's done  // callbacks of the done work at the front of the flight list
 
-// Batching: a work request just queued goes to the device at once outside callbacks or to an
-// idle send queue, else at the end of the round (one list per connection); an immediate error.
-int posted(Socket *s, bool send_queue);
 
 void flush_sends(Socket *s);  // the queue's head to the QP while it can go; a refusal closes
 // w completed with status, and the work before it too: callbacks in order (close_reason: closes
@@ -334,21 +330,13 @@ namespace ibmsg {
 
 // --- region.cpp, rdma.cpp: onesided.hpp ---
 
-// --- poll.cpp ---
-void poll_init(Loop *loop);
-// Activity on s: with IBMSG_OPT_BUSY_POLL, its CQ is polled (not armed) until quiet long enough.
-void poll_touch(Socket *s);
-// A CQ of the device signalled: poll them, then arm them unless a connection on it polls.
-void poll_cq_ready(Device *dev);
-void poll_stop(Socket *s);       // the connection releases its CQ
-void poll_rearm(Device *dev);    // polling on dev stopped: arm its CQ, poll it once more
 
 // --- requests.cpp, dedup.cpp: requests.hpp ---
 
 // --- close.cpp ---
 // The one close path, for every cause: records the first reason (a socket already closing keeps
 // it), moves the socket to Closing and queues its teardown, which runs from the loop.
-void socket_close(Socket *s, int reason);
+void close_begin(Socket *s, int reason);  // (lower tiers: socket_close)
 constexpr double kLingerS = 1.0;  // how long a disconnect waits to send the done counts it owes
 void on_linger_end(Timer *t);
 // Runs due teardowns: releases everything and calls each closed callback.

@@ -34,6 +34,11 @@ void on_idle(struct ev_loop *ev, ev_idle *w, int) {
 
 void on_wakeup(struct ev_loop *, ev_timer *, int) {}
 
+void data_established(Socket *s) { establish(s, true); }
+
+// The upward calls of the lower tiers (hooks.hpp).
+constexpr Hooks kHooks = {close_begin, maybe_send_ctrl, data_established, device_ready};
+
 }  // namespace
 
 Socket *socket_of(const ibmsg_socket *pub) {
@@ -45,16 +50,6 @@ Socket *socket_of(const ibmsg_socket *pub) {
 Loop *loop_of(ibmsg_event_loop *l) {
   if (!l || !l->impl || l->impl->magic != kLoopMagic || l->impl->pub != l) return nullptr;
   return l->impl;
-}
-
-void loop_kick(Loop *loop) { ev_idle_start(loop->ev, &loop->idle); }
-
-void loop_watch_fd(Loop *loop, int fd, bool watch) {
-  if (loop->epfd < 0) return;
-  epoll_event ev{};
-  ev.events = EPOLLIN;
-  ev.data.fd = fd;
-  epoll_ctl(loop->epfd, watch ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev);
 }
 
 int loop_run(Loop *loop, int flags, double timeout_s) {
@@ -75,6 +70,7 @@ int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev) {
   Loop *loop = new (std::nothrow) Loop();
   if (!loop) return IBMSG_ENOMEM;
   loop->pub = pub;
+  loop->hooks = &kHooks;
   if (ev) {
     loop->ev = ev;
   } else {

@@ -165,7 +165,7 @@ int op_send_now(Socket *s, Op *op) {
 void op_on_wc(Socket *s, Op *op, const tp::Completion &wc) {
   if (op->work.done || !op->pub) return;  // not in flight (cannot happen)
   if (s->ops_in_flight) --s->ops_in_flight;
-  const int status = wc.status == tp::WcStatus::Flushed ? IBMSG_ECANCELED : wc_error(wc.status);
+  const int status = tp::wc_work_status(wc.status);
   work_done(s, &op->work, status,
             status == IBMSG_ECANCELED ? IBMSG_ECONNRESET : status);  // IBMSG_OK: no close
   if (status == IBMSG_OK) flush_sends(s);

@@ -76,7 +76,10 @@ bool shared_grow(SharedRecv *r) {
 
 // The connections waiting for credits get what the pool has free, in turn.
 void shared_serve(SharedRecv *r) {
-  while (ShareConn *w = r->credits.serve_waiting()) maybe_send_ctrl(static_cast<Socket *>(w->user));
+  while (ShareConn *w = r->credits.serve_waiting()) {
+    Socket *c = static_cast<Socket *>(w->user);
+    c->loop->hooks->ctrl_due(c);  // it tells its peer (datapath.cpp)
+  }
 }
 
 // What the pool may grow to: what its connections reserve, and a spare of eight connections'
@@ -197,7 +200,7 @@ bool recv_arrived(Socket *s, Slot *slot, bool wants) {
 void recv_lend(Socket *s, Slot *slot, uint8_t *data, size_t size, bool has_imm, uint32_t imm) {
   // A message can overtake the ESTABLISHED event on the accepting side: it proves the connection
   // is up.
-  if (s->state == State::Accepting) establish(s, true);
+  if (s->state == State::Accepting) s->loop->hooks->data_established(s);
   slot->state = SlotState::Lent;
   if (SharedRecv *r = slot->pool->shared) ++r->lent;
   else ++slot->pool->out;
@@ -225,7 +228,10 @@ void recv_back(Socket *s, Slot *slot) {
       --r->buffers;
       if (s) socket_close(s, IBMSG_EIO);  // as with a buffer of its own the QP refuses
     } else if (credited) {
-      if (ShareConn *to = r->credits.on_freed(c)) maybe_send_ctrl(static_cast<Socket *>(to->user));
+      if (ShareConn *to = r->credits.on_freed(c)) {
+        Socket *u = static_cast<Socket *>(to->user);
+        u->loop->hooks->ctrl_due(u);
+      }
     }
     return;
   }
@@ -235,7 +241,7 @@ void recv_back(Socket *s, Slot *slot) {
         posted(s, false) == IBMSG_OK) {
       slot->state = SlotState::Posted;
       s->credits.on_data_freed();
-      maybe_send_ctrl(s);
+      s->loop->hooks->ctrl_due(s);
       return;
     }
     socket_close(s, IBMSG_EIO);

@@ -265,7 +265,7 @@ void grant_on_bind(Socket *s, Grant *g, const tp::Completion &wc) {
   --g->region->busy;
   if (g->revoked) drop_grant(g);
   if (wc.status != tp::WcStatus::Ok && wc.status != tp::WcStatus::Flushed)
-    socket_close(s, wc_error(wc.status));
+    socket_close(s, tp::wc_error(wc.status));
 }
 
 void grants_established(Socket *s) {

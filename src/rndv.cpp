@@ -331,7 +331,7 @@ void rndv_on_fin_sent(Socket *s, Slot *slot, const tp::Completion &wc) {
   s->fins.remove(&slot->in);
   if (s->ctrl_in_flight) --s->ctrl_in_flight;
   const bool ok = wc.status == tp::WcStatus::Ok;
-  if (!ok) socket_close(s, wc_error(wc.status));
+  if (!ok) socket_close(s, tp::wc_error(wc.status));
   // The declined message's buffer and data credit come back now.
   drop_slot(s, slot);
   maybe_send_ctrl(s);
@@ -346,7 +346,7 @@ void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
   s->rndv_read_bytes -= n < s->rndv_read_bytes ? n : s->rndv_read_bytes;
   if (wc.status != tp::WcStatus::Ok) {
     // The peer's key or range was wrong (it broke the protocol), or the connection failed.
-    socket_close(s, wc.status == tp::WcStatus::RemoteAccess ? IBMSG_EPROTO : wc_error(wc.status));
+    socket_close(s, wc.status == tp::WcStatus::RemoteAccess ? IBMSG_EPROTO : tp::wc_error(wc.status));
     return;
   }
   if (in.reads == 0 && in.next == in.length && !in.read_link.linked()) {

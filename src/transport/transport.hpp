@@ -12,6 +12,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ibmsg.h"
+
 namespace ibmsg::tp {
 
 // --- work requests and completions ------------------------------------------------------------
@@ -48,6 +50,23 @@ enum class WcStatus : uint8_t {
   Timeout,  // the transport's resends ran out: the peer did not acknowledge (dead, cut off)
   Failed,   // another transport error
 };
+
+// The one mapping of a completion's status to the library's codes: what a failed completion
+// closes its connection with (IBMSG_ECONNRESET for a flushed one: the queue pair was reset;
+// IBMSG_ETIMEDOUT when the resends ran out) ...
+inline int wc_error(WcStatus st) {
+  switch (st) {
+    case WcStatus::Ok: return IBMSG_OK;
+    case WcStatus::Flushed: return IBMSG_ECONNRESET;
+    case WcStatus::RemoteAccess: return IBMSG_EREMOTEACCESS;
+    case WcStatus::Timeout: return IBMSG_ETIMEDOUT;
+    default: return IBMSG_EIO;
+  }
+}
+// ... and what the work request's own callback reports (a flushed one was canceled).
+inline int wc_work_status(WcStatus st) {
+  return st == WcStatus::Flushed ? IBMSG_ECANCELED : wc_error(st);
+}
 
 struct Completion {
   WorkCtx *ctx;

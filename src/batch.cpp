@@ -1,0 +1,27 @@
+// Batching: the work requests a round of the loop posts on a connection go to its QP in one list
+// (one doorbell), at the end of the round (LoopEntered) or sooner; what is posted outside the
+// loop's callbacks, or to a connection with nothing in flight, goes at once.
+#include "batch.hpp"
+
+#include "internal.hpp"
+
+namespace ibmsg {
+
+int posted(Socket *s, bool send_queue) {
+  // Outside callbacks nothing would flush it soon; and a send to a connection with nothing in
+  // flight goes at once, since batching only adds latency while the wire is idle (as TCP
+  // autocorking holds back only while earlier packets wait to go out).
+  if (s->loop->depth == 0 ||
+      (send_queue && s->flight.empty() && s->ctrl_in_flight == 0))
+    return tp::post_flush(s->id);
+  if (!s->post_node.linked()) s->loop->unflushed.push_back(s);
+  return IBMSG_OK;
+}
+
+void posts_flush(Loop *loop) {
+  // A refused list closes its connection: what it carried is canceled with the rest.
+  while (Socket *s = loop->unflushed.pop_front())
+    if (s->has_qp && tp::post_flush(s->id)) socket_close(s, IBMSG_EIO);
+}
+
+}  // namespace ibmsg
