@@ -39,12 +39,17 @@ bool recv_given_back(Socket *s, uint32_t n);  // a Return message: false if it h
 void recv_wants(Socket *s);  // a credit-only message with the wants bit
 void recv_closing(Socket *s);  // it closes: the pool's credits go to the others
 void recv_memory(const Device *dev, ibmsg_memory *out);  // its shared buffers
+uint32_t eager_recv_size(const Socket *s);  // the largest message its pools take
+bool rndv_offered(const Socket *s);         // whether its hello offers rendezvous
+// The lent message in slot is a Request (request) or a Reply with trailer tr.
+void recv_mark_request(Socket *s, Slot *slot, bool request, const wire::ReqTrailer &tr);
 
 // --- send_slots.cpp ---
 int send_join(Socket *s);   // conn_open: the device's send buffers of its size
 void send_leave(Socket *s);  // conn_release: its messages still allocated belong to none now
 Slot *send_get(Socket *s, int *err);  // a slot for a message (IBMSG_EAGAIN at the send depth)
 void send_put(Slot *slot);            // the application freed it (or an allocation failed)
+void send_free(Slot *slot);  // the same, with its large buffer and its region's hold
 void send_memory(const Device *dev, ibmsg_memory *out);
 
 }  // namespace ibmsg

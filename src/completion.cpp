@@ -111,7 +111,12 @@ void on_completion(Socket *s, const tp::Completion &wc) {
     case tp::Op::RdmaRead:
     case tp::Op::WriteImm:
     case tp::Op::Atomic: op_on_wc(s, static_cast<Op *>(wc.ctx->owner), wc); break;
-    case tp::Op::RndvRead: rndv_on_read(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
+    case tp::Op::RndvRead: {
+      const int r = rndv_on_read(s, static_cast<Slot *>(wc.ctx->owner), wc);
+      if (r > 0) deliver_ready(s);  // a message complete: delivered before more reads go
+      if (r >= 0) rndv_read_more(s);
+      break;
+    }
     case tp::Op::RndvFin: rndv_on_fin_sent(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
     case tp::Op::Bind: grant_on_bind(s, static_cast<Grant *>(wc.ctx->owner), wc); break;
     default: socket_close(s, IBMSG_EIO); break;  // nothing else is posted

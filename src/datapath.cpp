@@ -1,10 +1,117 @@
-// The data path: send queue, in-flight list, credit-only messages, completions (no allocation);
-// what arrives is inbound.cpp's.
+// The send path: the send queue and in-flight list, posting messages (eager, or the RTS of a
+// rendezvous) and one-sided operations in order under the credits, credit-only messages and
+// FINs' turn, and the callbacks of what completed, in posting order (no allocation). What
+// arrives is inbound.cpp's.
 #include <initializer_list>
 
 #include "internal.hpp"
 
 namespace ibmsg {
+
+namespace {
+
+// The trailer of a request or reply slot carries (behind its payload, or behind its RTS).
+wire::ReqTrailer req_trailer(const Slot *slot) {
+  wire::ReqTrailer tr;
+  tr.id = slot->req_id;
+  tr.retry = slot->req_retry;
+  tr.floor = slot->req_floor;
+  return tr;
+}
+
+}  // namespace
+
+// --- rendezvous, the sender's side (the receiver's is rndv.cpp's) ---
+
+// The peer read our rendezvous message w (status IBMSG_OK) or declined it: w is done once its
+// RTS's send completed too.
+void rndv_read_done(Work *w, int status) {
+  w->read = true;
+  w->read_status = status;
+  if (w->sent && !w->done) {
+    w->done = true;
+    w->status = status;
+  }
+}
+
+
+uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
+  wire::Rts r;
+  r.id = uint32_t(slot - slot->pool->slots);
+  r.rkey = tp::mr_rkey(slot->large ? slot->large->mr : slot->xmr);
+  r.has_imm = slot->has_imm;
+  r.imm = slot->imm;
+  // The large buffer itself, whatever the application did to msg->data (a region message's
+  // data was checked against its region when posted).
+  r.addr = slot->large ? reinterpret_cast<uintptr_t>(slot->large->mem)
+                       : reinterpret_cast<uintptr_t>(slot->msg->data);
+  r.length = slot->msg->size;
+  r.req = slot->req_kind;  // a request or reply names itself in a trailer behind the RTS
+  wire::encode_rts(r, slot->buf);
+  s->rndv_wait.push_back(slot);  // popped when read, or when its posting fails (send_now)
+  if (!r.req) return uint32_t(wire::kRtsSize);
+  wire::encode_req_trailer(req_trailer(slot), slot->buf + wire::kRtsSize);
+  return uint32_t(wire::kRtsSize + wire::kReqTrailer);
+}
+
+
+bool rndv_on_done(Socket *s, uint32_t n) {
+  if (n > s->rndv_wait.size()) return false;
+  while (n--) rndv_read_done(&s->rndv_wait.pop_front()->work, IBMSG_OK);
+  notify_front(s);
+  return true;
+}
+
+
+uint32_t rndv_take_done(Socket *s) {
+  uint32_t n = s->done_owed < wire::kMaxDonePerMsg ? s->done_owed : wire::kMaxDonePerMsg;
+  s->done_owed -= n;
+  return n;
+}
+
+
+// --- one-sided operations in the send queue (rdma.cpp checks and queues them) ---
+
+// Gives the table entry back and detaches the application's struct; returns it.
+ibmsg_op *op_release(Socket *s, Op *op, int status) {
+  ibmsg_op *pub = op->pub;
+  --op->local->busy;
+  op->pub = nullptr;
+  op->local = nullptr;
+  s->free_ops.push_front(op);
+  pub->impl = nullptr;
+  pub->check = 0;
+  pub->status = status;
+  return pub;
+}
+
+
+int op_send_now(Socket *s, Op *op) {
+  Credits saved = s->credits;
+  if (op->work.wr.op == tp::Op::WriteImm) {
+    s->credits.spend_data();  // the peer's receive buffer
+    s->wants_told = false;    // if it runs out again, it says so again (maybe_send_ctrl)
+  }
+  int err = tp::post_rdma(s->id, &op->work.wr, op->rw, s->max_inline);
+  if (!err) err = posted(s, true);
+  if (err) {
+    s->credits = saved;
+    return err;
+  }
+  ++s->ops_in_flight;
+  op->work.done = false;
+  op->work.sent = false;
+  s->flight.push_back(&op->work);
+  return IBMSG_OK;
+}
+
+
+void op_finish(Socket *s, Op *op, int status) {
+  ibmsg_op *pub = op_release(s, op, status);
+  if (pub->done) pub->done(s->pub, pub, status);
+}
+
+
 namespace {
 
 int post_data(Socket *s, Slot *slot, wire::Imm imm) {
@@ -19,21 +126,14 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
     // The immediate follows the payload, little-endian: in the pool's room behind it, or, for a
     // payload in a region, in the slot as a second element.
     uint8_t *t = slot->region ? slot->buf : slot->buf + len;
-    t[0] = uint8_t(slot->imm);
-    t[1] = uint8_t(slot->imm >> 8);
-    t[2] = uint8_t(slot->imm >> 16);
-    t[3] = uint8_t(slot->imm >> 24);
+    wire::encode_imm_trailer(slot->imm, t);
     if (slot->region) tail = {t, wire::kImmTrailer, slot->pool->mr};
     else len += wire::kImmTrailer;
     imm.op = wire::Opcode::DataImm;
   } else if (slot->req_kind != uint8_t(MsgKind::Plain)) {
     // A request or reply: its trailer follows the payload, as an immediate does.
     uint8_t *t = slot->region ? slot->buf : slot->buf + len;
-    wire::ReqTrailer tr;
-    tr.id = slot->req_id;
-    tr.retry = slot->req_retry;
-    tr.floor = slot->req_floor;
-    wire::encode_req_trailer(tr, t);
+    wire::encode_req_trailer(req_trailer(slot), t);
     if (slot->region) tail = {t, uint32_t(wire::kReqTrailer), slot->pool->mr};
     else len += wire::kReqTrailer;
     imm.op = slot->req_kind == uint8_t(MsgKind::Request) ? wire::Opcode::Request : wire::Opcode::Reply;
@@ -192,7 +292,10 @@ void notify_sent(Socket *s, Slot *slot, int status) {
   msg->status = status == IBMSG_OK ? IBMSG_SENT : IBMSG_SEND_FAILED;
   if (slot->req_internal) {  // a kept reply sent again (dedup.cpp): the library's own
     slot->req_internal = false;
-    msg_free(msg);
+    msg->impl = nullptr;
+    msg->data = nullptr;
+    msg->status = IBMSG_FREED;
+    send_free(slot);
     return;
   }
   if (status == IBMSG_OK) {

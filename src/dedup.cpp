@@ -70,7 +70,7 @@ void resend(Socket *s, uint64_t id, const Answer &a) {
   as.id = id;
   if (msg_post(s, &slot->own, false, 0, &as) != IBMSG_OK) {
     slot->req_internal = false;
-    msg_free(&slot->own);
+    msg_release(&slot->own);
     return;
   }
   ++s->stats.replies_resent;
@@ -120,7 +120,7 @@ bool answer_on_request(Socket *s, Slot *slot) {
   Session &ss = session_of(s, slot);
   if (!is_new(s, slot, ss)) {
     slot->req_answered = true;  // (not the application's: its freeing answers nothing)
-    msg_free(&slot->own);
+    msg_release(&slot->own);
     return false;
   }
   ss.answers.emplace(slot->req_id, Answer());

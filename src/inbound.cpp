@@ -1,5 +1,6 @@
 // What arrives: each receive completion by its immediate's opcode (wire.hpp). Data messages,
-// requests and replies go to the receive buffers' owner and on to delivery (rndv.cpp), credit-only
+// requests and replies go to the receive buffers' owner and on to delivery (deliver.cpp), an
+// RTS or FIN of a rendezvous to its reads (rndv.cpp), credit-only
 // messages return credits, an RDMA write with immediate is reported; anything the agreed
 // features do not allow closes the connection (IBMSG_EPROTO).
 #include "internal.hpp"
@@ -45,7 +46,7 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   const bool request = imm.op == wire::Opcode::Request;
   wire::ReqTrailer tr;
   if (request || imm.op == wire::Opcode::Reply) {
-    if (!req_trailer_ok(s, slot->buf, len, request, &tr)) {
+    if (!wire::req_trailer_ok(s->features, slot->buf, len, request, &tr)) {
       recv_drop(s, slot, IBMSG_EPROTO);
       return;
     }
@@ -60,8 +61,8 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   }
   const uint8_t *t = slot->buf + len;
   recv_lend(s, slot, slot->buf, len, has_imm,
-            has_imm ? uint32_t(t[0]) | uint32_t(t[1]) << 8 | uint32_t(t[2]) << 16 | uint32_t(t[3]) << 24 : 0);
-  if (request || imm.op == wire::Opcode::Reply) req_mark(s, slot, request, tr);
+            has_imm ? wire::decode_imm_trailer(t) : 0);
+  if (request || imm.op == wire::Opcode::Reply) recv_mark_request(s, slot, request, tr);
   flush_sends(s);
   maybe_send_ctrl(s);
   deliver_msg(s, slot);
@@ -75,29 +76,93 @@ void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
     recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
-  if (s->state == State::Accepting) establish(s, true);
+  if (s->state == State::Accepting) s->loop->hooks->data_established(s);
   recv_back(s, slot);
   if (auto cb = s->loop->pub->write_received) cb(s->pub, wc.imm, wc.len);
 }
 
+// The message in slot arrived as an RTS: the application may choose its destination or decline
+// it, then it waits for its reads (or its FIN) in order.
+void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
+  wire::Rts r;
+  wire::ReqTrailer tr;
+  if (!recv_arrived(s, slot, imm.wants) || !s->credits.on_returned(imm) ||
+      !wire::decode_rts(slot->buf, wc.len, &r) || r.length > s->opts.max_msg_size ||
+      (r.has_imm && !(s->features & wire::kFeatureImm)) ||
+      (r.req && !wire::req_trailer_ok(s->features, slot->buf, wc.len, r.req == 1, &tr)) || (r.req && r.has_imm)) {
+    // no credit for it, credits it never had, no RTS, larger than we take, an immediate not
+    // agreed on, or a request or reply not agreed on, with a broken trailer or an immediate
+    recv_drop(s, slot, IBMSG_EPROTO);
+    return;
+  }
+  // Its data: the destination, once the reads are done.
+  recv_lend(s, slot, nullptr, size_t(r.length), r.has_imm, r.has_imm ? r.imm : 0);
+  if (r.req) recv_mark_request(s, slot, r.req == 1, tr);
+  ibmsg_buffer *msg = &slot->own;
+  slot->large = nullptr;
+  RndvIn &in = slot->in;
+  in.remote = r.addr;
+  in.length = r.length;
+  in.next = 0;
+  in.done = 0;
+  in.rkey = r.rkey;
+  in.id = r.id;
+  in.reads = 0;
+  in.ready = in.declined = false;
+  in.dest = nullptr;
+  in.dest_mr = nullptr;
+  in.region = nullptr;
+  // A copy of a request delivered before is not read, nor offered (the peer's message_sent
+  // reports IBMSG_EDECLINED); the answer goes as for an eager copy.
+  // A late reply is not read either (dropped, as an eager one).
+  ibmsg_request *answers = r.req == 2 ? req_awaiting(s, tr.id) : nullptr;
+  if ((r.req == 1 && answer_is_copy(s, slot)) || (r.req == 2 && !answers))
+    in.declined = true;
+  else
+    incoming_choose(s, slot, answers);
+  if (in.region) msg->flags |= IBMSG_MSG_REGION;
+  const bool declined = in.declined;
+  if (!declined) s->deliver.push_back(slot);
+  s->reading.push_back(&in);
+  rndv_pump(s);
+  flush_sends(s);
+  maybe_send_ctrl(s);
+  // A declined reply ends its request (IBMSG_EDECLINED): its done callback comes last, with
+  // the connection's state whole (the callback may disconnect, or post).
+  if (declined && r.req == 2) req_on_declined(s, tr.id);
+}
+
+
+// A FIN: the peer declined the oldest of our RTSs it has not counted done.
+void on_fin(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
+  wire::Fin f;
+  Slot *front = s->rndv_wait.front();
+  if (!s->credits.on_ctrl_arrived() || !s->credits.on_returned(imm) ||
+      !wire::decode_fin(slot->buf, wc.len, &f) || f.status != wire::FinStatus::Declined ||
+      !front || f.id != uint32_t(front - front->pool->slots)) {
+    recv_drop(s, slot, IBMSG_EPROTO);
+    return;
+  }
+  recv_ctrl_back(s, slot);
+  rndv_read_done(&s->rndv_wait.pop_front()->work, IBMSG_EDECLINED);
+  notify_front(s);
+  flush_sends(s);
+  maybe_send_ctrl(s);
+}
+
+
+void on_rndv_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
+  wire::RndvKind kind;
+  if (!(s->features & wire::kFeatureRndv) || !wire::rndv_kind(slot->buf, wc.len, &kind)) {
+    recv_drop(s, slot, IBMSG_EPROTO);  // not agreed on, or neither RTS nor FIN
+    return;
+  }
+  if (kind == wire::RndvKind::Rts) on_rts(s, slot, wc, imm);
+  else on_fin(s, slot, wc, imm);
+}
+
+
 }  // namespace
-
-bool req_trailer_ok(const Socket *s, const uint8_t *payload, uint32_t len, bool request,
-                    wire::ReqTrailer *tr) {
-  // Not agreed on, no room for the trailer, reserved bits, id 0, an immediate (1.5 sends none),
-  // or a floor above the request's id or on a reply: the peer broke the protocol.
-  return (s->features & wire::kFeatureRequest) && wire::decode_req_trailer(payload, len, tr) &&
-         tr->id && !tr->has_imm && (request ? tr->floor <= tr->id : !tr->floor && !tr->retry);
-}
-
-void req_mark(Socket *s, Slot *slot, bool request, const wire::ReqTrailer &tr) {
-  slot->req_kind = uint8_t(request ? MsgKind::Request : MsgKind::Reply);
-  slot->req_id = tr.id;
-  slot->req_retry = tr.retry;
-  slot->req_floor = tr.floor;
-  slot->req_session = s->reqs.peer_session;
-  if (request) slot->own.flags |= IBMSG_MSG_REQUEST;
-}
 
 void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (wc.status != tp::WcStatus::Ok) {
@@ -128,7 +193,7 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
     case wire::Opcode::Credit:
     case wire::Opcode::Keepalive:
     case wire::Opcode::Return: on_credit_msg(s, slot, wc, imm); break;
-    case wire::Opcode::Rendezvous: rndv_on_msg(s, slot, wc, imm); break;
+    case wire::Opcode::Rendezvous: on_rndv_msg(s, slot, wc, imm); break;
     default: recv_drop(s, slot, IBMSG_EPROTO); break;  // no feature agreed that uses it
   }
 }

@@ -314,11 +314,25 @@ bool post_ctrl(Socket *s, uint32_t give_back = 0, bool wants = false,
 // The application closes: the done counts it owes go now, so that the peer's messages it has
 // read (and delivered) are confirmed.
 void send_last_done(Socket *s);
+// Rendezvous, the sender's side: the RTS of slot's message (its work.rndv) into slot->buf (its
+// length); the peer read n of our RTSs (an immediate's done count; false if it never had them);
+// w was read (IBMSG_OK) or declined; the done counts an immediate carries.
+uint32_t rndv_fill_rts(Socket *s, Slot *slot);
+bool rndv_on_done(Socket *s, uint32_t n);
+void rndv_read_done(Work *w, int status);
+uint32_t rndv_take_done(Socket *s);
+// One-sided operations in the send queue: posts a queued one (flush_sends); its done callback
+// (from work_done, teardown); gives the table entry back and detaches the application's struct.
+int op_send_now(Socket *s, Op *op);
+void op_finish(Socket *s, Op *op, int status);
+ibmsg_op *op_release(Socket *s, Op *op, int status);
 
 // --- message.cpp ---
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
 int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const PostAs *as = nullptr);
-int msg_free(ibmsg_buffer *msg);
+// Gives msg back (ibmsg_free_msg without the answer: deliver.cpp's msg_free).
+int msg_release(ibmsg_buffer *msg);
+bool msg_lent(const ibmsg_buffer *msg);  // a received message lent to the application
 int msg_from_region(Socket *s, ibmsg_buffer *msg, ::ibmsg__region *r, size_t off, size_t size);
 
 // --- rndv.cpp, rndv_memory.cpp ---
@@ -326,6 +340,7 @@ int msg_from_region(Socket *s, ibmsg_buffer *msg, ::ibmsg__region *r, size_t off
 #include "rndv.hpp"
 #include "rndv_memory.hpp"
 #include "incoming.hpp"
+#include "deliver.hpp"
 namespace ibmsg {
 
 // --- region.cpp, rdma.cpp: onesided.hpp ---

@@ -140,32 +140,29 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
   return IBMSG_OK;
 }
 
-int msg_free(ibmsg_buffer *msg) {
+bool msg_lent(const ibmsg_buffer *msg) {
+  const Slot *slot = msg->impl;
+  return slot_valid(slot) && slot->msg == msg && slot->pool->recv &&
+         slot->state == SlotState::Lent && !slot->in.ready && !slot->in.declined &&
+         !slot->link.linked() && !slot->in.read_link.linked();
+}
+
+int msg_release(ibmsg_buffer *msg) {
   Slot *slot = msg->impl;
   if (!slot_valid(slot) || slot->msg != msg) return IBMSG_ENOTALLOC;
   Pool *p = slot->pool;
   if (!p->recv) {
     if (slot->state == SlotState::Queued || slot->state == SlotState::InFlight) return IBMSG_EBUSY;
     if (slot->state != SlotState::Allocated) return IBMSG_ENOTALLOC;
-    if (slot->large) large_put(slot->large);
-    if (slot->region) --slot->region->busy;
-    slot->large = nullptr;
-    slot->region = nullptr;
-    send_put(slot);
+    send_free(slot);
     msg->impl = nullptr;
     msg->data = nullptr;
     msg->status = IBMSG_FREED;
     return IBMSG_OK;
   }
-  if (slot->state != SlotState::Lent || slot->in.ready || slot->in.declined ||
-      slot->link.linked() || slot->in.read_link.linked())
-    return IBMSG_ENOTALLOC;  // not lent to the application (yet)
-  answer_on_free(slot);  // a request it did not answer: its retries get no answer
+  if (!msg_lent(msg)) return IBMSG_ENOTALLOC;  // not lent to the application (yet)
   msg->status = IBMSG_FREED;
-  rndv_dest_put(slot);
-  if (slot->in.region) --slot->in.region->busy;  // the application's region, free again
-  slot->in.region = nullptr;
-  recv_unlent(recv_owner(slot), slot);
+  rndv_drop(recv_owner(slot), slot);  // its destination, its region's hold, its buffer
   return IBMSG_OK;
 }
 

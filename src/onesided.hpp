@@ -115,8 +115,6 @@ struct OpArgs {
 int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
             const ibmsg_descriptor *remote, size_t roff, const OpArgs &a);
 int ops_open(Socket *s);      // the operation table (its first operation); freed with the socket
-int op_send_now(Socket *s, Op *op);  // posts a queued operation (flush_sends)
 void op_on_wc(Socket *s, Op *op, const tp::Completion &wc);
-void op_finish(Socket *s, Op *op, int status);  // its done callback (from work_done, teardown)
 
 }  // namespace ibmsg

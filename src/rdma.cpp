@@ -61,25 +61,7 @@ bool work_can_go_as(const Socket *s, tp::Op kind) {
   return work_can_go(s, &w);
 }
 
-// Gives the table entry back and detaches the application's struct; returns it.
-ibmsg_op *release(Socket *s, Op *op, int status) {
-  ibmsg_op *pub = op->pub;
-  --op->local->busy;
-  op->pub = nullptr;
-  op->local = nullptr;
-  s->free_ops.push_front(op);
-  pub->impl = nullptr;
-  pub->check = 0;
-  pub->status = status;
-  return pub;
-}
-
 }  // namespace
-
-void op_finish(Socket *s, Op *op, int status) {
-  ibmsg_op *pub = release(s, op, status);
-  if (pub->done) pub->done(s->pub, pub, status);
-}
 
 int ops_open(Socket *s) {
   const uint32_t n = uint32_t(s->opts.rdma_depth) + uint32_t(s->opts.send_queue);
@@ -131,7 +113,7 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
     if (err) {
       // A queue pair that refuses a work request is broken: the connection closes; the call
       // fails, so no callback fires for it.
-      release(s, op, err);
+      op_release(s, op, err);
       socket_close(s, err);
       return err;
     }
@@ -140,25 +122,6 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
     maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
   }
   poll_touch(s);
-  return IBMSG_OK;
-}
-
-int op_send_now(Socket *s, Op *op) {
-  Credits saved = s->credits;
-  if (op->work.wr.op == tp::Op::WriteImm) {
-    s->credits.spend_data();  // the peer's receive buffer
-    s->wants_told = false;    // if it runs out again, it says so again (maybe_send_ctrl)
-  }
-  int err = tp::post_rdma(s->id, &op->work.wr, op->rw, s->max_inline);
-  if (!err) err = posted(s, true);
-  if (err) {
-    s->credits = saved;
-    return err;
-  }
-  ++s->ops_in_flight;
-  op->work.done = false;
-  op->work.sent = false;
-  s->flight.push_back(&op->work);
   return IBMSG_OK;
 }
 

@@ -325,4 +325,23 @@ void recv_memory(const Device *dev, ibmsg_memory *out) {
     for (const Pool *p = r->slabs.front(); p; p = r->slabs.next(p)) out->shared += p->bytes;
 }
 
+uint32_t eager_recv_size(const Socket *s) {
+  return uint32_t(s->opts.eager_size) < s->opts.max_msg_size ? uint32_t(s->opts.eager_size)
+                                                               : s->opts.max_msg_size;
+}
+
+
+bool rndv_offered(const Socket *s) { return s->opts.max_msg_size > eager_recv_size(s); }
+
+
+void recv_mark_request(Socket *s, Slot *slot, bool request, const wire::ReqTrailer &tr) {
+  slot->req_kind = uint8_t(request ? MsgKind::Request : MsgKind::Reply);
+  slot->req_id = tr.id;
+  slot->req_retry = tr.retry;
+  slot->req_floor = tr.floor;
+  slot->req_session = s->reqs.peer_session;
+  if (request) slot->own.flags |= IBMSG_MSG_REQUEST;
+}
+
+
 }  // namespace ibmsg

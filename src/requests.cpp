@@ -86,7 +86,7 @@ void finish(Socket *s, Req *r, Slot *reply, int status) {
   if (first) arm(s);
   ibmsg_buffer *msg = reply ? &reply->own : nullptr;
   if (pub->done) pub->done(s->pub, pub, msg, status);
-  else if (msg) msg_free(msg);
+  else if (msg) msg_release(msg);
 }
 
 void on_req_timer(Timer *t) {
@@ -208,7 +208,7 @@ void req_on_reply(Socket *s, Slot *slot) {
   if (!r) {
     // Late (the request timed out), or a reply to a request of another connection: dropped.
     ++s->stats.replies_dropped;  // (not counted as received)
-    msg_free(&slot->own);
+    msg_release(&slot->own);
     return;
   }
   ++s->stats.msgs_received;

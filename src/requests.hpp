@@ -99,10 +99,6 @@ void req_on_declined(Socket *s, uint64_t id);  // its rendezvous Reply declined:
 // A rendezvous Reply announced: the request it answers; nullptr if late (counted dropped).
 ibmsg_request *req_awaiting(Socket *s, uint64_t id);
 // --- inbound.cpp (what arrives) ---
-// A Request's or Reply's trailer at the end of len bytes of payload is one the protocol allows.
-bool req_trailer_ok(const Socket *s, const uint8_t *payload, uint32_t len, bool request,
-                    wire::ReqTrailer *tr);
-void req_mark(Socket *s, Slot *slot, bool request, const wire::ReqTrailer &tr);  // lent: it is one
 void requests_closed(Socket *s, int reason);  // teardown: each posted request's done, once
 // --- dedup.cpp (the responder's side) ---
 bool answer_on_request(Socket *s, Slot *slot);  // a Request is due: false if it is a copy

@@ -19,6 +19,9 @@
 // and message_sent); the receiver's buffer is the library's until message_received lends it, and
 // goes back to the device's cache with ibmsg_free_msg, or it is the application's region (busy
 // until then). Closing drops what was not delivered (rndv_release).
+//
+// Here: the receiver's reads, destinations and FINs. The sender's RTS and the done counts are
+// datapath.cpp's (sending), an RTS's or FIN's arrival inbound.cpp's, delivery deliver.cpp's.
 #include "internal.hpp"
 
 namespace ibmsg {
@@ -29,17 +32,6 @@ constexpr uint64_t kChunkMax = uint64_t(8) << 20;
 // The most bytes of reads a connection has in flight (at least one read): enough to keep the
 // link busy; the other connections of the loop keep flowing between them.
 constexpr uint64_t kReadAhead = kLargePiece;
-
-// The peer read our rendezvous message w (status IBMSG_OK) or declined it: w is done once its
-// RTS's send completed too.
-void read_done(Socket *, Work *w, int status) {
-  w->read = true;
-  w->read_status = status;
-  if (w->sent && !w->done) {
-    w->done = true;
-    w->status = status;
-  }
-}
 
 uint64_t read_chunk(const Socket *s) {
   const uint64_t chunk = tp::device_info(s->dev->tp).max_msg_size;
@@ -136,157 +128,13 @@ void rndv_pump(Socket *s) {
   if (any && posted(s, true)) socket_close(s, IBMSG_EIO);
 }
 
-namespace {
-
-// Hands the messages at the front of the delivery queue to the application while they are
-// complete. A callback may close the connection: what is complete is still delivered (as
-// messages that arrive while it closes), the rest goes at the teardown.
-void deliver_ready(Socket *s) {
-  for (Slot *slot = s->deliver.front(); slot && slot->in.ready; slot = s->deliver.front()) {
-    s->deliver.pop_front();
-    slot->in.ready = false;
-    ibmsg_buffer *msg = &slot->own;
-    if (slot->req_kind == uint8_t(MsgKind::Reply)) {
-      req_on_reply(s, slot);  // to its request's done (or dropped: late)
-      continue;
-    }
-    if (slot->req_kind == uint8_t(MsgKind::Request) && !answer_on_request(s, slot))
-      continue;  // a copy of one delivered before: answered with the kept reply, if any
-    ++s->stats.msgs_received;
-    s->stats.bytes_received += msg->size;
-    if (auto cb = s->loop->pub->message_received) cb(s->pub, msg);
-    else msg_free(msg);
-  }
-}
-
-}  // namespace
-
-uint32_t eager_recv_size(const Socket *s) {
-  return uint32_t(s->opts.eager_size) < s->opts.max_msg_size ? uint32_t(s->opts.eager_size)
-                                                               : s->opts.max_msg_size;
-}
-
-bool rndv_offered(const Socket *s) { return s->opts.max_msg_size > eager_recv_size(s); }
-
-uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
-  wire::Rts r;
-  r.id = uint32_t(slot - slot->pool->slots);
-  r.rkey = tp::mr_rkey(slot->large ? slot->large->mr : slot->xmr);
-  r.has_imm = slot->has_imm;
-  r.imm = slot->imm;
-  // The large buffer itself, whatever the application did to msg->data (a region message's
-  // data was checked against its region when posted).
-  r.addr = slot->large ? reinterpret_cast<uintptr_t>(slot->large->mem)
-                       : reinterpret_cast<uintptr_t>(slot->msg->data);
-  r.length = slot->msg->size;
-  r.req = slot->req_kind;  // a request or reply names itself in a trailer behind the RTS
-  wire::encode_rts(r, slot->buf);
-  s->rndv_wait.push_back(slot);  // popped when read, or when its posting fails (send_now)
-  if (!r.req) return uint32_t(wire::kRtsSize);
-  wire::ReqTrailer tr;
-  tr.id = slot->req_id;
-  tr.retry = slot->req_retry;
-  tr.floor = slot->req_floor;
-  wire::encode_req_trailer(tr, slot->buf + wire::kRtsSize);
-  return uint32_t(wire::kRtsSize + wire::kReqTrailer);
-}
-
-bool rndv_on_done(Socket *s, uint32_t n) {
-  if (n > s->rndv_wait.size()) return false;
-  while (n--) read_done(s, &s->rndv_wait.pop_front()->work, IBMSG_OK);
-  notify_front(s);
-  return true;
-}
-
-namespace {
-
-// The message in slot arrived as an RTS: the application may choose its destination or decline
-// it, then it waits for its reads (or its FIN) in order.
-void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
-  wire::Rts r;
-  wire::ReqTrailer tr;
-  if (!recv_arrived(s, slot, imm.wants) || !s->credits.on_returned(imm) ||
-      !wire::decode_rts(slot->buf, wc.len, &r) || r.length > s->opts.max_msg_size ||
-      (r.has_imm && !(s->features & wire::kFeatureImm)) ||
-      (r.req && !req_trailer_ok(s, slot->buf, wc.len, r.req == 1, &tr)) || (r.req && r.has_imm)) {
-    // no credit for it, credits it never had, no RTS, larger than we take, an immediate not
-    // agreed on, or a request or reply not agreed on, with a broken trailer or an immediate
-    recv_drop(s, slot, IBMSG_EPROTO);
-    return;
-  }
-  // Its data: the destination, once the reads are done.
-  recv_lend(s, slot, nullptr, size_t(r.length), r.has_imm, r.has_imm ? r.imm : 0);
-  if (r.req) req_mark(s, slot, r.req == 1, tr);
-  ibmsg_buffer *msg = &slot->own;
-  slot->large = nullptr;
-  RndvIn &in = slot->in;
-  in.remote = r.addr;
-  in.length = r.length;
-  in.next = 0;
-  in.done = 0;
-  in.rkey = r.rkey;
-  in.id = r.id;
-  in.reads = 0;
-  in.ready = in.declined = false;
-  in.dest = nullptr;
-  in.dest_mr = nullptr;
-  in.region = nullptr;
-  // A copy of a request delivered before is not read, nor offered (the peer's message_sent
-  // reports IBMSG_EDECLINED); the answer goes as for an eager copy.
-  // A late reply is not read either (dropped, as an eager one).
-  ibmsg_request *answers = r.req == 2 ? req_awaiting(s, tr.id) : nullptr;
-  if ((r.req == 1 && answer_is_copy(s, slot)) || (r.req == 2 && !answers))
-    in.declined = true;
-  else
-    incoming_choose(s, slot, answers);
-  if (in.region) msg->flags |= IBMSG_MSG_REGION;
-  const bool declined = in.declined;
-  if (!declined) s->deliver.push_back(slot);
-  s->reading.push_back(&in);
-  rndv_pump(s);
-  flush_sends(s);
-  maybe_send_ctrl(s);
-  // A declined reply ends its request (IBMSG_EDECLINED): its done callback comes last, with
-  // the connection's state whole (the callback may disconnect, or post).
-  if (declined && r.req == 2) req_on_declined(s, tr.id);
-}
-
-// A FIN: the peer declined the oldest of our RTSs it has not counted done.
-void on_fin(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
-  wire::Fin f;
-  Slot *front = s->rndv_wait.front();
-  if (!s->credits.on_ctrl_arrived() || !s->credits.on_returned(imm) ||
-      !wire::decode_fin(slot->buf, wc.len, &f) || f.status != wire::FinStatus::Declined ||
-      !front || f.id != uint32_t(front - front->pool->slots)) {
-    recv_drop(s, slot, IBMSG_EPROTO);
-    return;
-  }
-  recv_ctrl_back(s, slot);
-  read_done(s, &s->rndv_wait.pop_front()->work, IBMSG_EDECLINED);
-  notify_front(s);
-  flush_sends(s);
-  maybe_send_ctrl(s);
-}
-
 // A slot the rendezvous held (declined, or undelivered at a close) goes back to the pool.
-void drop_slot(Socket *s, Slot *slot) {
+void rndv_drop(Socket *s, Slot *slot) {
   rndv_dest_put(slot);
   if (slot->in.region) --slot->in.region->busy;
   slot->in.region = nullptr;
   slot->in.ready = slot->in.declined = false;
   recv_unlent(s, slot);
-}
-
-}  // namespace
-
-void rndv_on_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
-  wire::RndvKind kind;
-  if (!(s->features & wire::kFeatureRndv) || !wire::rndv_kind(slot->buf, wc.len, &kind)) {
-    recv_drop(s, slot, IBMSG_EPROTO);  // not agreed on, or neither RTS nor FIN
-    return;
-  }
-  if (kind == wire::RndvKind::Rts) on_rts(s, slot, wc, imm);
-  else on_fin(s, slot, wc, imm);
 }
 
 bool rndv_fin_due(const Socket *s) {
@@ -333,11 +181,11 @@ void rndv_on_fin_sent(Socket *s, Slot *slot, const tp::Completion &wc) {
   const bool ok = wc.status == tp::WcStatus::Ok;
   if (!ok) socket_close(s, tp::wc_error(wc.status));
   // The declined message's buffer and data credit come back now.
-  drop_slot(s, slot);
+  rndv_drop(s, slot);
   maybe_send_ctrl(s);
 }
 
-void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
+int rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
   RndvIn &in = slot->in;
   if (in.reads) --in.reads;
   if (s->rndv_reads) --s->rndv_reads;
@@ -347,7 +195,7 @@ void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (wc.status != tp::WcStatus::Ok) {
     // The peer's key or range was wrong (it broke the protocol), or the connection failed.
     socket_close(s, wc.status == tp::WcStatus::RemoteAccess ? IBMSG_EPROTO : tp::wc_error(wc.status));
-    return;
+    return -1;
   }
   if (in.reads == 0 && in.next == in.length && !in.read_link.linked()) {
     slot->own.data = in.dest;
@@ -356,34 +204,26 @@ void rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
     // The count goes at once, in a credit-only message if need be (or a FIN), before the
     // application sees the message (and perhaps closes).
     maybe_send_ctrl(s);
-    deliver_ready(s);
+    return 1;  // the caller delivers it (deliver_ready), then rndv_read_more
   }
+  return 0;
+}
+
+void rndv_read_more(Socket *s) {
   rndv_pump(s);
   maybe_send_ctrl(s);
 }
 
-void deliver_msg(Socket *s, Slot *slot) {
-  slot->in.ready = true;
-  s->deliver.push_back(slot);
-  deliver_ready(s);
-}
-
-uint32_t rndv_take_done(Socket *s) {
-  uint32_t n = s->done_owed < wire::kMaxDonePerMsg ? s->done_owed : wire::kMaxDonePerMsg;
-  s->done_owed -= n;
-  return n;
-}
-
 void rndv_release(Socket *s) {
   while (RndvIn *in = s->reading.pop_front())
-    if (in->declined) drop_slot(s, static_cast<Slot *>(in->wr.owner));
+    if (in->declined) rndv_drop(s, static_cast<Slot *>(in->wr.owner));
   // FINs posted whose completion did not come (a failed flush; a device that drops a destroyed
   // QP's completions): their slots come back here.
-  while (RndvIn *in = s->fins.pop_front()) drop_slot(s, static_cast<Slot *>(in->wr.owner));
+  while (RndvIn *in = s->fins.pop_front()) rndv_drop(s, static_cast<Slot *>(in->wr.owner));
   while (s->rndv_wait.pop_front()) {
   }
   rndv_mem_leave(s);
-  while (Slot *slot = s->deliver.pop_front()) drop_slot(s, slot);
+  while (Slot *slot = s->deliver.pop_front()) rndv_drop(s, slot);
   s->rndv_reads = 0;
   s->rndv_read_bytes = 0;
   s->done_owed = 0;

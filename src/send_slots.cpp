@@ -100,6 +100,14 @@ void send_put(Slot *slot) {
   send_maybe_destroy(p);
 }
 
+void send_free(Slot *slot) {
+  if (slot->large) large_put(slot->large);
+  if (slot->region) --slot->region->busy;  // the application's region, free again
+  slot->large = nullptr;
+  slot->region = nullptr;
+  send_put(slot);
+}
+
 void send_memory(const Device *dev, ibmsg_memory *out) {
   for (const SharedSend *p = dev->sends.front(); p; p = dev->sends.next(p)) out->buffers += p->bytes;
 }

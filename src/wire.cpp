@@ -228,4 +228,21 @@ bool decode_req_trailer(const void *payload, size_t len, ReqTrailer *out) {
   return true;
 }
 
+bool req_trailer_ok(uint32_t features, const void *payload, size_t len, bool request,
+                    ReqTrailer *tr) {
+  return (features & kFeatureRequest) && decode_req_trailer(payload, len, tr) && tr->id &&
+         !tr->has_imm && (request ? tr->floor <= tr->id : !tr->floor && !tr->retry);
+}
+
+void encode_imm_trailer(uint32_t imm, uint8_t out[4]) {
+  out[0] = uint8_t(imm);
+  out[1] = uint8_t(imm >> 8);
+  out[2] = uint8_t(imm >> 16);
+  out[3] = uint8_t(imm >> 24);
+}
+
+uint32_t decode_imm_trailer(const uint8_t in[4]) {
+  return uint32_t(in[0]) | uint32_t(in[1]) << 8 | uint32_t(in[2]) << 16 | uint32_t(in[3]) << 24;
+}
+
 }  // namespace ibmsg::wire

@@ -231,5 +231,16 @@ void encode_req_trailer(const ReqTrailer &t, uint8_t out[kReqTrailer]);
 // The trailer at the end of a payload of len bytes (len >= kReqTrailer); false if a reserved bit
 // or byte is set or imm is not zero without flag bit 0 (the connection closes: IBMSG_EPROTO).
 bool decode_req_trailer(const void *payload, size_t len, ReqTrailer *out);
+// A Request's (request) or Reply's trailer at the end of len bytes, decoded into *tr; false if the
+// features agreed (kFeature*) have no requests, there is no room for it, a reserved bit is set,
+// its id is 0, it has an immediate (1.5 sends none), or its floor is above a request's id or set
+// on a reply: the peer broke the protocol.
+bool req_trailer_ok(uint32_t features, const void *payload, size_t len, bool request,
+                    ReqTrailer *tr);
+
+// The application's immediate of a DataImm message: kImmTrailer bytes behind the payload,
+// little-endian.
+void encode_imm_trailer(uint32_t imm, uint8_t out[4]);
+uint32_t decode_imm_trailer(const uint8_t in[4]);
 
 }  // namespace ibmsg::wire

@@ -1,0 +1,47 @@
+// Delivery: received messages go to the application in the order they came (message_received),
+// an eager one behind a rendezvous still being read waits for it; a reply goes to its request's
+// done callback instead, a copy of a request delivered before to its kept answer. And back:
+// ibmsg_free_msg gives a message (sent or received) back; a received request freed unanswered
+// answers it with nothing.
+#include "deliver.hpp"
+
+#include "internal.hpp"
+
+namespace ibmsg {
+
+// Hands the messages at the front of the delivery queue to the application while they are
+// complete. A callback may close the connection: what is complete is still delivered (as
+// messages that arrive while it closes), the rest goes at the teardown.
+void deliver_ready(Socket *s) {
+  for (Slot *slot = s->deliver.front(); slot && slot->in.ready; slot = s->deliver.front()) {
+    s->deliver.pop_front();
+    slot->in.ready = false;
+    ibmsg_buffer *msg = &slot->own;
+    if (slot->req_kind == uint8_t(MsgKind::Reply)) {
+      req_on_reply(s, slot);  // to its request's done (or dropped: late)
+      continue;
+    }
+    if (slot->req_kind == uint8_t(MsgKind::Request) && !answer_on_request(s, slot))
+      continue;  // a copy of one delivered before: answered with the kept reply, if any
+    ++s->stats.msgs_received;
+    s->stats.bytes_received += msg->size;
+    if (auto cb = s->loop->pub->message_received) cb(s->pub, msg);
+    else msg_free(msg);
+  }
+}
+
+
+void deliver_msg(Socket *s, Slot *slot) {
+  slot->in.ready = true;
+  s->deliver.push_back(slot);
+  deliver_ready(s);
+}
+
+
+int msg_free(ibmsg_buffer *msg) {
+  // A request it did not answer: its retries get no answer (before the buffer goes back).
+  if (msg_lent(msg)) answer_on_free(msg->impl);
+  return msg_release(msg);
+}
+
+}  // namespace ibmsg
