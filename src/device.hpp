@@ -127,9 +127,6 @@ inline uint32_t slab_count(size_t slot_size) {
   const size_t n = ((size_t(1) << 20) + slot_size - 1) / (slot_size ? slot_size : 1);
   return n < 4 ? 4 : n > 64 ? 64 : uint32_t(n);
 }
-// ibmsg_socket_memory / ibmsg_loop_memory.
-void memory_of_socket(const Socket *s, ibmsg_memory *out);
-void memory_of_loop(const Loop *loop, ibmsg_memory *out);
 void large_put(LargeMem *m);          // back to its device's cache (or released)
 void device_large_clear(Device *dev);  // releases the cached ones (the device goes)
 

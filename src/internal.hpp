@@ -254,33 +254,13 @@ int loop_run(Loop *loop, int flags, double timeout_s);
 int loop_fd(Loop *loop);
 int loop_timeout_ms(Loop *loop);
 
-// --- setup.cpp ---
+// --- setup.cpp (conn.cpp: conn.hpp) ---
 int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port, int max_conn,
                   const Options *opts);
 int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
                    const Options *opts);
 int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts);
 int socket_reject(ibmsg_connection_request *req, const char *reason);
-bool socket_is_open(const ibmsg_socket *pub);  // of an open socket (not yet closed), any loop
-void socket_unregister(Socket *s);  // it closed
-// Joins a CQ, creates the QP and the pools, posts every receive buffer (s->dev, s->opts set).
-int conn_open(Socket *s);
-// Destroys the QP, leaves its CQ, gives the pools back (they go once the application returned
-// every buffer). Soft-RoCE leaves the QP's completions in the CQ, naming this socket's memory:
-// with drain (teardown) it polls the CQs now; with park (a failed accept: an API call, so no
-// callbacks) the receive pool waits for the loop's poll.
-void conn_release(Socket *s, bool drain = false, bool park = false);
-wire::Hello my_hello(const Socket *s);
-// The hello (encoded into hello) and the transport settings for connect and accept.
-void fill_conn_param(const Socket *s, tp::ConnParam *p, uint8_t *hello);
-// Adopts the peer's hello: credits, maximum size, common features.
-void set_peer(Socket *s, const wire::Hello &h);
-bool set_state(Socket *s, Event ev);
-// Whether the socket's id is on the device IBMSG_OPT_DEVICE names (any, if it names none).
-bool device_matches(const Socket *s);
-// The numeric address of sa into buf and its port into *port (either may be NULL).
-int format_address(const sockaddr *sa, char *buf, size_t len, unsigned short *port);
-
 // --- cm.cpp ---
 void on_cm_event(Loop *loop, const tp::CmEvent &ev);
 void on_connect_timeout(Timer *t);
@@ -341,6 +321,8 @@ int msg_from_region(Socket *s, ibmsg_buffer *msg, ::ibmsg__region *r, size_t off
 #include "rndv_memory.hpp"
 #include "incoming.hpp"
 #include "deliver.hpp"
+#include "usage.hpp"
+#include "conn.hpp"
 namespace ibmsg {
 
 // --- region.cpp, rdma.cpp: onesided.hpp ---

@@ -1,5 +1,5 @@
-// Connection set-up: name resolution, listen / connect / accept / reject, and the resources of a
-// connection (CQ, QP, pools, posted receive buffers).
+// Socket set-up, the application's side: name resolution, listen / connect / accept / reject; a
+// connection's resources and parameters are conn.cpp's, its CM events cm.cpp's.
 #include <arpa/inet.h>
 #include <netdb.h>
 
@@ -13,16 +13,6 @@
 
 namespace ibmsg {
 namespace {
-
-// Every open socket of the process, so that listen/connect/accept refuse a struct that is still
-// an open socket (on any loop) instead of orphaning it. Not on the data path.
-std::mutex open_lock;
-List<Socket, &Socket::open_node> open_sockets;
-
-void register_open(Socket *s) {
-  std::lock_guard<std::mutex> g(open_lock);
-  open_sockets.push_back(s);
-}
 
 int resolve(const char *host, unsigned short port, bool passive, sockaddr_storage *out) {
   memset(out, 0, sizeof *out);
@@ -75,175 +65,7 @@ void open_socket(Socket *s, Event ev) {
   s->pub->impl = s;
 }
 
-
-
 }  // namespace
-
-int format_address(const sockaddr *sa, char *buf, size_t len, unsigned short *port) {
-  if (!sa) return IBMSG_ENOTCONN;
-  const void *addr;
-  unsigned short p;
-  if (sa->sa_family == AF_INET) {
-    auto in = reinterpret_cast<const sockaddr_in *>(sa);
-    addr = &in->sin_addr;
-    p = ntohs(in->sin_port);
-  } else if (sa->sa_family == AF_INET6) {
-    auto in6 = reinterpret_cast<const sockaddr_in6 *>(sa);
-    addr = &in6->sin6_addr;
-    p = ntohs(in6->sin6_port);
-  } else {
-    return IBMSG_ENOTCONN;
-  }
-  if (buf && len) {
-    if (!inet_ntop(sa->sa_family, addr, buf, socklen_t(len))) return IBMSG_EINVAL;
-  }
-  if (port) *port = p;
-  return IBMSG_OK;
-}
-
-bool device_matches(const Socket *s) {
-  if (!s->opts.device[0]) return true;
-  const char *name = tp::cm_device_name(s->id);
-  return name && strcmp(name, s->opts.device) == 0;
-}
-
-void fill_conn_param(const Socket *s, tp::ConnParam *p, uint8_t *hello) {
-  wire::encode_hello(my_hello(s), hello);
-  p->pdata = hello;
-  p->plen = wire::kHelloSize;
-  p->retry_count = uint8_t(s->opts.retry_count);
-  p->ack_timeout = uint8_t(s->opts.ack_timeout);
-  p->rnr_retry_count = uint8_t(s->opts.rnr_retry);
-  // RDMA reads and atomics each side may have outstanding: the device's limits (librdmacm takes
-  // the smaller of both sides'), none without one-sided RDMA.
-  p->responder_resources = s->responder_resources;
-  p->initiator_depth = s->initiator_depth;
-}
-
-bool set_state(Socket *s, Event ev) {
-  State next;
-  if (!transition(s->state, ev, &next)) {
-    note_invalid_transition(s->state, ev);
-    return false;
-  }
-  const State before = s->state;
-  s->state = next;
-  s->pub->status = public_status(next, s->close_reason);
-  IBMSG_LOG(s, IBMSG_LOG_DEBUG, "state %s -> %s", state_name(before), state_name(next));
-  return true;
-}
-
-bool socket_is_open(const ibmsg_socket *pub) {
-  std::lock_guard<std::mutex> g(open_lock);
-  for (Socket *s = open_sockets.front(); s; s = open_sockets.next(s))
-    if (s->pub == pub) return true;
-  return false;
-}
-
-void socket_unregister(Socket *s) {
-  std::lock_guard<std::mutex> g(open_lock);
-  open_sockets.remove(s);
-}
-
-wire::Hello my_hello(const Socket *s) {
-  wire::Hello h;
-  // Shared receive buffers: a base the peer always gets, more while it wants them.
-  h.cap = uint32_t(s->opts.recv_depth);
-  h.recv_depth = s->srecv ? s->srecv->credits.base() : h.cap;
-  h.ctrl_depth = kCtrlDepth;
-  h.max_msg_size = eager_recv_size(s);
-  h.features = wire::kFeatures & ~(s->opts.rdma ? 0 : wire::kFeatureRdma);
-  if (rndv_offered(s)) h.rndv_max_size = s->opts.max_msg_size;
-  else h.features &= ~wire::kFeatureRndv;
-  h.session = s->loop->req.session;
-  return h;
-}
-
-void set_peer(Socket *s, const wire::Hello &h) {
-  const wire::Hello me = my_hello(s);
-  s->features = h.features & me.features;
-  // Requests need the peer's session: a hello without one has none (its requests: EPROTO).
-  if (!h.session) s->features &= ~wire::kFeatureRequest;
-  s->reqs.peer_session = h.session;
-  s->credits.init(h.recv_depth, h.ctrl_depth, me.recv_depth, h.cap,
-                  s->srecv ? &s->share : nullptr, (s->features & wire::kFeatureShared) != 0);
-  // Without rendezvous on both sides only eager messages go, either way.
-  const bool rndv = (s->features & wire::kFeatureRndv) && h.rndv_max_size;
-  const uint32_t mine = rndv ? s->opts.max_msg_size : eager_recv_size(s);
-  const uint32_t theirs = rndv ? h.rndv_max_size : h.max_msg_size;
-  if (!rndv) s->features &= ~wire::kFeatureRndv;
-  s->max_msg = theirs < mine ? theirs : mine;
-  s->eager = h.max_msg_size < eager_recv_size(s) ? h.max_msg_size : eager_recv_size(s);
-  s->have_peer = true;
-}
-
-int conn_open(Socket *s) {
-  static std::atomic<uint64_t> serials{0};
-  s->serial = ++serials;
-  const uint32_t recv_slots = uint32_t(s->opts.recv_depth) + kCtrlDepth;
-  const uint32_t send_wrs = uint32_t(s->opts.send_depth) + kCtrlDepth +
-                            uint32_t(s->opts.rdma ? s->opts.rdma_depth : 0) +
-                            (rndv_offered(s) ? kRndvReads : 0) +
-                            (s->opts.rdma ? kBindDepth : 0);  // windows of its grants
-  const tp::DeviceInfo &info = tp::device_info(s->dev->tp);
-  if (s->opts.rdma || rndv_offered(s)) {  // rendezvous: the receiver reads the sender's buffer
-    s->responder_resources = uint8_t(info.max_rd_atom > 255 ? 255 : info.max_rd_atom);
-    s->initiator_depth = uint8_t(info.max_init_rd_atom > 255 ? 255 : info.max_init_rd_atom);
-  }
-  if (recv_slots > info.max_qp_wr || send_wrs > info.max_qp_wr ||
-      recv_slots + send_wrs > info.max_cqe)
-    return IBMSG_EINVAL;
-  int err = IBMSG_OK;
-  s->devcq = device_cq_reserve(s->dev, recv_slots + send_wrs, &err);
-  if (err) return err;
-  s->cq = s->devcq->cq;
-  s->cq_need = recv_slots + send_wrs;
-  s->devcq->need += s->cq_need;
-  s->ctrl_wr.owner = s;
-  // Small messages go inline (no DMA read of the payload) where the device offers it.
-  tp::QpCaps caps{send_wrs, recv_slots, 256};
-  recv_join(s, &caps);  // the device's shared receive buffers, if it can
-  err = tp::qp_create(s->id, s->dev->tp, s->cq, &caps);
-  if (!err) {
-    s->has_qp = true;
-    s->max_inline = caps.max_inline;
-    err = send_join(s);
-  }
-  if (!err) err = recv_open(s);
-  // All of them before the connection can be established, also from inside a callback.
-  if (!err) err = tp::post_flush(s->id);
-  if (!err) return IBMSG_OK;
-  conn_release(s);
-  return err;
-}
-
-void conn_release(Socket *s, bool drain, bool park) {
-  poll_stop(s);
-  s->loop->unflushed.remove(s);  // the QP drops what it holds: the teardown cancels it
-  if (s->has_qp) tp::qp_destroy(s->id);
-  s->has_qp = false;
-  if (s->cq) {
-    // Completions of the QP that are still in the shared CQ name this socket's slots and
-    // operations: they are handed out now, while the socket and its pools are still there.
-    if (drain) drain_device(s->dev);
-    if (park && s->recv_pool) {
-      Pool *p = s->recv_pool;
-      p->parked_cq = s->devcq;
-      p->parked_need = s->cq_need;
-      ++p->out;  // pool_disown keeps it
-      ++s->dev->parked;
-      loop_kick(s->loop);
-    } else {
-      s->devcq->need -= s->cq_need;
-    }
-    s->cq_need = 0;
-  }
-  s->cq = nullptr;
-  s->devcq = nullptr;
-  rndv_release(s);
-  send_leave(s);
-  recv_leave(s);
-}
 
 int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
                   int max_conn, const Options *opts) {
