@@ -8,6 +8,7 @@
 #include "ibmsg.h"
 #include "pool.hpp"
 #include "transport/transport.hpp"
+#include "wire.hpp"
 
 namespace ibmsg {
 

@@ -1,5 +1,7 @@
 // Where a large message goes: the message_incoming callback's choice (incoming.cpp).
 #pragma once
+#include "handles.hpp"
+#include "ibmsg.h"
 #include <cstddef>
 
 namespace ibmsg {

@@ -1,32 +1,8 @@
-// Private structures of the core and who owns what.
-//
-// Layers (each calls only the one below it):
-//
-//   api.cpp            every extern "C" entry point: validate the handles, call the core
-//   ----------------------------------------------------------------------------------------
-//   core               loop.cpp      the loop: libev watchers, run, foreign-loop fd/timeout
-//                      timer.cpp     per-socket deadlines on the loop
-//                      options.cpp   option values, loop defaults and ibmsg_options sets
-//                      device.cpp    a loop's devices, reference-counted
-//                      memory.cpp    registered pools and large buffers, owned by a device
-//                      recv.cpp      receive buffers: a connection's own or its device's shared
-//                                    ones (an SRQ) and the credits they back
-//                      send_slots.cpp  send buffers: slots of the device's slabs
-//                      region.cpp    application memory regions, their registrations and grants
-//                      rdma.cpp      one-sided operations: checks, posting, completions
-//                      cq.cpp        a device's completion queue, shared by its connections
-//                      poll.cpp      busy polling of completion queues from the loop
-//                      setup.cpp     listen / connect / accept / reject, the connection's queues
-//                      cm.cpp        connection-manager events and the hello
-//                      datapath.cpp  send queue, in flight, completions
-//                      message.cpp   the application's messages: alloc / post / free
-//                      rndv.cpp      rendezvous: messages above the eager size, read by the peer
-//                      violations.cpp  peers' remote access violations and the ban
-//                      close.cpp     the one close path and the teardown
-//                      (pure: state, credits, shared_credits, wire, pool, list, largebuf, qpmap)
-//   ----------------------------------------------------------------------------------------
-//   transport/         the only code that calls rdma-core (transport.hpp); it knows no sockets.
-//                      test/fake/transport.cpp stands in for it in host-side tests.
+// The core's shared handles: the socket, the loop, the options set and a connection request, and
+// who owns what in them. The tiers of src/ and what each file is for: tiers.hpp (the one map,
+// checked by test/layers/check); the README's "Source layout" names the same files.
+// (Most declarations of the core's functions are still collected here: each file's own header
+// is the next step of issue 22.)
 #pragma once
 #include <ev.h>
 

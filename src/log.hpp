@@ -1,6 +1,7 @@
 // Log lines (log.cpp): to the loop's log callback, and to stderr with IBMSG_DEBUG set; formatted
 // only when one of them takes the level.
 #pragma once
+#include "internal.hpp"  // (it reads the loop: included at internal.hpp's end)
 
 namespace ibmsg {
 

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "handles.hpp"
 #include "ibmsg.h"
 #include "list.hpp"
 #include "pool.hpp"

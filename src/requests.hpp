@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ibmsg.h"
 #include "list.hpp"
 
 struct ibmsg__socket;

@@ -1,5 +1,7 @@
 // Rendezvous: messages larger than the eager size (rndv.cpp; how they travel is told there).
 #pragma once
+#include "handles.hpp"
+#include "transport/transport.hpp"
 #include <cstddef>
 #include <cstdint>
 

@@ -4,6 +4,7 @@
 // next message does not fit waits in the loop's queue, in the order the connections asked.
 // It only counts and queues: rndv.cpp takes the buffers and wakes the waiters.
 #pragma once
+#include "handles.hpp"
 #include <cstddef>
 #include <cstdint>
 
