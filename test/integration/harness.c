@@ -3,6 +3,8 @@
 
 #include "harness.h"
 
+#include <errno.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,6 +172,7 @@ int h_ctx_cleanup(h_ctx *ctx) {
   uint64_t deadline;
 
   if (!ctx) return 0;
+  ctx->decision = H_REJECT;
   if (!ctx->loop_initialized) {
     free(ctx);
     return 0;
@@ -180,7 +183,6 @@ int h_ctx_cleanup(h_ctx *ctx) {
   ctx->on_received = NULL;
   ctx->on_sent = NULL;
   ctx->on_closed = NULL;
-  ctx->decision = H_REJECT;
   for (i = 0; i < ctx->n_clients; i++) h_disconnect_quietly(&ctx->clients[i]);
   for (i = 0; i < ctx->n_servers; i++) h_disconnect_quietly(&ctx->servers[i]);
   h_disconnect_quietly(&ctx->listener);
@@ -326,6 +328,44 @@ void h_run_for_at(h_ctx *ctx, int ms, const char *file, int line) {
 /* --- callbacks ----------------------------------------------------------------------------- */
 
 unsigned long h_events(void) { return h_event_count; }
+
+h_conn *h_first_closed(h_ctx *ctx) {
+  int i;
+  for (i = 0; i < ctx->n_clients; i++)
+    if (ctx->clients[i].closed) return &ctx->clients[i];
+  for (i = 0; i < ctx->n_servers; i++)
+    if (ctx->servers[i].closed) return &ctx->servers[i];
+  return NULL;
+}
+
+int h_established_count(h_ctx *ctx) {
+  int i, n = 0;
+  for (i = 0; i < ctx->n_clients; i++) n += ctx->clients[i].established;
+  for (i = 0; i < ctx->n_servers; i++) n += ctx->servers[i].established;
+  return n;
+}
+
+int h_poll_step(h_ctx *ctx, int max_wait_ms, int *readable, int *processed) {
+  struct pollfd p;
+  int fd = ibmsg_event_loop_fd(&ctx->loop);
+  int t = ibmsg_event_loop_timeout(&ctx->loop);
+  int wait = (t < 0 || t > max_wait_ms) ? max_wait_ms : t;
+  int n;
+
+  if (fd < 0) return IBMSG_EINVAL;
+  if (t < -1) h_note_error(ctx, "ibmsg_event_loop_timeout returned %d", t);
+  p.fd = fd;
+  p.events = POLLIN;
+  p.revents = 0;
+  n = poll(&p, 1, wait);
+  if (n < 0) return errno == EINTR ? IBMSG_OK : IBMSG_ESYS;
+  if (n > 0 && readable) (*readable)++;
+  if (n > 0 || (t >= 0 && t <= max_wait_ms)) {
+    if (processed) (*processed)++;
+    return ibmsg_event_loop_process(&ctx->loop);
+  }
+  return IBMSG_OK;
+}
 
 static h_ctx *h_ctx_of_loop(ibmsg_event_loop *loop) {
   h_progress++;
@@ -815,4 +855,120 @@ void h_stream_start(h_conn *conn, int total, size_t size, int nbufs) {
 
 int h_stream_done(const h_conn *conn) {
   return conn->stream_posted == conn->stream_total && conn->stream_inflight == 0;
+}
+
+void h_stream_both_at(h_ctx *ctx, h_conn *a, h_conn *b, int n, size_t size, int nbufs,
+                      int idle_ms, const char *file, int line) {
+  unsigned long ev;
+  uint64_t deadline;
+
+  h_stream_start(a, n, size, nbufs);
+  h_stream_start(b, n, size, nbufs);
+  ev = h_events();
+  deadline = h_now_ms() + (uint64_t)idle_ms;
+  while (!(a->received == n && b->received == n && h_stream_done(a) && h_stream_done(b))) {
+    if (h_events() != ev) {
+      ev = h_events();
+      deadline = h_now_ms() + (uint64_t)idle_ms;
+    }
+    h_step_idle_at(ctx, deadline, idle_ms, "both streams delivered and done", file, line);
+  }
+  h_check_errors_at(ctx, file, line);
+}
+
+void h_free_in_batches(h_conn *conn, ibmsg_buffer *msg, int batch) {
+  int i, rc;
+  conn->held[conn->n_held++] = msg;
+  if (conn->n_held < batch) return;
+  for (i = 0; i < conn->n_held; i++) {
+    rc = ibmsg_free_msg(conn->held[i]);
+    if (rc != IBMSG_OK) h_note_error(conn->ctx, "ibmsg_free_msg in message_received: %s", ibmsg_err_name(rc));
+  }
+  conn->n_held = 0;
+}
+
+void h_post_msgs(h_conn *conn, int first, int n, size_t size) {
+  int i;
+  for (i = first; i < first + n; i++) {
+    h_alloc_fill(conn, &conn->ctx->msgs[i], size);
+    h_post(conn, &conn->ctx->msgs[i]);
+  }
+}
+
+ibmsg_descriptor h_forge_descriptor(const ibmsg_descriptor *desc, int offset, uint64_t value, int n) {
+  ibmsg_descriptor f = *desc;
+  uint32_t check = 2166136261u; /* FNV-1a */
+  int i;
+  for (i = 0; i < n; i++) f.bytes[offset + i] = (unsigned char)(value >> (8 * i));
+  for (i = 0; i < 28; i++) check = (check ^ f.bytes[i]) * 16777619u;
+  for (i = 0; i < 4; i++) f.bytes[28 + i] = (unsigned char)(check >> (8 * i));
+  return f;
+}
+
+void *h_new(size_t size) {
+  void *p = calloc(1, size);
+  H_CHECK(p != NULL, "out of memory for the test's records (%zu bytes)", size);
+  return p;
+}
+
+static void h_op_done(ibmsg_socket *s, ibmsg_op *op, int status) {
+  h_op_slot *o = op->user_data;
+  (void)s;
+  o->status = status;
+  o->calls++;
+}
+
+ibmsg_op *h_op_start(h_op_slot *o) {
+  static const h_op_slot fresh;
+  *o = fresh;
+  o->op.user_data = o;
+  o->op.done = h_op_done;
+  return &o->op;
+}
+
+h_conn *h_connect_must_fail_at(h_ctx *ctx, const char *ip, unsigned short port, int expected,
+                               int timeout_ms, int quiet, const char *what, const char *file,
+                               int line) {
+  h_conn *c = NULL;
+  uint64_t deadline;
+  int rc = h_try_connect(ctx, &c, ip, port);
+
+  if (rc != IBMSG_OK) {
+    h_assert_code_at(rc, expected, "ibmsg_connect", file, line);
+    if (!quiet) return c;
+    h_run_for_at(ctx, 300, file, line);
+    if (c->closed != 0)
+      h_fail_at(file, line, "connection_closed callbacks after ibmsg_connect failed is %d, "
+                "expected 0", c->closed);
+    return c;
+  }
+  deadline = h_now_ms() + (uint64_t)timeout_ms;
+  while (!(c->closed || c->established))
+    h_step_at(ctx, deadline, timeout_ms, "c->closed || c->established", file, line);
+  h_check_errors_at(ctx, file, line);
+  if (c->established) h_fail_at(file, line, "a connection %s was established", what);
+  if (c->close_reason != expected)
+    h_fail_at(file, line, "close reason %s is %s (%d), expected %s (%d)", what,
+              ibmsg_err_name(c->close_reason), c->close_reason, ibmsg_err_name(expected), expected);
+  return c;
+}
+
+void h_send_to_holder(h_conn *sender, h_conn *holder, int n, size_t size) {
+  holder->hold = 1;
+  h_post_msgs(sender, 0, n, size);
+  H_RUN_UNTIL(sender->ctx, holder->received == n && sender->sent == n, H_TIMEOUT_MS);
+}
+
+void h_free_lent_after_close(h_conn *sender, h_conn *holder, int n) {
+  h_ctx *ctx = sender->ctx;
+  int i;
+  H_ASSERT_OK(ibmsg_disconnect(&sender->sock));
+  H_RUN_UNTIL(ctx, sender->closed && holder->closed, H_TIMEOUT_MS);
+  H_ASSERT_EQ(holder->n_held, n, "messages the receiver holds");
+  for (i = 0; i < n; i++) {
+    H_ASSERT_EQ(holder->held[i]->status, IBMSG_RECEIVED, "status of a lent message after close");
+    H_ASSERT_OK(ibmsg_free_msg(holder->held[i]));
+  }
+  holder->n_held = 0;
+  for (i = 0; i < n; i++) H_ASSERT_OK(ibmsg_free_msg(&ctx->msgs[i]));
 }

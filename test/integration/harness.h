@@ -253,6 +253,15 @@ void h_listen(h_ctx *ctx, const char *ip, int max_connections);
 h_conn *h_connect(h_ctx *ctx, const char *ip, unsigned short port);
 /** Like h_connect() but returns ibmsg_connect()'s code (the client is active only on IBMSG_OK). */
 int h_try_connect(h_ctx *ctx, h_conn **client, const char *ip, unsigned short port);
+/** ibmsg_connect() to ip/port must fail with `expected`: at once (then, with quiet, no
+ *  connection_closed may follow within 300 ms), or later in connection_closed within timeout_ms
+ *  without connection_established. `what` names the attempt in failures. Returns the client. */
+#define h_connect_must_fail(ctx, ip, port, expected, timeout_ms, quiet, what)                  \
+  h_connect_must_fail_at((ctx), (ip), (port), (expected), (timeout_ms), (quiet), (what),       \
+                         __FILE__, __LINE__)
+h_conn *h_connect_must_fail_at(h_ctx *ctx, const char *ip, unsigned short port, int expected,
+                               int timeout_ms, int quiet, const char *what, const char *file,
+                               int line);
 /** Listens on IBMSG_TEST_ADDR if nothing listens yet, connects a client and waits until the
  *  client and the server socket accepted for it are both established. */
 void h_pair(h_ctx *ctx, h_conn **client, h_conn **server);
@@ -267,6 +276,15 @@ h_conn *h_server_of(h_ctx *ctx, h_conn *client);
 void h_finish(h_ctx *ctx);
 /** True when every socket that was set up got its connection_closed. */
 int h_all_closed(h_ctx *ctx);
+/** The first client, else server, that got its connection_closed; NULL if none did. */
+h_conn *h_first_closed(h_ctx *ctx);
+/** connection_established callbacks of all clients and servers together. */
+int h_established_count(h_ctx *ctx);
+/** A loop step (for ctx->step) as an application loop built on poll(2) does it: waits for the
+ *  loop's fd at most as long as ibmsg_event_loop_timeout() says, and calls
+ *  ibmsg_event_loop_process() only when the fd is readable or that timeout expired. Counts both
+ *  in *readable and *processed when they are not NULL. */
+int h_poll_step(h_ctx *ctx, int max_wait_ms, int *readable, int *processed);
 /** Reinitializes a record (counters and socket) for reuse; the socket must be closed or new. */
 void h_conn_reset(h_conn *conn, h_ctx *ctx, const char *name);
 
@@ -284,12 +302,42 @@ int h_try_post(h_conn *conn, ibmsg_buffer *msg);
 #define h_post(conn, msg) H_ASSERT_OK(h_try_post((conn), (msg)))
 /** Frees every held received message, asserting IBMSG_OK. */
 void h_release_held(h_conn *conn);
+/** holder keeps what it receives (hold) while `sender` posts ctx->msgs[0 .. n-1] of size bytes;
+ *  waits until all n arrived and got their message_sent. */
+void h_send_to_holder(h_conn *sender, h_conn *holder, int n, size_t size);
+/** After h_send_to_holder(): the sender disconnects; once both ends closed, the holder's n
+ *  messages must still be lent (IBMSG_RECEIVED) and can be freed, as can the sent ones. */
+void h_free_lent_after_close(h_conn *sender, h_conn *holder, int n);
 /** Starts a stream of `total` messages of `size` bytes over nbufs send buffers. nbufs must not
  *  exceed IBMSG_OPT_SEND_QUEUE (nor IBMSG_OPT_SEND_DEPTH): a post beyond the queue would fail
  *  with IBMSG_EAGAIN when the peer is out of credits, and the stream treats that as an error. */
 void h_stream_start(h_conn *conn, int total, size_t size, int nbufs);
 /** True when the whole stream was posted and every message got its message_sent. */
 int h_stream_done(const h_conn *conn);
+/** Streams n messages of size bytes each way (nbufs send buffers a side) and waits until both
+ *  sides received n and both streams are done (H_RUN_UNTIL_PROGRESS with idle_ms). */
+#define h_stream_both(ctx, a, b, n, size, nbufs, idle_ms)                                       \
+  h_stream_both_at((ctx), (a), (b), (n), (size), (nbufs), (idle_ms), __FILE__, __LINE__)
+void h_stream_both_at(h_ctx *ctx, h_conn *a, h_conn *b, int n, size_t size, int nbufs,
+                      int idle_ms, const char *file, int line);
+/** For a message_received hook: holds conn's messages and frees them all, from the callback,
+ *  once `batch` are held (noting a failed free). */
+void h_free_in_batches(h_conn *conn, ibmsg_buffer *msg, int batch);
+/** Allocates, fills and posts ctx->msgs[first .. first+n-1] of size bytes on conn. */
+void h_post_msgs(h_conn *conn, int first, int n, size_t size);
+/** A copy of desc with bytes [offset, offset+n) replaced by value (little-endian) and its check
+ *  (bytes 28..31, FNV-1a of bytes 0..27) recomputed: what a peer that forges descriptors sends. */
+ibmsg_descriptor h_forge_descriptor(const ibmsg_descriptor *desc, int offset, uint64_t value, int n);
+/** One one-sided operation and what its done callback saw: done calls and the last status. */
+typedef struct {
+  ibmsg_op op; /* first member */
+  int calls;
+  int status;
+} h_op_slot;
+/** Clears o and returns its operation, ready to post, with a done callback that records. */
+ibmsg_op *h_op_start(h_op_slot *o);
+/** calloc(1, size) for a test's records; fails the test when out of memory. */
+void *h_new(size_t size);
 /** Sets an int option / a string option on the loop, asserting IBMSG_OK. */
 void h_setopt_int(h_ctx *ctx, int option, int value);
 void h_setopt_str(h_ctx *ctx, int option, const char *value);

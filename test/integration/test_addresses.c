@@ -25,14 +25,24 @@ static int same_address(const char *a, const char *b) {
             (expected));                                                                        \
   } while (0)
 
+/* getter (the local or the peer address) of the client and of the accepted socket must be
+ * IBMSG_TEST_ADDR; stores their ports. */
+static void both_ends_at(h_ctx *ctx, int (*getter)(const ibmsg_socket *, char *, size_t, unsigned short *),
+                         const char *kind, h_conn *client, h_conn *server, unsigned short *cport,
+                         unsigned short *sport) {
+  char caddr[64], saddr[64];
+  H_ASSERT_OK(getter(&client->sock, caddr, sizeof caddr, cport));
+  H_ASSERT_OK(getter(&server->sock, saddr, sizeof saddr, sport));
+  H_CHECK(same_address(caddr, ctx->addr), "the client's %s address is \"%s\", expected \"%s\"",
+          kind, caddr, ctx->addr);
+  H_CHECK(same_address(saddr, ctx->addr), "the accepted socket's %s address is \"%s\", expected \"%s\"",
+          kind, saddr, ctx->addr);
+}
+
 /* Streams n verified messages each way over an established pair. */
 static void exchange(h_ctx *ctx, h_conn *client, h_conn *server, int n) {
   client->verify = server->verify = 1;
-  h_stream_start(client, n, 300, 8);
-  h_stream_start(server, n, 300, 8);
-  H_RUN_UNTIL_PROGRESS(ctx, client->received == n && server->received == n &&
-                                h_stream_done(client) && h_stream_done(server),
-                       60000);
+  h_stream_both(ctx, client, server, n, 300, 8, 60000);
 }
 
 static void ipv6_connection_exchanges_messages(void **state) {
@@ -94,13 +104,9 @@ static void listen_everywhere(h_ctx *ctx, const char *any) {
   h_finish(ctx);
 }
 
-static void listener_on_null_accepts_ipv4_and_ipv6(void **state) {
-  listen_everywhere(*state, NULL);
-}
+static void listener_on_null_accepts_ipv4_and_ipv6(void **state) { listen_everywhere(*state, NULL); }
 
-static void listener_on_empty_string_accepts_ipv4_and_ipv6(void **state) {
-  listen_everywhere(*state, "");
-}
+static void listener_on_empty_string_accepts_ipv4_and_ipv6(void **state) { listen_everywhere(*state, ""); }
 
 static void port_zero_picks_a_free_port(void **state) {
   h_ctx *ctx = *state;
@@ -127,25 +133,14 @@ static void port_zero_picks_a_free_port(void **state) {
 static void addresses_of_both_ends_match(void **state) {
   h_ctx *ctx = *state;
   h_conn *client, *server;
-  char caddr[64], saddr[64];
   unsigned short cport = 0, sport = 0, cpeer_port = 0, speer_port = 0;
 
   h_pair(ctx, &client, &server);
-  H_ASSERT_OK(ibmsg_socket_local_address(&client->sock, caddr, sizeof caddr, &cport));
-  H_ASSERT_OK(ibmsg_socket_local_address(&server->sock, saddr, sizeof saddr, &sport));
-  H_CHECK(same_address(caddr, ctx->addr), "the client's local address is \"%s\", expected \"%s\"",
-          caddr, ctx->addr);
-  H_CHECK(same_address(saddr, ctx->addr), "the accepted socket's local address is \"%s\", expected \"%s\"",
-          saddr, ctx->addr);
+  both_ends_at(ctx, ibmsg_socket_local_address, "local", client, server, &cport, &sport);
   H_ASSERT_EQ(sport, ctx->port, "the accepted socket's local port (the listener's)");
   H_CHECK(cport != 0, "the client's local port is 0");
 
-  H_ASSERT_OK(ibmsg_socket_peer_address(&client->sock, caddr, sizeof caddr, &cpeer_port));
-  H_ASSERT_OK(ibmsg_socket_peer_address(&server->sock, saddr, sizeof saddr, &speer_port));
-  H_CHECK(same_address(caddr, ctx->addr), "the client's peer address is \"%s\", expected \"%s\"",
-          caddr, ctx->addr);
-  H_CHECK(same_address(saddr, ctx->addr), "the accepted socket's peer address is \"%s\", expected \"%s\"",
-          saddr, ctx->addr);
+  both_ends_at(ctx, ibmsg_socket_peer_address, "peer", client, server, &cpeer_port, &speer_port);
   H_ASSERT_EQ(cpeer_port, ctx->port, "the client's peer port");
   H_ASSERT_EQ(speer_port, cport, "the accepted socket's peer port (the client's local port)");
   H_CHECK(same_address(ctx->request_peer, ctx->addr), "request->peer_address is \"%s\", expected \"%s\"",
@@ -185,21 +180,11 @@ static void device_option_naming_the_device_connects(void **state) {
 
 static void device_option_naming_no_device_fails_with_enodev(void **state) {
   h_ctx *ctx = *state;
-  h_conn *c = NULL;
-  int rc;
 
   h_listen(ctx, ctx->addr, 8);
   h_setopt_str(ctx, IBMSG_OPT_DEVICE, "nosuchdev");
-  rc = h_try_connect(ctx, &c, ctx->addr, ctx->port);
-  if (rc != IBMSG_OK) {
-    H_ASSERT_CODE(rc, IBMSG_ENODEV);
-    h_run_for(ctx, 300);
-    H_ASSERT_EQ(c->closed, 0, "connection_closed callbacks after ibmsg_connect failed");
-  } else {
-    H_RUN_UNTIL(ctx, c->closed || c->established, H_TIMEOUT_MS);
-    H_CHECK(!c->established, "a connection with IBMSG_OPT_DEVICE \"nosuchdev\" was established");
-    H_ASSERT_REASON(c->close_reason, IBMSG_ENODEV, "close reason with IBMSG_OPT_DEVICE \"nosuchdev\"");
-  }
+  h_connect_must_fail(ctx, ctx->addr, ctx->port, IBMSG_ENODEV, H_TIMEOUT_MS, 1,
+                      "with IBMSG_OPT_DEVICE \"nosuchdev\"");
   H_ASSERT_EQ(ctx->n_servers, 0, "sockets accepted for a connection that must not start");
   h_finish(ctx);
 }
@@ -230,19 +215,11 @@ static void ipv6_source_address_option_connects_from_it(void **state) {
 
 static void source_address_that_is_not_local_fails(void **state) {
   h_ctx *ctx = *state;
-  h_conn *c = NULL;
-  int rc;
 
   h_listen(ctx, ctx->addr, 8);
   h_setopt_str(ctx, IBMSG_OPT_SOURCE_ADDR, FOREIGN_ADDR);
-  rc = h_try_connect(ctx, &c, ctx->addr, ctx->port);
-  if (rc != IBMSG_OK) {
-    H_ASSERT_CODE(rc, IBMSG_EADDRNOTAVAIL);
-  } else {
-    H_RUN_UNTIL(ctx, c->closed || c->established, H_TIMEOUT_MS);
-    H_CHECK(!c->established, "a connection from source address %s was established", FOREIGN_ADDR);
-    H_ASSERT_REASON(c->close_reason, IBMSG_EADDRNOTAVAIL, "close reason with a foreign source address");
-  }
+  h_connect_must_fail(ctx, ctx->addr, ctx->port, IBMSG_EADDRNOTAVAIL, H_TIMEOUT_MS, 0,
+                      "from source address " FOREIGN_ADDR);
   h_finish(ctx);
 }
 

@@ -136,20 +136,7 @@ static void adaptive_polling_sleeps_and_wakes_again(void **state) {
 /* An application loop built on poll(2), with ibmsg's timeout: while ibmsg polls the timeout is 0
  * and process() runs every time. */
 static int poll_step(h_ctx *ctx, int max_wait_ms) {
-  struct pollfd p;
-  int fd = ibmsg_event_loop_fd(&ctx->loop);
-  int t = ibmsg_event_loop_timeout(&ctx->loop);
-  int wait = (t < 0 || t > max_wait_ms) ? max_wait_ms : t;
-  int n;
-
-  if (fd < 0) return IBMSG_EINVAL;
-  p.fd = fd;
-  p.events = POLLIN;
-  p.revents = 0;
-  n = poll(&p, 1, wait);
-  if (n < 0) return errno == EINTR ? IBMSG_OK : IBMSG_ESYS;
-  if (n > 0 || (t >= 0 && t <= max_wait_ms)) return ibmsg_event_loop_process(&ctx->loop);
-  return IBMSG_OK;
+  return h_poll_step(ctx, max_wait_ms, NULL, NULL);
 }
 
 static void polling_works_from_a_foreign_loop(void **state) {

@@ -30,10 +30,7 @@ static void disconnect_with_messages_pending(h_ctx *ctx, h_conn *closer, h_conn 
   peer->hold = 1;
   peer->verify = 1;
   closer->expect_send_errors = 1;
-  for (i = 0; i < POSTED; i++) {
-    h_alloc_fill(closer, &ctx->msgs[i], MSG_SIZE);
-    h_post(closer, &ctx->msgs[i]);
-  }
+  h_post_msgs(closer, 0, POSTED, MSG_SIZE);
   H_ASSERT_OK(ibmsg_disconnect(&closer->sock));
   H_ASSERT_STATUS(closer->sock.status, IBMSG_DISCONNECTING, "status right after ibmsg_disconnect");
   H_RUN_UNTIL(ctx, closer->closed && peer->closed, H_TIMEOUT_MS);
@@ -62,21 +59,18 @@ static void disconnect_with_messages_pending(h_ctx *ctx, h_conn *closer, h_conn 
   h_release_held(peer);
 }
 
-static void client_disconnect_accounts_for_every_posted_message(void **state) {
-  h_ctx *ctx = *state;
+/* disconnect_with_messages_pending() on a fresh pair, the server or else the client closing. */
+static void pair_and_disconnect_with_messages_pending(h_ctx *ctx, int server_closes) {
   h_conn *client, *server;
   small_pair(ctx, &client, &server);
-  disconnect_with_messages_pending(ctx, client, server);
+  if (server_closes) disconnect_with_messages_pending(ctx, server, client);
+  else disconnect_with_messages_pending(ctx, client, server);
   h_finish(ctx);
 }
 
-static void server_disconnect_accounts_for_every_posted_message(void **state) {
-  h_ctx *ctx = *state;
-  h_conn *client, *server;
-  small_pair(ctx, &client, &server);
-  disconnect_with_messages_pending(ctx, server, client);
-  h_finish(ctx);
-}
+static void client_disconnect_accounts_for_every_posted_message(void **state) { pair_and_disconnect_with_messages_pending(*state, 0); }
+
+static void server_disconnect_accounts_for_every_posted_message(void **state) { pair_and_disconnect_with_messages_pending(*state, 1); }
 
 static void disconnect_during_streams_accounts_for_every_message(void **state) {
   h_ctx *ctx = *state;
@@ -123,24 +117,10 @@ static void post_and_alloc_after_close_return_enotconn(void **state) {
 static void received_messages_can_be_freed_after_close(void **state) {
   h_ctx *ctx = *state;
   h_conn *client, *server;
-  int i;
 
   small_pair(ctx, &client, &server);
-  server->hold = 1;
-  for (i = 0; i < 3; i++) {
-    h_alloc_fill(client, &ctx->msgs[i], MSG_SIZE);
-    h_post(client, &ctx->msgs[i]);
-  }
-  H_RUN_UNTIL(ctx, server->received == 3 && client->sent == 3, H_TIMEOUT_MS);
-  H_ASSERT_OK(ibmsg_disconnect(&client->sock));
-  H_RUN_UNTIL(ctx, client->closed && server->closed, H_TIMEOUT_MS);
-  H_ASSERT_EQ(server->n_held, 3, "messages the server holds");
-  for (i = 0; i < 3; i++) {
-    H_ASSERT_EQ(server->held[i]->status, IBMSG_RECEIVED, "status of a lent message after close");
-    H_ASSERT_OK(ibmsg_free_msg(server->held[i]));
-  }
-  server->n_held = 0;
-  for (i = 0; i < 3; i++) H_ASSERT_OK(ibmsg_free_msg(&ctx->msgs[i]));
+  h_send_to_holder(client, server, 3, MSG_SIZE);
+  h_free_lent_after_close(client, server, 3);
   h_finish(ctx); /* destroying the loop succeeds: nothing is still lent */
 }
 
@@ -298,24 +278,6 @@ static void disconnect_on_tenth_message(h_conn *conn, ibmsg_buffer *msg) {
   if (rc != IBMSG_OK) h_note_error(conn->ctx, "ibmsg_free_msg: %s", ibmsg_err_name(rc));
 }
 
-static void disconnect_from_message_received_callback(void **state) {
-  h_ctx *ctx = *state;
-  h_conn *client, *server;
-
-  small_pair(ctx, &client, &server);
-  client->expect_send_errors = 1;
-  server->verify = 1;
-  ctx->on_received = disconnect_on_tenth_message;
-  h_stream_start(client, 1000, MSG_SIZE, SEND_QUEUE);
-  H_RUN_UNTIL(ctx, client->closed && server->closed, H_TIMEOUT_MS);
-  h_run_for(ctx, 300);
-  ctx->on_received = NULL;
-  H_ASSERT_REASON(server->close_reason, IBMSG_OK, "close reason of the side that disconnected");
-  H_ASSERT_REASON(client->close_reason, IBMSG_ECONNRESET, "close reason of the peer");
-  H_ASSERT_EQ(client->sent, client->posted, "the client's message_sent callbacks vs. its posts");
-  h_finish(ctx);
-}
-
 static void disconnect_on_tenth_sent(h_conn *conn, ibmsg_buffer *msg, int status) {
   int rc;
   (void)msg;
@@ -326,23 +288,32 @@ static void disconnect_on_tenth_sent(h_conn *conn, ibmsg_buffer *msg, int status
   }
 }
 
-static void disconnect_from_message_sent_callback(void **state) {
-  h_ctx *ctx = *state;
-  h_conn *client, *server;
+/* The server (from message_received) or the client (from message_sent) disconnects on the tenth
+ * message of a stream from the client; checks both close reasons and the client's accounting. */
+static void disconnect_from_callback(h_ctx *ctx, int from_sent) {
+  h_conn *client, *server, *closer, *peer;
 
   small_pair(ctx, &client, &server);
+  closer = from_sent ? client : server;
+  peer = from_sent ? server : client;
   client->expect_send_errors = 1;
   server->verify = 1;
-  ctx->on_sent = disconnect_on_tenth_sent;
+  if (from_sent) ctx->on_sent = disconnect_on_tenth_sent;
+  else ctx->on_received = disconnect_on_tenth_message;
   h_stream_start(client, 1000, MSG_SIZE, SEND_QUEUE);
   H_RUN_UNTIL(ctx, client->closed && server->closed, H_TIMEOUT_MS);
   h_run_for(ctx, 300);
+  ctx->on_received = NULL;
   ctx->on_sent = NULL;
-  H_ASSERT_REASON(client->close_reason, IBMSG_OK, "close reason of the side that disconnected");
-  H_ASSERT_REASON(server->close_reason, IBMSG_ECONNRESET, "close reason of the peer");
+  H_ASSERT_REASON(closer->close_reason, IBMSG_OK, "close reason of the side that disconnected");
+  H_ASSERT_REASON(peer->close_reason, IBMSG_ECONNRESET, "close reason of the peer");
   H_ASSERT_EQ(client->sent, client->posted, "the client's message_sent callbacks vs. its posts");
   h_finish(ctx);
 }
+
+static void disconnect_from_message_received_callback(void **state) { disconnect_from_callback(*state, 0); }
+
+static void disconnect_from_message_sent_callback(void **state) { disconnect_from_callback(*state, 1); }
 
 static void disconnect_when_established(h_conn *conn) {
   int rc;
@@ -447,12 +418,7 @@ static void freeing_lent_messages_after_disconnect_keeps_reason_ok(void **state)
   int i;
 
   small_pair(ctx, &client, &server);
-  server->hold = 1;
-  for (i = 0; i < 3; i++) {
-    h_alloc_fill(client, &ctx->msgs[i], MSG_SIZE);
-    h_post(client, &ctx->msgs[i]);
-  }
-  H_RUN_UNTIL(ctx, server->received == 3 && client->sent == 3, H_TIMEOUT_MS);
+  h_send_to_holder(client, server, 3, MSG_SIZE);
   H_ASSERT_OK(ibmsg_disconnect(&server->sock));
   h_release_held(server); /* before the loop ran: the connection is closing, not closed */
   H_RUN_UNTIL(ctx, client->closed && server->closed, H_TIMEOUT_MS);

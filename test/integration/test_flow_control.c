@@ -153,14 +153,7 @@ static void alloc_returns_eagain_when_all_send_buffers_are_allocated(void **stat
 /* Holds received messages and frees all of them, from the callback, once RECV_DEPTH are held:
  * the sender runs dry of credits again and again. */
 static void free_in_batches(h_conn *conn, ibmsg_buffer *msg) {
-  int i, rc;
-  conn->held[conn->n_held++] = msg;
-  if (conn->n_held < RECV_DEPTH) return;
-  for (i = 0; i < conn->n_held; i++) {
-    rc = ibmsg_free_msg(conn->held[i]);
-    if (rc != IBMSG_OK) h_note_error(conn->ctx, "ibmsg_free_msg in message_received: %s", ibmsg_err_name(rc));
-  }
-  conn->n_held = 0;
+  h_free_in_batches(conn, msg, RECV_DEPTH);
 }
 
 static void receiver_freeing_in_batches_keeps_a_stream_flowing(void **state) {

@@ -25,25 +25,7 @@ struct driver {
  * own timeout says, and process only when the fd is readable or that timeout has expired. */
 static int poll_step(h_ctx *ctx, int max_wait_ms) {
   struct driver *d = ctx->data;
-  struct pollfd p;
-  int fd = ibmsg_event_loop_fd(&ctx->loop);
-  int t = ibmsg_event_loop_timeout(&ctx->loop);
-  int wait = (t < 0 || t > max_wait_ms) ? max_wait_ms : t;
-  int n;
-
-  if (fd < 0) return IBMSG_EINVAL;
-  if (t < -1) h_note_error(ctx, "ibmsg_event_loop_timeout returned %d", t);
-  p.fd = fd;
-  p.events = POLLIN;
-  p.revents = 0;
-  n = poll(&p, 1, wait);
-  if (n < 0) return errno == EINTR ? IBMSG_OK : IBMSG_ESYS;
-  if (n > 0) d->readable++;
-  if (n > 0 || (t >= 0 && t <= max_wait_ms)) {
-    d->processed++;
-    return ibmsg_event_loop_process(&ctx->loop);
-  }
-  return IBMSG_OK;
+  return h_poll_step(ctx, max_wait_ms, &d->readable, &d->processed);
 }
 
 static int ev_step(h_ctx *ctx, int max_wait_ms) {
@@ -111,11 +93,7 @@ static void connect_and_exchange(h_ctx *ctx) {
 
   h_pair(ctx, &client, &server);
   client->verify = server->verify = 1;
-  h_stream_start(client, MESSAGES, 256, 32);
-  h_stream_start(server, MESSAGES, 256, 32);
-  H_RUN_UNTIL_PROGRESS(ctx, client->received == MESSAGES && server->received == MESSAGES &&
-                                h_stream_done(client) && h_stream_done(server),
-                       120000);
+  h_stream_both(ctx, client, server, MESSAGES, 256, 32, 120000);
   H_ASSERT_EQ(client->sent_ok, MESSAGES, "message_sent(IBMSG_OK) callbacks of the client");
   H_ASSERT_EQ(server->sent_ok, MESSAGES, "message_sent(IBMSG_OK) callbacks of the server");
 }

@@ -14,33 +14,11 @@
 
 #define RW (IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_WRITE)
 
-static void *t_new(size_t size) {
-  void *p = calloc(1, size);
-  H_CHECK(p != NULL, "out of memory for the test's records (%zu bytes)", size);
-  return p;
-}
+#define t_new h_new
 
-/* One operation and what its done callback saw. */
-typedef struct {
-  ibmsg_op op; /* first member */
-  int calls;
-  int status;
-} op_slot;
-
-static void slot_done(ibmsg_socket *s, ibmsg_op *op, int status) {
-  op_slot *o = op->user_data;
-  (void)s;
-  o->calls++;
-  o->status = status;
-}
-
-static ibmsg_op *slot_op(op_slot *o) {
-  memset(o, 0, sizeof *o);
-  o->op.done = slot_done;
-  o->op.user_data = o;
-  return &o->op;
-}
-
+/* One operation and what its done callback saw (harness.h). */
+typedef h_op_slot op_slot;
+#define slot_op h_op_start
 #define RUN_SLOT(ctx, o) H_RUN_UNTIL((ctx), (o)->calls > 0, H_TIMEOUT_MS)
 
 #define WAIT_CLOSED(ctx, conn, reason)                                                          \
@@ -78,29 +56,12 @@ static uint64_t banned(h_ctx *ctx) {
 
 /* desc with its key (bytes 4..7) replaced and the check (28..31) recomputed: what a peer that
  * guesses keys sends. */
-static uint32_t fnv1a(const unsigned char *p, size_t n) {
-  uint32_t h = 2166136261u;
-  size_t i;
-  for (i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
-  return h;
-}
-
-static void put_le(unsigned char *p, uint64_t v, int n) {
-  int i;
-  for (i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
 static uint32_t key_of(const ibmsg_descriptor *d) {
   return (uint32_t)d->bytes[4] | (uint32_t)d->bytes[5] << 8 | (uint32_t)d->bytes[6] << 16 |
          (uint32_t)d->bytes[7] << 24;
 }
 
-static ibmsg_descriptor with_key(const ibmsg_descriptor *d, uint32_t key) {
-  ibmsg_descriptor f = *d;
-  put_le(f.bytes + 4, key, 4);
-  put_le(f.bytes + 28, fnv1a(f.bytes, 28), 4);
-  return f;
-}
+#define with_key(d, key) h_forge_descriptor((d), 4, (key), 4)
 
 typedef struct {
   ibmsg_region tgt, src;

@@ -100,16 +100,8 @@ struct w_hello {
 #define RAW_RNDV_MAX (1u << 20)
 
 static struct w_hello w_hello_default(void) {
-  struct w_hello h;
-  h.major = W_MAJOR;
-  h.minor = W_MINOR;
-  h.kind = W_KIND_HELLO;
-  h.features = W_F_IMM | W_F_RNDV | W_F_SHARED;
-  h.recv_depth = RAW_RECV_DEPTH;
-  h.ctrl_depth = RAW_CTRL_DEPTH;
-  h.max_msg_size = RAW_EAGER;
-  h.rndv_max_size = RAW_RNDV_MAX;
-  h.cap = RAW_RECV_DEPTH;
+  struct w_hello h = {W_MAJOR, W_MINOR, W_KIND_HELLO, W_F_IMM | W_F_RNDV | W_F_SHARED,
+                      RAW_RECV_DEPTH, RAW_CTRL_DEPTH, RAW_EAGER, RAW_RNDV_MAX, RAW_RECV_DEPTH};
   return h;
 }
 

@@ -8,26 +8,10 @@
 #define MSG_SIZE 1000
 #define DEPTH 8
 
-static h_conn *first_closed(h_ctx *ctx) {
-  int i;
-  for (i = 0; i < ctx->n_clients; i++)
-    if (ctx->clients[i].closed) return &ctx->clients[i];
-  for (i = 0; i < ctx->n_servers; i++)
-    if (ctx->servers[i].closed) return &ctx->servers[i];
-  return NULL;
-}
-
 static int connections_closed(h_ctx *ctx) {
   int i, n = 0;
   for (i = 0; i < ctx->n_clients; i++) n += ctx->clients[i].closed;
   for (i = 0; i < ctx->n_servers; i++) n += ctx->servers[i].closed;
-  return n;
-}
-
-static int established(h_ctx *ctx) {
-  int i, n = 0;
-  for (i = 0; i < ctx->n_clients; i++) n += ctx->clients[i].established;
-  for (i = 0; i < ctx->n_servers; i++) n += ctx->servers[i].established;
   return n;
 }
 
@@ -42,8 +26,8 @@ static void connect_all(h_ctx *ctx) {
   h_setopt_int(ctx, IBMSG_OPT_CONNECT_TIMEOUT, 30000);
   h_listen(ctx, ctx->addr, CONNS);
   for (i = 0; i < CONNS; i++) h_connect(ctx, ctx->addr, ctx->port);
-  H_RUN_UNTIL_PROGRESS(ctx, established(ctx) == 2 * CONNS || first_closed(ctx) != NULL, 90000);
-  closed = first_closed(ctx);
+  H_RUN_UNTIL_PROGRESS(ctx, h_established_count(ctx) == 2 * CONNS || h_first_closed(ctx) != NULL, 90000);
+  closed = h_first_closed(ctx);
   H_CHECK(closed == NULL, "%s closed with %s while %d connections were being set up", closed->name,
           ibmsg_err_name(closed->close_reason), CONNS);
   H_ASSERT_EQ(ctx->n_servers, CONNS, "sockets accepted");
@@ -72,8 +56,8 @@ static void sixty_four_connections_exchange_verified_messages(void **state) {
     h_stream_start(c, MESSAGES, MSG_SIZE, DEPTH);
     h_stream_start(s, MESSAGES, MSG_SIZE, DEPTH);
   }
-  H_RUN_UNTIL_PROGRESS(ctx, all_streams_done(ctx) || first_closed(ctx) != NULL, 180000);
-  closed = first_closed(ctx);
+  H_RUN_UNTIL_PROGRESS(ctx, all_streams_done(ctx) || h_first_closed(ctx) != NULL, 180000);
+  closed = h_first_closed(ctx);
   H_CHECK(closed == NULL, "%s closed with %s during the exchange", closed->name,
           ibmsg_err_name(closed->close_reason));
   for (i = 0; i < CONNS; i++) {

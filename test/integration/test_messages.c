@@ -16,11 +16,7 @@ static void ten_thousand_messages_each_way_arrive_in_order(void **state) {
   h_pair(ctx, &client, &server);
   client->verify = server->verify = 1;
   client->expect_size = server->expect_size = 512;
-  h_stream_start(client, n, 512, 32);
-  h_stream_start(server, n, 512, 32);
-  H_RUN_UNTIL_PROGRESS(ctx, server->received == n && client->received == n &&
-                                h_stream_done(client) && h_stream_done(server),
-                       180000);
+  h_stream_both(ctx, client, server, n, 512, 32, 180000);
   h_run_for(ctx, 200); /* anything extra (duplicates, stray callbacks) would show up here */
   H_ASSERT_EQ(server->received, n, "messages the server received");
   H_ASSERT_EQ(client->received, n, "messages the client received");
@@ -94,13 +90,9 @@ static void larger_than_maximum_fails(h_ctx *ctx, int limit) {
   h_finish(ctx);
 }
 
-static void message_larger_than_maximum_fails_and_sends_nothing(void **state) {
-  larger_than_maximum_fails(*state, 65536);
-}
+static void message_larger_than_maximum_fails_and_sends_nothing(void **state) { larger_than_maximum_fails(*state, 65536); }
 
-static void message_larger_than_a_rendezvous_maximum_fails_and_sends_nothing(void **state) {
-  larger_than_maximum_fails(*state, 3 * MiB + 5);
-}
+static void message_larger_than_a_rendezvous_maximum_fails_and_sends_nothing(void **state) { larger_than_maximum_fails(*state, 3 * MiB + 5); }
 
 static void every_post_gets_exactly_one_message_sent(void **state) {
   h_ctx *ctx = *state;
@@ -108,10 +100,7 @@ static void every_post_gets_exactly_one_message_sent(void **state) {
   int i;
 
   h_pair(ctx, &client, &server);
-  for (i = 0; i < 16; i++) {
-    h_alloc_fill(client, &ctx->msgs[i], 100);
-    h_post(client, &ctx->msgs[i]);
-  }
+  h_post_msgs(client, 0, 16, 100);
   H_RUN_UNTIL(ctx, client->sent == 16, H_TIMEOUT_MS);
   h_run_for(ctx, 300); /* a second message_sent for any of them would show up here */
   H_ASSERT_EQ(client->sent, 16, "message_sent callbacks for 16 posts");
@@ -196,13 +185,9 @@ static void check_negotiated_maximum(h_ctx *ctx, int server_max, int client_max)
   h_finish(ctx);
 }
 
-static void maximum_is_the_smaller_when_server_allows_more(void **state) {
-  check_negotiated_maximum(*state, MiB, 4096);
-}
+static void maximum_is_the_smaller_when_server_allows_more(void **state) { check_negotiated_maximum(*state, MiB, 4096); }
 
-static void maximum_is_the_smaller_when_client_allows_more(void **state) {
-  check_negotiated_maximum(*state, 4096, MiB);
-}
+static void maximum_is_the_smaller_when_client_allows_more(void **state) { check_negotiated_maximum(*state, 4096, MiB); }
 
 /* The client posts from its connection_established callback: the messages may reach the server
  * before its own ESTABLISHED event, and must still come after its connection_established. */

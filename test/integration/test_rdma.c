@@ -85,11 +85,7 @@ static void write_then_read_back_is_byte_exact(void **state) {
 #define RW (IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_WRITE)
 #define RWA (IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_WRITE | IBMSG_ACCESS_REMOTE_ATOMIC)
 
-static void *t_new(size_t size) {
-  void *p = calloc(1, size);
-  H_CHECK(p != NULL, "out of memory for the test's records (%zu bytes)", size);
-  return p;
-}
+#define t_new h_new
 
 /* One operation and what its done callback saw. */
 typedef struct {
@@ -402,9 +398,7 @@ static void write_imm_run(h_ctx *ctx, int total, int recv_depth) {
 
 /* Fewer write-imms than the peer has receive buffers: each is reported once, with its immediate
  * and length, and its bytes are in the region when write_received runs. */
-static void write_imm_reports_once_with_bytes_visible(void **state) {
-  write_imm_run(*state, 24, 0);
-}
+static void write_imm_reports_once_with_bytes_visible(void **state) { write_imm_run(*state, 24, 0); }
 
 /* 200 write-imms in a row to a peer with 8 receive buffers: they spend its credits like messages,
  * so all arrive only if the credits come back. */
@@ -658,25 +652,8 @@ static void write_is_visible_before_next_message(void **state) {
 
 /* --- 5. a descriptor of a sub-range; a forged one ------------------------------------------- */
 
-static uint32_t fnv1a(const unsigned char *p, size_t n) {
-  uint32_t h = 2166136261u;
-  size_t i;
-  for (i = 0; i < n; i++) h = (h ^ p[i]) * 16777619u;
-  return h;
-}
-
-static void put_le(unsigned char *p, uint64_t v, int n) {
-  int i;
-  for (i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
-}
-
 /* desc with its length (bytes 16..23) replaced and the check (28..31) recomputed. */
-static ibmsg_descriptor forge_length(const ibmsg_descriptor *desc, uint64_t length) {
-  ibmsg_descriptor f = *desc;
-  put_le(f.bytes + 16, length, 8);
-  put_le(f.bytes + 28, fnv1a(f.bytes, 28), 4);
-  return f;
-}
+#define forge_length(desc, length) h_forge_descriptor((desc), 16, (length), 8)
 
 typedef struct {
   ibmsg_region tgt, src;

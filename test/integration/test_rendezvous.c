@@ -242,13 +242,9 @@ static void close_mid_transfer(h_ctx *ctx, int receiver_closes) {
   h_finish(ctx);
 }
 
-static void receiver_closing_mid_transfer_cancels_the_message(void **state) {
-  close_mid_transfer(*state, 1);
-}
+static void receiver_closing_mid_transfer_cancels_the_message(void **state) { close_mid_transfer(*state, 1); }
 
-static void sender_closing_mid_transfer_cancels_the_message(void **state) {
-  close_mid_transfer(*state, 0);
-}
+static void sender_closing_mid_transfer_cancels_the_message(void **state) { close_mid_transfer(*state, 0); }
 
 /* A side with IBMSG_OPT_MAX_MSG_SIZE at the eager size offers no rendezvous: the peer's maximum
  * is the eager size too, and larger allocations fail. */

@@ -130,11 +130,7 @@ struct rq {
   int t_seq_max;
 };
 
-static void *t_new(size_t size) {
-  void *p = calloc(1, size);
-  H_CHECK(p != NULL, "out of memory for the test's records (%zu bytes)", size);
-  return p;
-}
+#define t_new h_new
 
 static int rq_is_client(h_ctx *ctx, h_conn *c) {
   return c >= ctx->clients && c < ctx->clients + H_MAX_CONNS;
@@ -251,35 +247,25 @@ static void rq_fill(rq_req *r) {
   h_fill(r->msg.data, r->msg.size, r->seq);
 }
 
-/* ibmsg_post_request() of r on c with the harness's bookkeeping. */
-static int rq_post(rq_req *r, h_conn *c, int timeout_ms) {
+/* ibmsg_post_request() (or, with retry, ibmsg_retry_request()) of r on c with the harness's
+ * bookkeeping; a post (not a retry) also sets first_posted_at. */
+static int rq_send(rq_req *r, h_conn *c, int timeout_ms, int retry) {
   uint64_t now = h_now_ms();
   int rc;
   rq_fill(r);
-  rc = ibmsg_post_request(&c->sock, &r->msg, &r->req, timeout_ms);
-  if (rc != IBMSG_OK) return rc;
-  r->conn = c;
-  r->posted++;
-  r->msg_busy = 1;
-  r->posted_at = r->first_posted_at = now;
-  c->posted++;
-  return rc;
-}
-
-/* ibmsg_retry_request() likewise. */
-static int rq_retry(rq_req *r, h_conn *c, int timeout_ms) {
-  uint64_t now = h_now_ms();
-  int rc;
-  rq_fill(r);
-  rc = ibmsg_retry_request(&c->sock, &r->msg, &r->req, timeout_ms);
+  rc = retry ? ibmsg_retry_request(&c->sock, &r->msg, &r->req, timeout_ms)
+             : ibmsg_post_request(&c->sock, &r->msg, &r->req, timeout_ms);
   if (rc != IBMSG_OK) return rc;
   r->conn = c;
   r->posted++;
   r->msg_busy = 1;
   r->posted_at = now;
+  if (!retry) r->first_posted_at = now;
   c->posted++;
   return rc;
 }
+#define rq_post(r, c, timeout_ms) rq_send((r), (c), (timeout_ms), 0)
+#define rq_retry(r, c, timeout_ms) rq_send((r), (c), (timeout_ms), 1)
 
 static rq_req *rq_req_of_msg(rq *q, ibmsg_buffer *msg) {
   const char *p = (const char *)msg;
@@ -813,13 +799,9 @@ static void retry_runs_the_handler_once(h_ctx *ctx, uint32_t seq) {
   rq_finish(ctx, q);
 }
 
-static void a_retry_runs_the_handler_once_and_gets_the_reply(void **state) {
-  retry_runs_the_handler_once(*state, 7);
-}
+static void a_retry_runs_the_handler_once_and_gets_the_reply(void **state) { retry_runs_the_handler_once(*state, 7); }
 
-static void a_retry_of_a_large_request_is_not_read_again_and_gets_the_reply(void **state) {
-  retry_runs_the_handler_once(*state, RQ_LARGE + 7);
-}
+static void a_retry_of_a_large_request_is_not_read_again_and_gets_the_reply(void **state) { retry_runs_the_handler_once(*state, RQ_LARGE + 7); }
 
 /* Requests above the eager size, with replies above and below it, many outstanding at once:
  * each arrives byte exact and gets its own reply. */
@@ -854,6 +836,17 @@ static void large_requests_and_replies_go_by_rendezvous(void **state) {
   rq_finish(ctx, q);
 }
 
+/* After a retry of r: its done comes once more, with the reply the responder kept (the handler
+ * does not run again); status_what names the retry's status in a failure. */
+static void expect_kept_reply(h_ctx *ctx, rq *q, rq_req *r, const char *status_what) {
+  H_RUN_UNTIL(ctx, r->calls == 2, H_TIMEOUT_MS);
+  H_ASSERT_REASON(r->status, IBMSG_OK, status_what);
+  H_ASSERT_EQ(r->replies, 1, "replies of the retry");
+  h_run_for(ctx, 200);
+  H_ASSERT_EQ(r->calls, 2, "done callbacks");
+  H_ASSERT_EQ(q->handled, 1, "handler runs (the retry must get the kept reply)");
+}
+
 static void a_retry_after_a_dropped_reply_gets_the_kept_reply(void **state) {
   h_ctx *ctx = *state;
   h_conn *client, *server;
@@ -879,13 +872,8 @@ static void a_retry_after_a_dropped_reply_gets_the_kept_reply(void **state) {
 
   /* The retry gets the reply the responder kept, without running the handler again. */
   H_ASSERT_OK(rq_retry(r, client, 5000));
-  H_RUN_UNTIL(ctx, r->calls == 2, H_TIMEOUT_MS);
-  H_ASSERT_REASON(r->status, IBMSG_OK, "done status of the retry");
-  H_ASSERT_EQ(r->replies, 1, "replies of the retry");
-  h_run_for(ctx, 200);
-  H_ASSERT_EQ(q->handled, 1, "handler runs (the retry must get the kept reply)");
+  expect_kept_reply(ctx, q, r, "done status of the retry");
   H_ASSERT_EQ(server->received, 1, "message_received callbacks of the responder");
-  H_ASSERT_EQ(r->calls, 2, "done callbacks");
   H_ASSERT_EQ(q->replies_posted, 1, "replies the responder posted");
   H_ASSERT_EQ(stats_of(server).replies_resent, 1, "the responder's replies_resent");
   H_ASSERT_EQ(stats_of(client).replies_dropped, 1, "the requester's replies_dropped (the late one)");
@@ -975,12 +963,7 @@ static void a_retry_on_a_new_connection_gets_the_reply_kept_from_the_closed_one(
   rq_realloc(r, c2);
   H_ASSERT_OK(rq_retry(r, c2, 5000));
   H_ASSERT_EQ(r->req.retries, 1, "req->retries");
-  H_RUN_UNTIL(ctx, r->calls == 2, H_TIMEOUT_MS);
-  H_ASSERT_REASON(r->status, IBMSG_OK, "done status of the retry on the new connection");
-  H_ASSERT_EQ(r->replies, 1, "replies of the retry");
-  h_run_for(ctx, 200);
-  H_ASSERT_EQ(r->calls, 2, "done callbacks");
-  H_ASSERT_EQ(q->handled, 1, "handler runs (the retry must get the kept reply)");
+  expect_kept_reply(ctx, q, r, "done status of the retry on the new connection");
   H_ASSERT_EQ(s2->received, 0, "message_received callbacks on the new connection");
   H_ASSERT_EQ(q->requester_received, 0, "messages the requester received");
   H_ASSERT_EQ(stats_of(s2).replies_resent, 1, "replies the new connection's responder resent");
@@ -1067,13 +1050,9 @@ static void close_with_requests_outstanding(h_ctx *ctx, int responder_closes) {
   rq_finish(ctx, q);
 }
 
-static void responder_closing_ends_each_outstanding_request_once(void **state) {
-  close_with_requests_outstanding(*state, 1);
-}
+static void responder_closing_ends_each_outstanding_request_once(void **state) { close_with_requests_outstanding(*state, 1); }
 
-static void requester_closing_ends_each_outstanding_request_once(void **state) {
-  close_with_requests_outstanding(*state, 0);
-}
+static void requester_closing_ends_each_outstanding_request_once(void **state) { close_with_requests_outstanding(*state, 0); }
 
 /* --- bad calls ------------------------------------------------------------------------------ */
 

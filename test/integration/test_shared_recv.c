@@ -15,25 +15,9 @@
 #define CTRL 4        /* control buffers a connection reserves */
 #define CAP 32        /* the default IBMSG_OPT_RECV_DEPTH: the most a connection gets */
 
-static h_conn *first_closed(h_ctx *ctx) {
-  int i;
-  for (i = 0; i < ctx->n_clients; i++)
-    if (ctx->clients[i].closed) return &ctx->clients[i];
-  for (i = 0; i < ctx->n_servers; i++)
-    if (ctx->servers[i].closed) return &ctx->servers[i];
-  return NULL;
-}
-
 static void assert_none_closed(h_ctx *ctx) {
-  h_conn *c = first_closed(ctx);
+  h_conn *c = h_first_closed(ctx);
   H_CHECK(c == NULL, "%s closed with %s", c ? c->name : "", c ? ibmsg_err_name(c->close_reason) : "");
-}
-
-static int established(h_ctx *ctx) {
-  int i, n = 0;
-  for (i = 0; i < ctx->n_clients; i++) n += ctx->clients[i].established;
-  for (i = 0; i < ctx->n_servers; i++) n += ctx->servers[i].established;
-  return n;
 }
 
 static void connect_n(h_ctx *ctx, int n) {
@@ -41,7 +25,7 @@ static void connect_n(h_ctx *ctx, int n) {
   h_setopt_int(ctx, IBMSG_OPT_CONNECT_TIMEOUT, 30000);
   h_listen(ctx, ctx->addr, H_MAX_CONNS);
   for (i = 0; i < n; i++) h_connect(ctx, ctx->addr, ctx->port);
-  H_RUN_UNTIL_PROGRESS(ctx, established(ctx) == 2 * n || first_closed(ctx) != NULL, 60000);
+  H_RUN_UNTIL_PROGRESS(ctx, h_established_count(ctx) == 2 * n || h_first_closed(ctx) != NULL, 60000);
   assert_none_closed(ctx);
 }
 
@@ -179,24 +163,10 @@ static void many_streams_share_the_buffers(void **state) {
 static void lent_messages_outlive_their_connection(void **state) {
   h_ctx *ctx = *state;
   h_conn *client, *server;
-  int i;
 
   h_pair(ctx, &client, &server);
-  server->hold = 1;
-  for (i = 0; i < 3; i++) {
-    h_alloc_fill(client, &ctx->msgs[i], 200);
-    h_post(client, &ctx->msgs[i]);
-  }
-  H_RUN_UNTIL(ctx, server->received == 3 && client->sent == 3, H_TIMEOUT_MS);
-  H_ASSERT_OK(ibmsg_disconnect(&client->sock));
-  H_RUN_UNTIL(ctx, client->closed && server->closed, H_TIMEOUT_MS);
-  H_ASSERT_EQ(server->n_held, 3, "messages the server holds");
-  for (i = 0; i < 3; i++) {
-    H_ASSERT_EQ(server->held[i]->status, IBMSG_RECEIVED, "status of a lent message after close");
-    H_ASSERT_OK(ibmsg_free_msg(server->held[i]));
-  }
-  server->n_held = 0;
-  for (i = 0; i < 3; i++) H_ASSERT_OK(ibmsg_free_msg(&ctx->msgs[i]));
+  h_send_to_holder(client, server, 3, 200);
+  h_free_lent_after_close(client, server, 3);
   h_finish(ctx); /* destroying the loop succeeds */
 }
 

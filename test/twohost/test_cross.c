@@ -189,10 +189,7 @@ static void receiver_holding_every_message_stops_the_sender_until_it_frees(void 
   }
   me = x_pair(ctx, 0);
   if (twohost_is_client()) {
-    for (i = 0; i < FC_POSTED; i++) {
-      h_alloc_fill(me, &ctx->msgs[i], FC_SIZE);
-      h_post(me, &ctx->msgs[i]);
-    }
+    h_post_msgs(me, 0, FC_POSTED, FC_SIZE);
     h_alloc_fill(me, extra, FC_SIZE);
     H_ASSERT_CODE(h_try_post(me, extra), IBMSG_EAGAIN); /* the queue is full */
     H_ASSERT_EQ(extra->status, IBMSG_WAITING, "status of the message whose post failed");
@@ -240,14 +237,7 @@ static void receiver_holding_every_message_stops_the_sender_until_it_frees(void 
 /* Holds received messages and frees all of them, from the callback, once RECV_DEPTH are held:
  * the sender runs dry of credits again and again. */
 static void free_in_batches(h_conn *conn, ibmsg_buffer *msg) {
-  int i, rc;
-  conn->held[conn->n_held++] = msg;
-  if (conn->n_held < FC_RECV_DEPTH) return;
-  for (i = 0; i < conn->n_held; i++) {
-    rc = ibmsg_free_msg(conn->held[i]);
-    if (rc != IBMSG_OK) h_note_error(conn->ctx, "ibmsg_free_msg in message_received: %s", ibmsg_err_name(rc));
-  }
-  conn->n_held = 0;
+  h_free_in_batches(conn, msg, FC_RECV_DEPTH);
 }
 
 static void receiver_freeing_in_batches_keeps_a_stream_flowing(void **state) {
@@ -306,10 +296,7 @@ static void disconnect_with_messages_pending(h_ctx *ctx, int server_closes) {
   me = x_pair(ctx, 0);
   if (closer) {
     me->expect_send_errors = 1;
-    for (i = 0; i < DC_POSTED; i++) {
-      h_alloc_fill(me, &ctx->msgs[i], DC_SIZE);
-      h_post(me, &ctx->msgs[i]);
-    }
+    h_post_msgs(me, 0, DC_POSTED, DC_SIZE);
     H_ASSERT_OK(ibmsg_disconnect(&me->sock));
     H_ASSERT_STATUS(me->sock.status, IBMSG_DISCONNECTING, "status right after ibmsg_disconnect");
   }
@@ -389,12 +376,5 @@ int main(int argc, char **argv) {
       X_TEST(server_disconnect_accounts_for_every_posted_message),
       X_TEST(disconnect_during_streams_accounts_for_every_message),
   };
-  if (twohost_init() != 0) {
-    fprintf(stderr, "test_cross: %s\n", twohost_error());
-    return 1;
-  }
-  h_init(argc, argv);
-  print_message("test_cross on host %d (%s): %s, peer %s\n", twohost_index(), twohost_role(),
-                twohost_addr(), twohost_peer_addr());
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return X_MAIN("test_cross", tests);
 }

@@ -32,25 +32,9 @@ static void keepalive_options(h_ctx *ctx) {
   h_setopt_int(ctx, IBMSG_OPT_KEEPALIVE_COUNT, KA_COUNT);
 }
 
-/* Cuts the link (host 1 does) and meets the peer behind the cut; returns when the cut began as
- * this host knows it. */
-static uint64_t l_cut(h_ctx *ctx) {
-  uint64_t t0 = h_now_ms();
-  if (twohost_is_client()) {
-    H_CHECK(twohost_link_cut() == 0, "cannot cut the link: %s", twohost_error());
-    t0 = h_now_ms();
-  }
-  X_SYNC(ctx, "cut");
-  return twohost_is_client() ? t0 : h_now_ms();
-}
-
-/* Heals the link once both hosts are done with the partition. */
-static void l_restore(h_ctx *ctx) {
-  X_SYNC(ctx, "partition over");
-  if (twohost_is_client())
-    H_CHECK(twohost_link_restore() == 0, "cannot restore the link: %s", twohost_error());
-  X_SYNC(ctx, "restored");
-}
+/* The link: cut (returns when the cut began, in h_now_ms()) and healed (see xtest.h). */
+#define l_cut(ctx) x_link_cut((ctx), h_now_ms)
+#define l_restore(ctx) ((void)x_link_restore((ctx), h_now_ms))
 
 /* Waits for c to close with IBMSG_ETIMEDOUT within the bound after t0; prints the time. */
 static void expect_timeout(h_ctx *ctx, h_conn *c, uint64_t t0, const char *what) {
@@ -361,12 +345,5 @@ int main(int argc, char **argv) {
       L_TEST(frozen_peer_is_detected_and_closes_cleanly_when_resumed),
       L_TEST(tools_with_defaults_report_a_cut_link_as_a_timeout),
   };
-  if (twohost_init() != 0) {
-    fprintf(stderr, "test_liveness: %s\n", twohost_error());
-    return 1;
-  }
-  h_init(argc, argv);
-  print_message("test_liveness on host %d (%s): %s, peer %s\n", twohost_index(), twohost_role(),
-                twohost_addr(), twohost_peer_addr());
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return X_MAIN("test_liveness", tests);
 }

@@ -115,11 +115,7 @@ struct xr {
   int requester_received; /* messages the requester received (a reply never may be one) */
 };
 
-static void *t_new(size_t size) {
-  void *p = calloc(1, size);
-  H_CHECK(p != NULL, "out of memory for the test's records (%zu bytes)", size);
-  return p;
-}
+#define t_new h_new
 
 /* The sequence number in a message's first 4 bytes (h_fill). */
 static uint32_t get32(const void *data) {
@@ -477,28 +473,9 @@ static void xr_options(h_ctx *ctx) {
 
 /* --- the link (as in test_liveness.c) ------------------------------------------------------ */
 
-/* Cuts the link (host 1 does) and meets the peer behind the cut; returns when the cut began as
- * this host knows it (x_now_us). */
-static uint64_t l_cut(h_ctx *ctx) {
-  uint64_t t0 = x_now_us();
-  if (twohost_is_client()) {
-    H_CHECK(twohost_link_cut() == 0, "cannot cut the link: %s", twohost_error());
-    t0 = x_now_us();
-  }
-  X_SYNC(ctx, "cut");
-  return twohost_is_client() ? t0 : x_now_us();
-}
-
-/* Heals the link once both hosts are done with the partition; returns when it was healed. */
-static uint64_t l_restore(h_ctx *ctx) {
-  uint64_t t0;
-  X_SYNC(ctx, "partition over");
-  if (twohost_is_client())
-    H_CHECK(twohost_link_restore() == 0, "cannot restore the link: %s", twohost_error());
-  t0 = x_now_us();
-  X_SYNC(ctx, "restored");
-  return t0;
-}
+/* The link cut and healed (xtest.h), timed in x_now_us(). */
+#define l_cut(ctx) x_link_cut((ctx), x_now_us)
+#define l_restore(ctx) x_link_restore((ctx), x_now_us)
 
 /* A test that failed midway may leave the link cut: heal it before the next one. */
 static int l_teardown(void **state) {
@@ -793,11 +770,7 @@ static void a_retry_over_a_new_connection_gets_the_replies_posted_after_the_clos
   if (twohost_is_server()) {
     snprintf(port, sizeof port, "%u", (unsigned)ctx->port);
     X_EXCHANGE(ctx, "port", port, NULL, 0);
-    H_RUN_UNTIL(ctx, ctx->n_servers == 2 && (ctx->servers[1].established || ctx->servers[1].closed),
-                STEP_MS);
-    s2 = &ctx->servers[1];
-    H_CHECK(!s2->closed, "the second connection closed with %s instead of connecting",
-            ibmsg_err_name(s2->close_reason));
+    s2 = x_await_accepted(ctx, 1, STEP_MS, "the second connection");
   } else {
     X_EXCHANGE(ctx, "port", NULL, port, sizeof port);
     c2 = h_connect(ctx, twohost_peer_addr(), (unsigned short)atoi(port));
@@ -877,12 +850,5 @@ int main(int argc, char **argv) {
       R_TEST(a_retry_across_a_partition_gets_the_reply_and_runs_the_handler_once),
       R_TEST(a_retry_over_a_new_connection_gets_the_replies_posted_after_the_close),
   };
-  if (twohost_init() != 0) {
-    fprintf(stderr, "test_requests: %s\n", twohost_error());
-    return 1;
-  }
-  h_init(argc, argv);
-  print_message("test_requests on host %d (%s): %s, peer %s\n", twohost_index(), twohost_role(),
-                twohost_addr(), twohost_peer_addr());
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  return X_MAIN("test_requests", tests);
 }

@@ -138,23 +138,28 @@ static int th_read(const char *path, char *buf, size_t len) {
 /* Writes a file whole with one write(): a reader sees nothing, or all of it (or, if not
  * atomic, an empty file while it is being truncated: readers treat that as "not yet"). When
  * rename_into_place, it appears only complete (through a temporary file). */
-static int th_write(const char *path, const char *text, int rename_into_place) {
-  char tmp[1200];
-  const char *target = path;
+static int th_put(const char *path, int flags, const char *verb, const char *text,
+                  int check_close) {
   size_t len = strlen(text);
-  int fd;
+  int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | flags, 0666);
+  if (fd < 0) return th_fail("cannot %s %s: %s", verb, path, strerror(errno));
+  if (write(fd, text, len) != (ssize_t)len) {
+    int e = errno;
+    close(fd);
+    return th_fail("cannot write %s: %s", path, strerror(e));
+  }
+  if (close(fd) != 0 && check_close) return th_fail("cannot write %s: %s", path, strerror(errno));
+  return 0;
+}
+
+static int th_write(const char *path, const char *text, int rename_into_place) {
+  char tmp[1232]; /* room for a path of 1200 and ".tmp" and the host number */
+  const char *target = path;
   if (rename_into_place) {
     snprintf(tmp, sizeof tmp, "%s.tmp%d", path, th_host);
     target = tmp;
   }
-  fd = open(target, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-  if (fd < 0) return th_fail("cannot create %s: %s", target, strerror(errno));
-  if (write(fd, text, len) != (ssize_t)len) {
-    int e = errno;
-    close(fd);
-    return th_fail("cannot write %s: %s", target, strerror(e));
-  }
-  if (close(fd) != 0) return th_fail("cannot write %s: %s", target, strerror(errno));
+  if (th_put(target, O_TRUNC, "create", text, 1) != 0) return -1;
   if (rename_into_place && rename(tmp, path) != 0)
     return th_fail("cannot rename %s: %s", tmp, strerror(errno));
   return 0;
@@ -206,23 +211,12 @@ static int th_abandoned(const char *path, const char *name) {
 
 int twohost_abandon(const char *prefix) {
   char path[1200], line[600];
-  int fd;
-  size_t len;
   if (th_check() != 0) return -1;
   if (!prefix || !*prefix || strchr(prefix, '\n') || strlen(prefix) > 500)
     return th_fail("twohost_abandon: empty or too long prefix, or a newline in it");
   snprintf(path, sizeof path, "%s/abandoned.%d", th_dir, th_host);
   snprintf(line, sizeof line, "%s\n", prefix);
-  len = strlen(line);
-  fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
-  if (fd < 0) return th_fail("cannot open %s: %s", path, strerror(errno));
-  if (write(fd, line, len) != (ssize_t)len) {
-    int e = errno;
-    close(fd);
-    return th_fail("cannot write %s: %s", path, strerror(e));
-  }
-  close(fd);
-  return 0;
+  return th_put(path, O_APPEND, "open", line, 0);
 }
 
 int twohost_exchange_idle(const char *name, const char *mine, char *theirs, size_t len,

@@ -63,6 +63,16 @@ static X_UNUSED h_conn *x_local(h_ctx *ctx) {
   return twohost_is_server() ? &ctx->servers[ctx->n_servers] : &ctx->clients[ctx->n_clients];
 }
 
+/* On the server: waits until the accepted connection ctx->servers[i] is established (or
+ * closed) and checks that it did not close; `what` names it in the failure. */
+static X_UNUSED h_conn *x_await_accepted(h_ctx *ctx, int i, int timeout_ms, const char *what) {
+  h_conn *c = &ctx->servers[i];
+  H_RUN_UNTIL(ctx, ctx->n_servers == i + 1 && (c->established || c->closed), timeout_ms);
+  H_CHECK(!c->closed, "%s closed with %s instead of connecting", what,
+          ibmsg_err_name(c->close_reason));
+  return c;
+}
+
 /* Connects the two hosts: the server listens on its address (IPv4, or IPv6 with ipv6) and
  * tells the client its port; both wait until their end is established. Returns this host's
  * end. */
@@ -77,11 +87,7 @@ static X_UNUSED h_conn *x_pair_at(h_ctx *ctx, int ipv6, const char *file, int li
     h_listen(ctx, ipv6 ? twohost_addr6() : twohost_addr(), 4);
     snprintf(port, sizeof port, "%u", (unsigned)ctx->port);
     x_exchange_at(ctx, "listening", port, NULL, 0, SYNC_MS, file, line);
-    H_RUN_UNTIL(ctx, ctx->n_servers == 1 && (ctx->servers[0].established || ctx->servers[0].closed),
-                H_TIMEOUT_MS);
-    c = &ctx->servers[0];
-    H_CHECK(!c->closed, "the accepted connection closed with %s instead of connecting",
-            ibmsg_err_name(c->close_reason));
+    c = x_await_accepted(ctx, 0, H_TIMEOUT_MS, "the accepted connection");
   } else {
     x_exchange_at(ctx, "listening", NULL, port, sizeof port, SYNC_MS, file, line);
     p = strtoul(port, &end, 10);
@@ -119,6 +125,45 @@ static X_UNUSED int x_teardown(void **state) {
   return h_teardown(state);
 }
 #define X_TEST(f) cmocka_unit_test_setup_teardown(f, h_setup, x_teardown)
+
+/* Cuts the link (host 1 does) and meets the peer behind the cut; returns when the cut began as
+ * this host knows it, on the clock now(). */
+static X_UNUSED uint64_t x_link_cut(h_ctx *ctx, uint64_t (*now)(void)) {
+  uint64_t t0 = now();
+  if (twohost_is_client()) {
+    H_CHECK(twohost_link_cut() == 0, "cannot cut the link: %s", twohost_error());
+    t0 = now();
+  }
+  X_SYNC(ctx, "cut");
+  return twohost_is_client() ? t0 : now();
+}
+
+/* Heals the link once both hosts are done with the partition; returns when it was healed, on
+ * the clock now(). */
+static X_UNUSED uint64_t x_link_restore(h_ctx *ctx, uint64_t (*now)(void)) {
+  uint64_t t0;
+  X_SYNC(ctx, "partition over");
+  if (twohost_is_client())
+    H_CHECK(twohost_link_restore() == 0, "cannot restore the link: %s", twohost_error());
+  t0 = now();
+  X_SYNC(ctx, "restored");
+  return t0;
+}
+
+/* The main() of a two-host test program: checks the rig, applies argv's test filter, says where
+ * it runs and runs the tests. */
+static X_UNUSED int x_main_at(int argc, char **argv, const char *program,
+                              const struct CMUnitTest *tests, size_t n) {
+  if (twohost_init() != 0) {
+    fprintf(stderr, "%s: %s\n", program, twohost_error());
+    return 1;
+  }
+  h_init(argc, argv);
+  print_message("%s on host %d (%s): %s, peer %s\n", program, twohost_index(), twohost_role(),
+                twohost_addr(), twohost_peer_addr());
+  return _cmocka_run_group_tests("tests", tests, n, NULL, NULL);
+}
+#define X_MAIN(program, tests) x_main_at(argc, argv, (program), (tests), sizeof(tests) / sizeof((tests)[0]))
 
 static X_UNUSED void x_assert_open(h_conn *c) {
   H_CHECK(!c->closed, "%s closed with %s: a message was probably sent without a credit", c->name,
