@@ -20,7 +20,6 @@ namespace ibmsg {
 using Loop = ::ibmsg__loop;
 constexpr size_t kLargeCacheBytes = size_t(64) << 20;  // free large buffers kept per device
 
-// --- device.cpp ------------------------------------------------------------------------------
 
 // A device's shared receive buffers of one size (recv.cpp): a shared receive queue that the
 // queue pairs of its connections take their receives from, the slabs of registered buffers
@@ -89,45 +88,5 @@ struct Device {
 Device *device_get(Loop *loop, tp::DeviceKey key, int *err);  // takes a reference
 void device_put(Device *dev);
 
-
-// --- memory.cpp ------------------------------------------------------------------------------
-
-// count slots of slot_size bytes, registered on dev for local access, lent to user.
-Pool *pool_acquire(Device *dev, Socket *user, bool recv, uint32_t count, size_t slot_size, int *err);
-// The user closed: slots it still posted are free again; the pool goes once no slot is out.
-void pool_disown(Pool *p);
-// A slot came back from the application (p->out dropped): frees an orphaned pool at zero.
-void pool_maybe_release(Pool *p);
-// A large buffer of at least size bytes (from the device's cache, else mapped and registered
-// now), or nullptr with *err. A sender's is readable by the peer of the connection numbered peer
-// (Socket::serial): given to another connection, it is registered anew, so that the key an
-// earlier peer learned no longer reaches it.
-// A destination of rendezvous reads (not send) is registered in pieces of kLargePiece bytes, each
-// when the first read into it is posted (large_piece): its address space is reserved at once,
-// but memory is pinned only as far as the peer's data has been read, so a peer that announces
-// a large message with a key that does not work costs one piece, and no step registers more
-// than a piece.
-constexpr size_t kLargePiece = size_t(4) << 20;
-struct LargeMem : LargeBuf {
-  Device *dev = nullptr;
-  bool send = false;
-  uint64_t peer = 0;  // the connection whose peer may know its key (send)
-  uint8_t *mem = nullptr;
-  tp::Mr *mr = nullptr;       // send: the whole buffer's registration
-  tp::Mr **pieces = nullptr;  // recv: each piece's (nullptr while none was needed)
-};
-LargeMem *large_get(Device *dev, bool send, uint64_t peer, size_t size, int *err);
-// The registration of the piece of a destination m (not send) that holds byte off, made now if
-// there is none yet, and in *room the bytes from off to the piece's end; nullptr with *err.
-const tp::Mr *large_piece(LargeMem *m, size_t off, size_t *room, int *err);
-// --- recv.cpp --------------------------------------------------------------------------------
-constexpr uint32_t kShareBase = 2;  // data credits a connection on shared buffers always has
-// Buffers registered at once: a slab of about 1 MiB, 4 to 64 buffers.
-inline uint32_t slab_count(size_t slot_size) {
-  const size_t n = ((size_t(1) << 20) + slot_size - 1) / (slot_size ? slot_size : 1);
-  return n < 4 ? 4 : n > 64 ? 64 : uint32_t(n);
-}
-void large_put(LargeMem *m);          // back to its device's cache (or released)
-void device_large_clear(Device *dev);  // releases the cached ones (the device goes)
 
 }  // namespace ibmsg

@@ -16,8 +16,16 @@ using Slot = ::ibmsg__slot;
 using Region = ::ibmsg__region;
 using Op = ::ibmsg__op;
 struct Device;
+struct DevCq;
 struct Pool;
 struct Work;
 struct LargeMem;
+struct SharedRecv;
+struct SharedSend;
+struct Timer;
+struct Grant;
+struct Options;
+struct PostAs;
+struct OpArgs;
 
 }  // namespace ibmsg

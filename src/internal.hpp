@@ -36,28 +36,13 @@ using Loop = ::ibmsg__loop;
 
 // --- options.cpp: Options (options.hpp) ---
 
-// --- timer.cpp -------------------------------------------------------------------------------
-
-// A one-shot deadline on a loop; fn runs from the loop (with the re-entry guard held).
-struct Timer {
-  ev_timer w;
-  Loop *loop;
-  void (*fn)(Timer *);
-  void *data;
-  ListNode node;  // in the loop's list of running timers
-};
-void timer_init(Timer *t, Loop *loop, void (*fn)(Timer *), void *data);
-void timer_start(Timer *t, double seconds);
-void timer_stop(Timer *t);
-// Seconds until the first running timer of the loop fires, or -1 if none runs.
-double timers_next(Loop *loop);
-
 }  // namespace ibmsg
 
 #include "device.hpp"    // Device, DevCq, pools and large buffers
 #include "device_release.hpp"
-#include "onesided.hpp"  // ibmsg__region, ibmsg__op
-#include "buffers.hpp"   // receive and send buffers (recv.cpp, send_slots.cpp)
+#include "region.hpp"  // ibmsg__region, Grant
+#include "rdma.hpp"    // ibmsg__op
+#include "timer.hpp"
 #include "keepalive.hpp"  // Liveness
 #include "requests.hpp"   // requests and replies
 #include "violations.hpp"  // remote access violations
@@ -221,77 +206,6 @@ struct LoopEntered {
   Loop *loop;
 };
 
-// --- loop.cpp ---
-Loop *loop_of(ibmsg_event_loop *l);  // validated impl or nullptr
-Socket *socket_of(const ibmsg_socket *pub);  // validated impl or nullptr
-int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev);
-int loop_destroy(Loop *loop);
-int loop_run(Loop *loop, int flags, double timeout_s);
-int loop_fd(Loop *loop);
-int loop_timeout_ms(Loop *loop);
-
-// --- setup.cpp (conn.cpp: conn.hpp) ---
-int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port, int max_conn,
-                  const Options *opts);
-int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
-                   const Options *opts);
-int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts);
-int socket_reject(ibmsg_connection_request *req, const char *reason);
-// --- cm.cpp ---
-void on_cm_event(Loop *loop, const tp::CmEvent &ev);
-void on_connect_timeout(Timer *t);
-void reject_id(tp::CmId *id, const char *text);
-void establish(Socket *s, bool by_data = false);  // it is up (CM event, or data overtook it)
-
-// --- cq.cpp ---
-// A CQ of the device with room for need more completions (grown, or a new one).
-DevCq *device_cq_reserve(Device *dev, uint32_t need, int *err);
-void device_cqs_destroy(Device *dev);
-
-// --- datapath.cpp ---
-void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc);  // inbound.cpp
-void send_on_wc(Socket *s, Slot *slot, const tp::Completion &wc);  // a send's completion
-void cancel_sends(Socket *s);  // closing: flight and queue complete (ECANCELED unless done)
-// Posts one message with a data credit; on failure the credits are as before.
-int send_now(Socket *s, Slot *slot);
-void notify_front(Socket *s);
-void notify_work(Socket *s, Work *w, int status);  // message_sent, or the operation's done  // callbacks of the done work at the front of the flight list
-
-
-void flush_sends(Socket *s);  // the queue's head to the QP while it can go; a refusal closes
-// w completed with status, and the work before it too: callbacks in order (close_reason: closes
-void work_done(Socket *s, Work *w, int status, int close_reason = IBMSG_OK);  // before w's)
-bool work_can_go(const Socket *s, const Work *w);  // whether the queue's head could go now
-void maybe_send_ctrl(Socket *s);  // a credit-only message, if owed and nothing carries them
-// Posts a credit-only message carrying what is owed (and whether data waits for credits), a
-// Return giving back data credits, or a Keepalive probe; false if it failed (the socket closes).
-bool post_ctrl(Socket *s, uint32_t give_back = 0, bool wants = false,
-               wire::Opcode op = wire::Opcode::Credit);
-// The application closes: the done counts it owes go now, so that the peer's messages it has
-// read (and delivered) are confirmed.
-void send_last_done(Socket *s);
-// Rendezvous, the sender's side: the RTS of slot's message (its work.rndv) into slot->buf (its
-// length); the peer read n of our RTSs (an immediate's done count; false if it never had them);
-// w was read (IBMSG_OK) or declined; the done counts an immediate carries.
-uint32_t rndv_fill_rts(Socket *s, Slot *slot);
-bool rndv_on_done(Socket *s, uint32_t n);
-void rndv_read_done(Work *w, int status);
-uint32_t rndv_take_done(Socket *s);
-// One-sided operations in the send queue: posts a queued one (flush_sends); its done callback
-// (from work_done, teardown); gives the table entry back and detaches the application's struct.
-int op_send_now(Socket *s, Op *op);
-void op_finish(Socket *s, Op *op, int status);
-ibmsg_op *op_release(Socket *s, Op *op, int status);
-
-// --- message.cpp ---
-int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);
-int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const PostAs *as = nullptr);
-// Gives msg back (ibmsg_free_msg without the answer: deliver.cpp's msg_free).
-int msg_release(ibmsg_buffer *msg);
-bool msg_lent(const ibmsg_buffer *msg);  // a received message lent to the application
-int msg_from_region(Socket *s, ibmsg_buffer *msg, ::ibmsg__region *r, size_t off, size_t size);
-
-// --- rndv.cpp, rndv_memory.cpp ---
 }  // namespace ibmsg
 #include "rndv.hpp"
 #include "rndv_memory.hpp"
@@ -299,40 +213,19 @@ int msg_from_region(Socket *s, ibmsg_buffer *msg, ::ibmsg__region *r, size_t off
 #include "deliver.hpp"
 #include "usage.hpp"
 #include "conn.hpp"
-namespace ibmsg {
-
-// --- region.cpp, rdma.cpp: onesided.hpp ---
-
-
-// --- requests.cpp, dedup.cpp: requests.hpp ---
-
-// --- close.cpp ---
-// The one close path, for every cause: records the first reason (a socket already closing keeps
-// it), moves the socket to Closing and queues its teardown, which runs from the loop.
-void close_begin(Socket *s, int reason);  // (lower tiers: socket_close)
-constexpr double kLingerS = 1.0;  // how long a disconnect waits to send the done counts it owes
-void on_linger_end(Timer *t);
-// Runs due teardowns: releases everything and calls each closed callback.
-void run_teardowns(Loop *loop);
-
-// --- violations.cpp ---
-// Closing for a reset while connected: whether the queue pair is in the error state although
-// nothing of ours failed (the peer made a remote access it refused; it closes with
-// IBMSG_EREMOTEACCESS then).
-bool violation_seen(Socket *s);
-void violation_note(Socket *s);  // counted, logged at warning, its address remembered
-int violations_counters(Loop *loop, ibmsg_loop_counters *out, size_t size);  // ibmsg_loop_stats
-// Seconds a listener with IBMSG_OPT_VIOLATION_BAN ban_ms still refuses peer's address (0: none;
-// otherwise the request is counted as refused).
-double violation_ban_left(Loop *loop, const sockaddr *peer, int ban_ms);
-
-// --- errors.cpp ---
-// Counts transitions the state table refused: each one is a bug (tests check it stays 0).
-void note_invalid_transition(State from, Event ev);
-unsigned long invalid_transitions();
-const char *error_text(int code);
-const char *error_name(int code);
-
-}  // namespace ibmsg
+#include "loop.hpp"
+#include "setup.hpp"
+#include "cm.hpp"
+#include "cq.hpp"
+#include "datapath.hpp"
+#include "inbound.hpp"
+#include "message.hpp"
+#include "close.hpp"
+#include "errors.hpp"
+#include "memory.hpp"
+#include "recv.hpp"
+#include "send_slots.hpp"
+#include "rdma.hpp"
+#include "dedup.hpp"
 
 #include "log.hpp"  // IBMSG_LOG, after the structs it reads

@@ -99,15 +99,5 @@ void req_on_reply(Socket *s, Slot *slot);  // a Reply is due for delivery: its r
 void req_on_declined(Socket *s, uint64_t id);  // its rendezvous Reply declined: IBMSG_EDECLINED
 // A rendezvous Reply announced: the request it answers; nullptr if late (counted dropped).
 ibmsg_request *req_awaiting(Socket *s, uint64_t id);
-// --- inbound.cpp (what arrives) ---
 void requests_closed(Socket *s, int reason);  // teardown: each posted request's done, once
-// --- dedup.cpp (the responder's side) ---
-bool answer_on_request(Socket *s, Slot *slot);  // a Request is due: false if it is a copy
-// A rendezvous Request announced (not read yet): true if it is a copy (then it is not read).
-bool answer_is_copy(Socket *s, Slot *slot);
-// s: the connection named (nullptr if closed)
-int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply);
-void answer_on_free(Slot *slot);  // the application freed a request it did not answer
-void answers_closed(Socket *s);   // teardown: copies wait for no reply on it
-
 }  // namespace ibmsg

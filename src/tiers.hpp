@@ -11,7 +11,7 @@
 // tier 5 loop: loop
 // tier 4 lifecycle: setup cm keepalive close violations conn
 // tier 3 engine: completion rdma inbound deliver requests dedup message incoming rndv datapath
-// tier 2 resources: device_release usage device cq memory send_slots recv buffers region onesided poll timer batch wake internal
+// tier 2 resources: device_release usage device cq memory send_slots recv region poll timer batch wake internal
 // tier 1 transport: transport/cm transport/device transport/qp transport/srq transport/transport transport/verbs
 // tier 0 pure: wire state credits shared_credits pool largebuf list qpmap deadlines errors log options rndv_memory hooks handles tiers
 //
@@ -41,9 +41,7 @@
 // memory      registered pools and large buffers, owned by a device
 // send_slots  send buffers: slots of the device's slabs
 // recv        receive buffers (a connection's own or the shared queue's) and their credits
-// buffers     declarations of recv.cpp and send_slots.cpp
 // region      application memory regions, their registrations, grants and windows
-// onesided    the structs of regions, grants and operations (region.cpp, rdma.cpp)
 // poll        busy polling, the connections' side (activity, stop)
 // timer       per-socket deadlines on the loop
 // batch       work requests posted now or at the end of the loop's round

@@ -5,7 +5,11 @@
 #pragma once
 #include <sys/socket.h>
 
+#include <cstddef>
 #include <cstdint>
+
+#include "handles.hpp"
+#include "ibmsg.h"
 
 namespace ibmsg {
 
@@ -24,5 +28,15 @@ struct Violations {
   };
   Entry table[kViolators]{};
 };
+
+// Closing for a reset while connected: whether the queue pair is in the error state although
+// nothing of ours failed (the peer made a remote access it refused; it closes with
+// IBMSG_EREMOTEACCESS then).
+bool violation_seen(Socket *s);
+void violation_note(Socket *s);  // counted, logged at warning, its address remembered
+int violations_counters(Loop *loop, ibmsg_loop_counters *out, size_t size);  // ibmsg_loop_stats
+// Seconds a listener with IBMSG_OPT_VIOLATION_BAN ban_ms still refuses peer's address (0: none;
+// otherwise the request is counted as refused).
+double violation_ban_left(Loop *loop, const sockaddr *peer, int ban_ms);
 
 }  // namespace ibmsg

@@ -1,18 +1,22 @@
-// A connection's receive and send buffers (recv.cpp, send_slots.cpp): of its own, or shared by
-// its device's connections (device.hpp: SharedRecv, SharedSend).
+// Receive buffers and the credits they back (recv.cpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
-#include "device.hpp"
+#include "handles.hpp"
 #include "ibmsg.h"
-#include "pool.hpp"
 #include "transport/transport.hpp"
 #include "wire.hpp"
 
+
 namespace ibmsg {
 
-// --- recv.cpp ---
+constexpr uint32_t kShareBase = 2;  // data credits a connection on shared buffers always has
+// Buffers registered at once: a slab of about 1 MiB, 4 to 64 buffers.
+inline uint32_t slab_count(size_t slot_size) {
+  const size_t n = ((size_t(1) << 20) + slot_size - 1) / (slot_size ? slot_size : 1);
+  return n < 4 ? 4 : n > 64 ? 64 : uint32_t(n);
+}
 // Receive buffers of a connection's own or shared by its device (device.hpp, SharedRecv).
 size_t msg_slot_size(const Socket *s);  // bytes of a message buffer (eager size, immediate, RTS)
 // Before its QP is created: joins the device's shared buffers if it can (caps->srq set), else it
@@ -44,13 +48,5 @@ uint32_t eager_recv_size(const Socket *s);  // the largest message its pools tak
 bool rndv_offered(const Socket *s);         // whether its hello offers rendezvous
 // The lent message in slot is a Request (request) or a Reply with trailer tr.
 void recv_mark_request(Socket *s, Slot *slot, bool request, const wire::ReqTrailer &tr);
-
-// --- send_slots.cpp ---
-int send_join(Socket *s);   // conn_open: the device's send buffers of its size
-void send_leave(Socket *s);  // conn_release: its messages still allocated belong to none now
-Slot *send_get(Socket *s, int *err);  // a slot for a message (IBMSG_EAGAIN at the send depth)
-void send_put(Slot *slot);            // the application freed it (or an allocation failed)
-void send_free(Slot *slot);  // the same, with its large buffer and its region's hold
-void send_memory(const Device *dev, ibmsg_memory *out);
 
 }  // namespace ibmsg

@@ -1,5 +1,4 @@
-// One-sided RDMA as the core holds it: application regions, their grants, and the connection's
-// operations (region.cpp, rdma.cpp).
+// Application memory regions, their registrations and grants (region.cpp).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -17,7 +16,6 @@ struct ibmsg__region;
 namespace ibmsg {
 struct Device;
 constexpr uint32_t kRegionMagic = 0x1b5e610a;
-constexpr uint32_t kOpMagic = 0x1b50b0b0;
 // Binds of memory windows a connection has in flight at once: its queue pair has room for them
 // beside its messages and operations.
 constexpr uint32_t kBindDepth = 8;
@@ -73,21 +71,8 @@ struct ibmsg__region {
   ibmsg::ListNode loop_node;
 };
 
-// A one-sided operation as a connection holds it: an entry of its operation table, lent to the
-// application's ibmsg_op from posting until the done callback.
-struct ibmsg__op {
-  uint32_t magic = ibmsg::kOpMagic;
-  ibmsg_op *pub = nullptr;
-  ibmsg__socket *sock = nullptr;
-  ibmsg__region *local = nullptr;
-  ibmsg::Work work;
-  ibmsg::tp::RdmaWr rw{};
-  ibmsg::ListNode free_link;
-};
-
 namespace ibmsg {
 
-// --- region.cpp ---
 using Region = ::ibmsg__region;
 int region_register(Loop *loop, ibmsg_region *pub, void *addr, size_t len, unsigned access,
                     bool allocate);
@@ -104,18 +89,5 @@ void grants_established(Socket *s);
 // Closing, its QP in the error state: its windows go (invalidated), before the QP.
 void grants_unbind(Socket *s);
 void grants_closed(Socket *s);  // its QP gone: the grants and their registrations go
-
-// --- rdma.cpp ---
-using Op = ::ibmsg__op;
-// What an operation does beyond its ranges.
-struct OpArgs {
-  ibmsg_op_type type;
-  uint32_t imm;
-  uint64_t compare_add, swap;
-};
-int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
-            const ibmsg_descriptor *remote, size_t roff, const OpArgs &a);
-int ops_open(Socket *s);      // the operation table (its first operation); freed with the socket
-void op_on_wc(Socket *s, Op *op, const tp::Completion &wc);
 
 }  // namespace ibmsg
