@@ -6,6 +6,15 @@
 #include <new>
 
 #include "internal.hpp"
+#include "conn.hpp"
+#include "dedup.hpp"
+#include "deliver.hpp"
+#include "errors.hpp"
+#include "incoming.hpp"
+#include "loop.hpp"
+#include "message.hpp"
+#include "setup.hpp"
+#include "usage.hpp"
 
 using namespace ibmsg;
 

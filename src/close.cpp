@@ -2,9 +2,18 @@
 // the device going away) calls socket_close(); the teardown then runs from the loop, delivers
 // what already completed, cancels the rest, releases everything and calls connection_closed
 // exactly once, last.
+#include "close.hpp"
+
 #include <initializer_list>
 
 #include "internal.hpp"
+#include "completion.hpp"
+#include "conn.hpp"
+#include "datapath.hpp"
+#include "dedup.hpp"
+#include "errors.hpp"
+#include "recv.hpp"
+#include "wake.hpp"
 
 namespace ibmsg {
 

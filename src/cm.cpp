@@ -1,6 +1,8 @@
 // Connection-manager events: address and route resolution, the connection request and its hello,
 // establishment, rejection, disconnection and device removal. Every failure goes to the one close
 // path (close.cpp).
+#include "cm.hpp"
+
 #include <arpa/inet.h>
 
 #include <cerrno>
@@ -8,6 +10,10 @@
 #include <cstring>
 
 #include "internal.hpp"
+#include "conn.hpp"
+#include "datapath.hpp"
+#include "poll.hpp"
+#include "rndv.hpp"
 
 namespace ibmsg {
 namespace {

@@ -16,6 +16,14 @@
 #include <ctime>
 
 #include "internal.hpp"
+#include "datapath.hpp"
+#include "deliver.hpp"
+#include "inbound.hpp"
+#include "memory.hpp"
+#include "poll.hpp"
+#include "recv.hpp"
+#include "rndv.hpp"
+#include "wake.hpp"
 
 namespace ibmsg {
 namespace {

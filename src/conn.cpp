@@ -1,6 +1,8 @@
 // A connection's resources and parameters: its queue pair, CQ share, send and receive buffers
 // (conn_open, conn_release), the hello and the parameters both sides agree on, its state changes,
 // and the process's registry of open sockets.
+#include "conn.hpp"
+
 #include <arpa/inet.h>
 
 #include <atomic>
@@ -8,6 +10,14 @@
 #include <mutex>
 
 #include "internal.hpp"
+#include "completion.hpp"
+#include "cq.hpp"
+#include "errors.hpp"
+#include "poll.hpp"
+#include "recv.hpp"
+#include "rndv.hpp"
+#include "send_slots.hpp"
+#include "wake.hpp"
 
 namespace ibmsg {
 namespace {

@@ -1,6 +1,8 @@
 // The completion queues of a device on a loop, shared by the device's connections: one, grown
 // (doubling) as connections come, and another when it cannot grow; polling them, each completion
 // going to the connection whose work request it names. Arming and busy polling are poll.cpp's.
+#include "cq.hpp"
+
 #include <new>
 
 #include "internal.hpp"

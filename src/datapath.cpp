@@ -2,9 +2,14 @@
 // rendezvous) and one-sided operations in order under the credits, credit-only messages and
 // FINs' turn, and the callbacks of what completed, in posting order (no allocation). What
 // arrives is inbound.cpp's.
+#include "datapath.hpp"
+
 #include <initializer_list>
 
 #include "internal.hpp"
+#include "memory.hpp"
+#include "rndv.hpp"
+#include "send_slots.hpp"
 
 namespace ibmsg {
 

@@ -1,9 +1,14 @@
 // The responder's side of requests and replies (requests.hpp): each request is delivered once per
 // identity (the requester's session and id), ibmsg_post_reply answers it, and a copy that comes
 // again (a retry, maybe over a new connection) gets the kept reply instead of a second delivery.
+#include "dedup.hpp"
+
 #include <cstring>
 
 #include "internal.hpp"
+#include "message.hpp"
+#include "recv.hpp"
+#include "send_slots.hpp"
 
 namespace ibmsg {
 namespace {

@@ -6,6 +6,8 @@
 #include "deliver.hpp"
 
 #include "internal.hpp"
+#include "dedup.hpp"
+#include "message.hpp"
 
 namespace ibmsg {
 

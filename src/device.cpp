@@ -1,9 +1,12 @@
 // A loop's RDMA devices: opened on the first connection that uses one, watched for completions,
 // and released once no connection and no pool references them any more, so that an idle program
 // never keeps a removed device from going away.
+#include "device.hpp"
+
 #include <new>
 
 #include "internal.hpp"
+#include "wake.hpp"
 
 namespace ibmsg {
 namespace {

@@ -4,6 +4,8 @@
 #include "device_release.hpp"
 
 #include "internal.hpp"
+#include "cq.hpp"
+#include "memory.hpp"
 
 namespace ibmsg {
 namespace {

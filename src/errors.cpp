@@ -1,5 +1,7 @@
 // Error texts and names from one table for every code (see IBMSG_ERRNO_MAP), and the count of
 // invalid state transitions.
+#include "errors.hpp"
+
 #include <atomic>
 #include <cerrno>
 #include <cstdio>

@@ -3,7 +3,15 @@
 // RTS or FIN of a rendezvous to its reads (rndv.cpp), credit-only
 // messages return credits, an RDMA write with immediate is reported; anything the agreed
 // features do not allow closes the connection (IBMSG_EPROTO).
+#include "inbound.hpp"
+
 #include "internal.hpp"
+#include "datapath.hpp"
+#include "dedup.hpp"
+#include "deliver.hpp"
+#include "incoming.hpp"
+#include "recv.hpp"
+#include "rndv.hpp"
 
 namespace ibmsg {
 namespace {

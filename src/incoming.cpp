@@ -1,7 +1,11 @@
 // Where a large message goes (ibmsg(7), LARGE MESSAGES): the message_incoming callback may put
 // it in a region of the application's or decline it, before any data moves; one that would need
 // a library buffer larger than the loop's IBMSG_OPT_RNDV_MEMORY is declined (rndv_memory.hpp).
+#include "incoming.hpp"
+
 #include "internal.hpp"
+#include "recv.hpp"
+#include "rndv_memory.hpp"
 
 namespace ibmsg {
 namespace {

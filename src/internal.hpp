@@ -1,8 +1,8 @@
 // The core's shared handles: the socket, the loop, the options set and a connection request, and
 // who owns what in them. The tiers of src/ and what each file is for: tiers.hpp (the one map,
 // checked by test/layers/check); the README's "Source layout" names the same files.
-// (Most declarations of the core's functions are still collected here: each file's own header
-// is the next step of issue 22.)
+// Each file's functions are declared in its own header, which a .cpp includes for what it calls:
+// its include lines say what it may call.
 #pragma once
 #include <ev.h>
 
@@ -16,12 +16,9 @@
 #include "ibmsg.h"
 #include "list.hpp"
 #include "options.hpp"
-#include "poll.hpp"
-#include "completion.hpp"
 #include "pool.hpp"
 #include "state.hpp"
 #include "transport/transport.hpp"
-#include "wake.hpp"
 #include "wire.hpp"
 
 struct ibmsg__loop;
@@ -39,7 +36,6 @@ using Loop = ::ibmsg__loop;
 }  // namespace ibmsg
 
 #include "device.hpp"    // Device, DevCq, pools and large buffers
-#include "device_release.hpp"
 #include "region.hpp"  // ibmsg__region, Grant
 #include "rdma.hpp"    // ibmsg__op
 #include "timer.hpp"
@@ -207,25 +203,6 @@ struct LoopEntered {
 };
 
 }  // namespace ibmsg
-#include "rndv.hpp"
-#include "rndv_memory.hpp"
-#include "incoming.hpp"
-#include "deliver.hpp"
-#include "usage.hpp"
-#include "conn.hpp"
-#include "loop.hpp"
-#include "setup.hpp"
-#include "cm.hpp"
-#include "cq.hpp"
-#include "datapath.hpp"
-#include "inbound.hpp"
-#include "message.hpp"
-#include "close.hpp"
-#include "errors.hpp"
-#include "memory.hpp"
-#include "recv.hpp"
-#include "send_slots.hpp"
 #include "rdma.hpp"
-#include "dedup.hpp"
 
 #include "log.hpp"  // IBMSG_LOG, after the structs it reads

@@ -9,9 +9,13 @@
 // callback. Only an answer from the peer's loop proves it alive: the peer's kernel acknowledges
 // our messages even while its process is stopped, and the transport's own resends give up only
 // while something is in flight. A peer without the feature gets no probes and is never timed out.
+#include "keepalive.hpp"
+
 #include <cmath>
 
 #include "internal.hpp"
+#include "completion.hpp"
+#include "datapath.hpp"
 
 namespace ibmsg {
 namespace {

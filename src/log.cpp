@@ -2,6 +2,8 @@
 // connections close. They go to the loop's log callback (ibmsg_event_loop.log) and, with the
 // environment variable IBMSG_DEBUG set to a level (1 errors ... 4 debug; "1" and up also prints the
 // levels below it), to stderr as "LOG: " lines, as the original ibmsg printed them.
+#include "log.hpp"
+
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>

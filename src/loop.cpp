@@ -1,6 +1,8 @@
 // The event loop: one libev loop watching the RDMA CM event channel and the completion channel of
 // each device, plus the idle work (teardowns, device release); and the fd/timeout interface for
 // foreign event loops.
+#include "loop.hpp"
+
 #include <sys/epoll.h>
 #include <unistd.h>
 
@@ -8,6 +10,12 @@
 #include <new>
 
 #include "internal.hpp"
+#include "close.hpp"
+#include "cm.hpp"
+#include "completion.hpp"
+#include "datapath.hpp"
+#include "device_release.hpp"
+#include "wake.hpp"
 
 namespace ibmsg {
 namespace {

@@ -3,12 +3,15 @@
 // application still holds outlives its connection until the last slot comes back.
 // Large buffers (rendezvous) belong to a device too: mapped and registered when none of their
 // size class is free, then kept in the device's cache between messages.
+#include "memory.hpp"
+
 #include <sys/mman.h>
 
 #include <initializer_list>
 #include <new>
 
 #include "internal.hpp"
+#include "largebuf.hpp"
 
 namespace ibmsg {
 namespace {

@@ -2,9 +2,17 @@
 // a slot of the device's send buffers (send_slots.cpp); one above the eager size also has a large
 // buffer for its payload (rndv.cpp). A received message is a receive buffer (recv.cpp), lent
 // until it is freed.
+#include "message.hpp"
+
 #include <cstring>
 
 #include "internal.hpp"
+#include "datapath.hpp"
+#include "memory.hpp"
+#include "poll.hpp"
+#include "recv.hpp"
+#include "rndv.hpp"
+#include "send_slots.hpp"
 
 namespace ibmsg {
 namespace {

@@ -1,6 +1,8 @@
 // Options: their values and limits, from the table of options (IBMSG_OPTION_MAP in options.hpp).
 // The loop keeps the defaults (ibmsg_setopt); an ibmsg_options set starts as a copy of them and is
 // handed to ibmsg_listen_opts/connect_opts/accept_opts.
+#include "options.hpp"
+
 #include <cstring>
 #include <limits>
 #include <type_traits>

@@ -1,9 +1,13 @@
 // One-sided operations on a connection: the checks before anything is posted, the operation
 // table (no allocation per operation), posting in the connection's send order, completions and
 // cancellation. Each posted operation gets exactly one done callback.
+#include "rdma.hpp"
+
 #include <new>
 
 #include "internal.hpp"
+#include "datapath.hpp"
+#include "poll.hpp"
 
 namespace ibmsg {
 namespace {

@@ -9,9 +9,13 @@
 // its connections reserve plus a spare of eight connections' worth; it never shrinks while it
 // lives (a posted receive cannot be taken back), and goes with its last connection and lent
 // buffer.
+#include "recv.hpp"
+
 #include <new>
 
 #include "internal.hpp"
+#include "memory.hpp"
+#include "shared_credits.hpp"
 
 namespace ibmsg {
 namespace {

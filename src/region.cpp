@@ -7,6 +7,8 @@
 // connection of the device that learns or guesses its key gets a remote access error, as does
 // one that uses the registration's own key (it grants no remote right). A device-wide grant is
 // the registration with the rights itself: any connection of the device may use its key.
+#include "region.hpp"
+
 #include <unistd.h>
 
 #include <cstdlib>

@@ -1,6 +1,8 @@
 // The requester's side of requests and replies (requests.hpp): ibmsg_post_request,
 // ibmsg_retry_request, the timeouts, the replies, and the close. Each posted request gets its
 // done callback exactly once: the reply, IBMSG_ETIMEDOUT, or the reason its connection closed.
+#include "requests.hpp"
+
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 
 #include "deadlines.hpp"
 #include "internal.hpp"
+#include "message.hpp"
 
 namespace ibmsg {
 namespace {

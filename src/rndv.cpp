@@ -22,7 +22,13 @@
 //
 // Here: the receiver's reads, destinations and FINs. The sender's RTS and the done counts are
 // datapath.cpp's (sending), an RTS's or FIN's arrival inbound.cpp's, delivery deliver.cpp's.
+#include "rndv.hpp"
+
 #include "internal.hpp"
+#include "datapath.hpp"
+#include "memory.hpp"
+#include "recv.hpp"
+#include "rndv_memory.hpp"
 
 namespace ibmsg {
 namespace {

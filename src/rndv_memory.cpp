@@ -1,5 +1,8 @@
 // The loop's memory for rendezvous destinations: rndv_memory.hpp.
+#include "rndv_memory.hpp"
+
 #include "internal.hpp"
+#include "largebuf.hpp"
 
 namespace ibmsg {
 

@@ -3,9 +3,13 @@
 // at once) and the slot goes back to the device when the application frees the message, so an
 // idle connection holds none. Slabs are registered once and kept while the device's connections
 // use them or a message of them is allocated; the list goes with the last of them.
+#include "send_slots.hpp"
+
 #include <new>
 
 #include "internal.hpp"
+#include "memory.hpp"
+#include "recv.hpp"
 
 namespace ibmsg {
 namespace {

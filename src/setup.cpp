@@ -1,5 +1,7 @@
 // Socket set-up, the application's side: name resolution, listen / connect / accept / reject; a
 // connection's resources and parameters are conn.cpp's, its CM events cm.cpp's.
+#include "setup.hpp"
+
 #include <arpa/inet.h>
 #include <netdb.h>
 
@@ -10,6 +12,8 @@
 #include <new>
 
 #include "internal.hpp"
+#include "cm.hpp"
+#include "conn.hpp"
 
 namespace ibmsg {
 namespace {

@@ -1,5 +1,7 @@
 // Per-socket deadlines: libev timers the loop knows about, so that ibmsg_event_loop_timeout()
 // can tell a foreign event loop when the next one is due.
+#include "timer.hpp"
+
 #include "internal.hpp"
 
 namespace ibmsg {

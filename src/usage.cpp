@@ -3,6 +3,9 @@
 #include "usage.hpp"
 
 #include "internal.hpp"
+#include "memory.hpp"
+#include "recv.hpp"
+#include "send_slots.hpp"
 
 namespace ibmsg {
 

@@ -1,10 +1,13 @@
 // Remote access violations: counted, logged at warning with the peer's address, and remembered
 // by address for IBMSG_OPT_VIOLATION_BAN (violations.hpp).
+#include "violations.hpp"
+
 #include <netinet/in.h>
 
 #include <cstring>
 
 #include "internal.hpp"
+#include "conn.hpp"
 
 namespace ibmsg {
 namespace {

@@ -6,7 +6,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "internal.hpp"  // ibmsg::invalid_transitions
+#include "internal.hpp"
+#include "errors.hpp"    // ibmsg::invalid_transitions
 
 namespace ibmsg::fake::harness {
 

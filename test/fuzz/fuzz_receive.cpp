@@ -75,7 +75,8 @@
 #include "fake.hpp"
 #include "fuzz.hpp"
 #include "ibmsg.h"
-#include "internal.hpp"  // invalid_transitions; the shared pool's book (SharedRecv, Slot states)
+#include "internal.hpp"  // the shared pool's book (SharedRecv, Slot states)
+#include "errors.hpp"    // ibmsg::invalid_transitions
 #include "wire.hpp"
 
 namespace fake = ibmsg::fake;

@@ -21,7 +21,8 @@
 #include <map>
 #include <random>
 
-#include "internal.hpp"  // ibmsg::invalid_transitions, the core's state
+#include "internal.hpp"  // the core's state
+#include "errors.hpp"    // ibmsg::invalid_transitions
 
 namespace fake = ibmsg::fake;
 namespace wire = ibmsg::wire;

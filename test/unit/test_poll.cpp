@@ -25,7 +25,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "internal.hpp"  // ibmsg::invalid_transitions, the socket's CQ, the loop's poller
+#include "internal.hpp"  // the socket's CQ, the loop's poller
+#include "errors.hpp"    // ibmsg::invalid_transitions
 
 namespace fake = ibmsg::fake;
 using namespace ibmsg::fake::harness;

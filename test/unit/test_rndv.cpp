@@ -27,7 +27,8 @@
 #include <map>
 #include <random>
 
-#include "internal.hpp"  // ibmsg::invalid_transitions
+#include "internal.hpp"
+#include "errors.hpp"    // ibmsg::invalid_transitions
 
 namespace fake = ibmsg::fake;
 namespace wire = ibmsg::wire;

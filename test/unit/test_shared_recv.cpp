@@ -12,7 +12,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "internal.hpp"  // the core's book: Socket::share, SharedRecv, invalid_transitions
+#include "internal.hpp"  // the core's book: Socket::share, SharedRecv
+#include "errors.hpp"    // ibmsg::invalid_transitions
 
 namespace fake = ibmsg::fake;
 namespace wire = ibmsg::wire;
