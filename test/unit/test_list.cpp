@@ -8,6 +8,7 @@ extern "C" {  // cmocka.h 1.1 has no extern "C" of its own
 #include <cmocka.h>
 }
 
+#include <initializer_list>
 #include <vector>
 
 #include "list.hpp"
@@ -40,6 +41,12 @@ void assert_values(const ListA &l, std::vector<int> expected) {
   assert_int_equal(l.size(), expected.size());
 }
 
+// push_back of each item, in order.
+template <typename L>
+void push_all(L &l, std::initializer_list<Item *> items) {
+  for (Item *it : items) l.push_back(it);
+}
+
 void new_list_is_empty(void **) {
   ListA l;
   assert_true(l.empty());
@@ -52,9 +59,7 @@ void new_list_is_empty(void **) {
 void push_back_keeps_insertion_order(void **) {
   Item x{1, {}, {}}, y{2, {}, {}}, z{3, {}, {}};
   ListA l;
-  l.push_back(&x);
-  l.push_back(&y);
-  l.push_back(&z);
+  push_all(l, {&x, &y, &z});
   assert_values(l, {1, 2, 3});
   assert_ptr_equal(l.front(), &x);
   assert_ptr_equal(l.back(), &z);
@@ -99,8 +104,7 @@ void removing_an_unlinked_item_changes_nothing(void **) {
 void pop_front_takes_items_in_order(void **) {
   Item x{1, {}, {}}, y{2, {}, {}};
   ListA l;
-  l.push_back(&x);
-  l.push_back(&y);
+  push_all(l, {&x, &y});
   assert_ptr_equal(l.pop_front(), &x);
   assert_false(x.a.linked());
   assert_ptr_equal(l.pop_front(), &y);
@@ -112,10 +116,8 @@ void an_item_can_be_in_two_lists_through_two_nodes(void **) {
   Item x{1, {}, {}}, y{2, {}, {}};
   ListA la;
   ListB lb;
-  la.push_back(&x);
-  la.push_back(&y);
-  lb.push_back(&y);
-  lb.push_back(&x);
+  push_all(la, {&x, &y});
+  push_all(lb, {&y, &x});
   la.remove(&x);
   assert_values(la, {2});
   assert_ptr_equal(lb.front(), &y);
@@ -127,8 +129,7 @@ void an_item_can_be_in_two_lists_through_two_nodes(void **) {
 void a_removed_item_can_be_added_again(void **) {
   Item x{1, {}, {}}, y{2, {}, {}};
   ListA l;
-  l.push_back(&x);
-  l.push_back(&y);
+  push_all(l, {&x, &y});
   l.remove(&x);
   l.push_back(&x);
   assert_values(l, {2, 1});

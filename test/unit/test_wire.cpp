@@ -19,6 +19,23 @@ namespace wire = ibmsg::wire;
 
 namespace {
 
+// --- byte layouts ---------------------------------------------------------------------------
+
+// Fails unless buf starts with the n bytes of expected; `what` names the message in the failure.
+void assert_bytes(const uint8_t *buf, const uint8_t *expected, size_t n, const char *what) {
+  for (size_t i = 0; i < n; ++i)
+    if (buf[i] != expected[i])
+      fail_msg("%s byte %zu is 0x%02x, expected 0x%02x", what, i, buf[i], expected[i]);
+}
+
+// Fails unless buf[from, size) still holds the 0xee the test filled it with: `encoder` wrote
+// nothing past `limit` (bytes from on).
+void assert_untouched_from(const uint8_t *buf, size_t from, size_t size, const char *encoder,
+                           const char *limit) {
+  for (size_t i = from; i < size; ++i)
+    if (buf[i] != 0xee) fail_msg("%s wrote byte %zu, past %s", encoder, i, limit);
+}
+
 // --- Imm ----------------------------------------------------------------------------------------
 
 unsigned op_value(wire::Opcode op) { return unsigned(op); }
@@ -312,11 +329,8 @@ void hello_layout_is_little_endian_byte_by_byte(void **) {
       0xdc, 0xfe, 0x00, 0x00,  // cap
       0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01,  // session
   };
-  for (size_t i = 0; i < sizeof expected; ++i)
-    if (buf[i] != expected[i])
-      fail_msg("hello byte %zu is 0x%02x, expected 0x%02x", i, buf[i], expected[i]);
-  for (size_t i = wire::kHelloSize; i < sizeof buf; ++i)
-    if (buf[i] != 0xee) fail_msg("encode_hello wrote byte %zu, past kHelloSize", i);
+  assert_bytes(buf, expected, sizeof expected, "hello");
+  assert_untouched_from(buf, wire::kHelloSize, sizeof buf, "encode_hello", "kHelloSize");
 }
 
 void hello_cap_is_at_least_the_depth_and_absent_before_1_3(void **) {
@@ -606,8 +620,7 @@ void reject_text_is_cut_at_the_maximum(void **) {
   memset(buf, 0xee, sizeof buf);
   size_t len = wire::encode_reject(longtext, buf);
   assert_int_equal(len, wire::kRejectMaxSize);
-  for (size_t i = wire::kRejectMaxSize; i < sizeof buf; ++i)
-    if (buf[i] != 0xee) fail_msg("encode_reject wrote byte %zu, past kRejectMaxSize", i);
+  assert_untouched_from(buf, wire::kRejectMaxSize, sizeof buf, "encode_reject", "kRejectMaxSize");
   char text[wire::kRejectTextMax + 1];
   assert_true(wire::decode_reject(buf, len, text, sizeof text));
   assert_int_equal(strlen(text), wire::kRejectTextMax);
@@ -668,9 +681,7 @@ void reject_layout_is_the_header_then_the_text(void **) {
       'n',  'o',
   };
   assert_int_equal(len, sizeof expected);
-  for (size_t i = 0; i < sizeof expected; ++i)
-    if (buf[i] != expected[i])
-      fail_msg("reject byte %zu is 0x%02x, expected 0x%02x", i, buf[i], expected[i]);
+  assert_bytes(buf, expected, sizeof expected, "reject");
 }
 
 void reject_fits_the_private_data_of_a_reject(void **) {
@@ -874,11 +885,9 @@ void descriptor_layout_is_little_endian_byte_by_byte(void **) {
       0, 0, 0, 0,                                      // check: below
   };
   seal(expected);
-  for (size_t i = 0; i < sizeof expected; ++i)
-    if (buf[i] != expected[i])
-      fail_msg("descriptor byte %zu is 0x%02x, expected 0x%02x", i, buf[i], expected[i]);
-  for (size_t i = wire::kDescriptorSize; i < sizeof buf; ++i)
-    if (buf[i] != 0xee) fail_msg("encode_descriptor wrote byte %zu, past kDescriptorSize", i);
+  assert_bytes(buf, expected, sizeof expected, "descriptor");
+  assert_untouched_from(buf, wire::kDescriptorSize, sizeof buf, "encode_descriptor",
+                        "kDescriptorSize");
 }
 
 void descriptor_every_single_bit_flip_is_rejected(void **) {
@@ -1033,10 +1042,8 @@ void rts_layout_is_little_endian_byte_by_byte(void **) {
   const uint8_t expected[wire::kRtsSize] = {
       1,    1,    0,    0,    0x44, 0x33, 0x22, 0x11, 0x88, 0x77, 0x66, 0x55, 0xcc, 0xbb, 0xaa, 0x99,
       0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, 0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11};
-  for (size_t i = 0; i < wire::kRtsSize; ++i)
-    if (b[i] != expected[i]) fail_msg("RTS byte %zu is 0x%02x, expected 0x%02x", i, b[i], expected[i]);
-  for (size_t i = wire::kRtsSize; i < sizeof b; ++i)
-    if (b[i] != 0xee) fail_msg("encode_rts wrote byte %zu, past kRtsSize", i);
+  assert_bytes(b, expected, wire::kRtsSize, "RTS");
+  assert_untouched_from(b, wire::kRtsSize, sizeof b, "encode_rts", "kRtsSize");
 }
 
 void rts_naming_a_request_or_reply_carries_its_trailer(void **) {
