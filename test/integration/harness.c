@@ -644,6 +644,13 @@ void h_setopt_str(h_ctx *ctx, int option, const char *value) {
               ibmsg_err_name(rc), rc);
 }
 
+void h_setopt_own_credits(h_ctx *ctx, int recv_depth, int send_queue, int send_depth) {
+  h_setopt_int(ctx, IBMSG_OPT_SHARED_RECV, 0);
+  h_setopt_int(ctx, IBMSG_OPT_RECV_DEPTH, recv_depth);
+  h_setopt_int(ctx, IBMSG_OPT_SEND_QUEUE, send_queue);
+  h_setopt_int(ctx, IBMSG_OPT_SEND_DEPTH, send_depth);
+}
+
 void h_listen(h_ctx *ctx, const char *ip, int max_connections) {
   h_conn *l = &ctx->listener;
   unsigned short port = 0;

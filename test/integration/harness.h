@@ -341,5 +341,9 @@ void *h_new(size_t size);
 /** Sets an int option / a string option on the loop, asserting IBMSG_OK. */
 void h_setopt_int(h_ctx *ctx, int option, int value);
 void h_setopt_str(h_ctx *ctx, int option, const char *value);
+/** Options for a test that counts each connection's credits exactly: receive buffers of each
+ *  connection's own (IBMSG_OPT_SHARED_RECV 0), IBMSG_OPT_RECV_DEPTH, IBMSG_OPT_SEND_QUEUE and
+ *  IBMSG_OPT_SEND_DEPTH as given. */
+void h_setopt_own_credits(h_ctx *ctx, int recv_depth, int send_queue, int send_depth);
 
 #endif /* IBMSG_TEST_HARNESS_H */

@@ -15,10 +15,7 @@
 
 static void small_pair(h_ctx *ctx, h_conn **client, h_conn **server) {
   /* Buffers of its own: RECV_DEPTH credits from the start, so that POSTED fit */
-  h_setopt_int(ctx, IBMSG_OPT_SHARED_RECV, 0);
-  h_setopt_int(ctx, IBMSG_OPT_RECV_DEPTH, RECV_DEPTH);
-  h_setopt_int(ctx, IBMSG_OPT_SEND_QUEUE, SEND_QUEUE);
-  h_setopt_int(ctx, IBMSG_OPT_SEND_DEPTH, SEND_DEPTH);
+  h_setopt_own_credits(ctx, RECV_DEPTH, SEND_QUEUE, SEND_DEPTH);
   h_pair(ctx, client, server);
 }
 

@@ -14,10 +14,7 @@
 static void flow_pair(h_ctx *ctx, h_conn **client, h_conn **server) {
   /* Receive buffers of each connection's own: these tests count its credits exactly
    * (test_shared_recv covers the shared ones). */
-  h_setopt_int(ctx, IBMSG_OPT_SHARED_RECV, 0);
-  h_setopt_int(ctx, IBMSG_OPT_RECV_DEPTH, RECV_DEPTH);
-  h_setopt_int(ctx, IBMSG_OPT_SEND_QUEUE, SEND_QUEUE);
-  h_setopt_int(ctx, IBMSG_OPT_SEND_DEPTH, SEND_DEPTH);
+  h_setopt_own_credits(ctx, RECV_DEPTH, SEND_QUEUE, SEND_DEPTH);
   h_pair(ctx, client, server);
   (*client)->verify = (*server)->verify = 1;
   (*client)->expect_size = (*server)->expect_size = MSG_SIZE;
@@ -44,9 +41,21 @@ static void free_range(h_ctx *ctx, int first, int n) {
   for (i = first; i < first + n; i++) H_ASSERT_OK(ibmsg_free_msg(&ctx->msgs[i]));
 }
 
-/* Posts RECV_DEPTH + SEND_QUEUE messages to a holding receiver and waits until the credits are
- * used up: RECV_DEPTH delivered, the rest queued. */
-static void fill_credits_and_queue(h_ctx *ctx, h_conn *client, h_conn *server) {
+/* The end of a test that used msgs[0 .. n-1]: no connection closed, the messages freed, and
+ * h_finish. */
+static void flow_finish(h_ctx *ctx, h_conn *client, h_conn *server, int n) {
+  assert_still_connected(client, server);
+  free_range(ctx, 0, n);
+  h_finish(ctx);
+}
+
+/* flow_pair, then posts RECV_DEPTH + SEND_QUEUE messages to a holding receiver and waits until
+ * the credits are used up: RECV_DEPTH delivered, the rest queued. */
+static void pair_fill_credits_and_queue(h_ctx *ctx, h_conn **clientp, h_conn **serverp) {
+  h_conn *client, *server;
+  flow_pair(ctx, clientp, serverp);
+  client = *clientp;
+  server = *serverp;
   server->hold = 1;
   post_range(ctx, client, 0, RECV_DEPTH + SEND_QUEUE);
   H_RUN_UNTIL(ctx, server->received >= RECV_DEPTH && client->sent >= RECV_DEPTH, H_TIMEOUT_MS);
@@ -56,24 +65,27 @@ static void fill_credits_and_queue(h_ctx *ctx, h_conn *client, h_conn *server) {
   H_ASSERT_EQ(client->sent, RECV_DEPTH, "message_sent callbacks while the receiver holds its buffers");
 }
 
+/* The receiver stops holding and frees what it held: the queued messages go out, and the test
+ * waits until all RECV_DEPTH + SEND_QUEUE arrived and every post got its message_sent. */
+static void release_and_drain(h_ctx *ctx, h_conn *client, h_conn *server) {
+  server->hold = 0;
+  h_release_held(server);
+  H_RUN_UNTIL(ctx, server->received == RECV_DEPTH + SEND_QUEUE && client->sent == client->posted,
+              H_TIMEOUT_MS);
+}
+
 static void sender_stops_after_recv_depth_messages_while_receiver_holds_them(void **state) {
   h_ctx *ctx = *state;
   h_conn *client, *server;
   int i;
 
-  flow_pair(ctx, &client, &server);
-  fill_credits_and_queue(ctx, client, server);
+  pair_fill_credits_and_queue(ctx, &client, &server);
   H_ASSERT_EQ(client->sent_ok, RECV_DEPTH, "message_sent(IBMSG_OK) callbacks");
   for (i = RECV_DEPTH; i < RECV_DEPTH + SEND_QUEUE; i++)
     H_ASSERT_EQ(ctx->msgs[i].status, IBMSG_WAITING, "status of a message queued for credits");
 
-  server->hold = 0;
-  h_release_held(server);
-  H_RUN_UNTIL(ctx, server->received == RECV_DEPTH + SEND_QUEUE && client->sent == client->posted,
-              H_TIMEOUT_MS);
-  assert_still_connected(client, server);
-  free_range(ctx, 0, RECV_DEPTH + SEND_QUEUE);
-  h_finish(ctx);
+  release_and_drain(ctx, client, server);
+  flow_finish(ctx, client, server, RECV_DEPTH + SEND_QUEUE);
 }
 
 static void post_returns_eagain_when_send_queue_is_full(void **state) {
@@ -81,8 +93,7 @@ static void post_returns_eagain_when_send_queue_is_full(void **state) {
   h_conn *client, *server;
   ibmsg_buffer *extra = &ctx->msgs[RECV_DEPTH + SEND_QUEUE];
 
-  flow_pair(ctx, &client, &server);
-  fill_credits_and_queue(ctx, client, server);
+  pair_fill_credits_and_queue(ctx, &client, &server);
   h_alloc_fill(client, extra, MSG_SIZE);
   H_ASSERT_CODE(h_try_post(client, extra), IBMSG_EAGAIN);
   H_ASSERT_EQ(extra->status, IBMSG_WAITING, "status of the message whose post failed");
@@ -91,16 +102,11 @@ static void post_returns_eagain_when_send_queue_is_full(void **state) {
   H_ASSERT_EQ(client->sent, RECV_DEPTH, "message_sent callbacks (none for a failed post)");
 
   /* Once the queue drains, the same message can be posted and arrives last, in order. */
-  server->hold = 0;
-  h_release_held(server);
-  H_RUN_UNTIL(ctx, server->received == RECV_DEPTH + SEND_QUEUE && client->sent == client->posted,
-              H_TIMEOUT_MS);
+  release_and_drain(ctx, client, server);
   h_post(client, extra);
   H_RUN_UNTIL(ctx, server->received == RECV_DEPTH + SEND_QUEUE + 1 && client->sent == client->posted,
               H_TIMEOUT_MS);
-  assert_still_connected(client, server);
-  free_range(ctx, 0, RECV_DEPTH + SEND_QUEUE + 1);
-  h_finish(ctx);
+  flow_finish(ctx, client, server, RECV_DEPTH + SEND_QUEUE + 1);
 }
 
 static void queued_messages_arrive_in_order_when_receiver_frees(void **state) {
@@ -108,12 +114,8 @@ static void queued_messages_arrive_in_order_when_receiver_frees(void **state) {
   h_conn *client, *server;
   int i;
 
-  flow_pair(ctx, &client, &server);
-  fill_credits_and_queue(ctx, client, server);
-  server->hold = 0;
-  h_release_held(server); /* server->verify checks order and content of what follows */
-  H_RUN_UNTIL(ctx, server->received == RECV_DEPTH + SEND_QUEUE && client->sent == client->posted,
-              H_TIMEOUT_MS);
+  pair_fill_credits_and_queue(ctx, &client, &server);
+  release_and_drain(ctx, client, server); /* server->verify checks order and content */
   h_run_for(ctx, 300);
   H_ASSERT_EQ(server->received, RECV_DEPTH + SEND_QUEUE, "messages received in total");
   H_ASSERT_EQ(client->sent_ok, RECV_DEPTH + SEND_QUEUE, "message_sent(IBMSG_OK) callbacks");
@@ -121,9 +123,7 @@ static void queued_messages_arrive_in_order_when_receiver_frees(void **state) {
     H_ASSERT_EQ(ctx->outstanding[i], 0, "message_sent callbacks missing for a queued message");
     H_ASSERT_EQ(ctx->msgs[i].status, IBMSG_SENT, "status of a delivered message");
   }
-  assert_still_connected(client, server);
-  free_range(ctx, 0, RECV_DEPTH + SEND_QUEUE);
-  h_finish(ctx);
+  flow_finish(ctx, client, server, RECV_DEPTH + SEND_QUEUE);
 }
 
 static void alloc_returns_eagain_when_all_send_buffers_are_allocated(void **state) {
@@ -217,9 +217,7 @@ static void credits_return_when_both_sides_are_out_of_credits(void **state) {
   H_RUN_UNTIL(ctx, server->received == n && client->received == n && client->sent == n &&
                        server->sent == n,
               H_TIMEOUT_MS);
-  assert_still_connected(client, server);
-  free_range(ctx, 0, 2 * n);
-  h_finish(ctx);
+  flow_finish(ctx, client, server, 2 * n);
 }
 
 /* Bursts that use up all credits, each followed by the receiver freeing one message per loop
