@@ -204,41 +204,44 @@ using if_other_integer =
                          !std::is_same_v<T, bool> && sizeof(T) <= sizeof(std::uint64_t),
                      int>;
 
-/* Sets an integer option of another type than int through set(value, len): IBMSG_OPT_MAX_MSG_SIZE
- * as a uint64_t (len 8), every other option as an int. A value the C type cannot carry is
- * IBMSG_EINVAL, as the library says for a value out of range. */
+/* Sets an integer option from a value of another type than int through set(value, len), as
+ * ibmsg_setopt(3) takes integers: a value that fits an int as an int, which every integer option
+ * takes; a larger one as a uint64_t with len 8, which the options of sizes beyond INT_MAX take and
+ * the others refuse (IBMSG_EINVAL, for the length). So the library, not the wrapper, knows each
+ * option's type, and says IBMSG_EINVAL for a value out of range either way. A value below INT_MIN
+ * fits neither C type: IBMSG_EINVAL as well. */
 template <class T, class Set>
-int set_integer(int option, T value, Set &&set) {
-  if (option == IBMSG_OPT_MAX_MSG_SIZE || option == IBMSG_OPT_RNDV_MEMORY) {
-    if constexpr (std::is_signed_v<T>)
-      if (value < 0) return IBMSG_EINVAL;
-    std::uint64_t v = static_cast<std::uint64_t>(value);
+int set_integer(T value, Set &&set) {
+  bool fits_int;
+  if constexpr (std::is_signed_v<T>) {
+    if (static_cast<std::intmax_t>(value) < INT_MIN) return IBMSG_EINVAL;
+    fits_int = static_cast<std::intmax_t>(value) <= INT_MAX;
+  } else {
+    fits_int = static_cast<std::uintmax_t>(value) <= static_cast<std::uintmax_t>(INT_MAX);
+  }
+  if (fits_int) {
+    int v = static_cast<int>(value);
     return set(&v, sizeof v);
   }
-  if constexpr (std::is_signed_v<T>) {
-    if (static_cast<std::intmax_t>(value) < INT_MIN || static_cast<std::intmax_t>(value) > INT_MAX)
-      return IBMSG_EINVAL;
-  } else {
-    if (static_cast<std::uintmax_t>(value) > static_cast<std::uintmax_t>(INT_MAX))
-      return IBMSG_EINVAL;
-  }
-  int v = static_cast<int>(value);
+  std::uint64_t v = static_cast<std::uint64_t>(value);
   return set(&v, sizeof v);
 }
 
-/* Reads an integer option as a std::uint64_t through get(value, len): IBMSG_OPT_MAX_MSG_SIZE
- * whole (len 8), every other option as an int; a negative int is IBMSG_ERANGE. */
+/* Reads an integer option as a std::uint64_t through get(value, len), as ibmsg_getopt(3) gives
+ * integers: into a buffer of 8 bytes, which an option of sizes beyond INT_MAX fills as a uint64_t
+ * (*len stays 8) and any other integer option as an int (*len becomes sizeof(int)). So any
+ * integer option reads whole, without a list of their types here; a negative int is
+ * IBMSG_ERANGE, and a value of neither size (a string option) IBMSG_EINVAL. */
 template <class Get>
-std::uint64_t get_integer(int option, Get &&get) {
-  if (option == IBMSG_OPT_MAX_MSG_SIZE || option == IBMSG_OPT_RNDV_MEMORY) {
-    std::uint64_t v = 0;
-    std::size_t len = sizeof v;
-    check(get(&v, &len));
-    return v;
-  }
+std::uint64_t get_integer(Get &&get) {
+  static_assert(sizeof(int) < sizeof(std::uint64_t), "ibmsg_getopt tells int from uint64_t by len");
+  std::uint64_t wide = 0;
+  std::size_t len = sizeof wide;
+  check(get(&wide, &len));
+  if (len == sizeof wide) return wide;
+  if (len != sizeof(int)) throw error(IBMSG_EINVAL);
   int v = 0;
-  std::size_t len = sizeof v;
-  check(get(&v, &len));
+  std::memcpy(&v, &wide, sizeof v);  // the int is in the buffer's first bytes
   if (v < 0) throw error(IBMSG_ERANGE);
   return static_cast<std::uint64_t>(v);
 }
@@ -293,11 +296,12 @@ class options {
     return *this;
   }
   /** Sets an integer option from another integer type (std::uint64_t, std::size_t, unsigned,
-   *  ...), as loop::set_option() does: IBMSG_OPT_MAX_MSG_SIZE takes sizes beyond INT_MAX, the
-   *  int options a value that fits an int. Returns *this. Throws ibmsg::error (IBMSG_EINVAL). */
+   *  ...), as loop::set_option() does: the options of sizes (ibmsg.h: "int, or uint64_t") take
+   *  values beyond INT_MAX, the int options a value that fits an int. Returns *this. Throws
+   *  ibmsg::error (IBMSG_EINVAL). */
   template <class T, detail::if_other_integer<T> = 0>
   options &set(int option, T value) {
-    detail::check(detail::set_integer(option, value, [&](const void *v, std::size_t len) {
+    detail::check(detail::set_integer(value, [&](const void *v, std::size_t len) {
       return ibmsg_options_set(o_, option, v, len);
     }));
     return *this;
@@ -307,18 +311,18 @@ class options {
     detail::check(ibmsg_options_set(o_, option, value.empty() ? "" : value.data(), value.size()));
     return *this;
   }
-  /** Reads an int option. Throws ibmsg::error. IBMSG_OPT_MAX_MSG_SIZE reads as at most
-   *  INT_MAX: see get_u64(). */
+  /** Reads an int option. Throws ibmsg::error. An option of sizes reads as at most INT_MAX
+   *  (ibmsg_getopt() into an int): see get_u64(). */
   int get(int option) const {
     int value = 0;
     std::size_t len = sizeof value;
     detail::check(ibmsg_options_get(o_, option, &value, &len));
     return value;
   }
-  /** Reads an integer option as loop::get_option_u64() does: IBMSG_OPT_MAX_MSG_SIZE whole.
-   *  Throws ibmsg::error. */
+  /** Reads any integer option as loop::get_option_u64() does: an option of sizes whole, also
+   *  beyond INT_MAX. Throws ibmsg::error (IBMSG_ERANGE for a negative value). */
   std::uint64_t get_u64(int option) const {
-    return detail::get_integer(option, [&](void *v, std::size_t *len) {
+    return detail::get_integer([&](void *v, std::size_t *len) {
       return ibmsg_options_get(o_, option, v, len);
     });
   }
@@ -1398,30 +1402,33 @@ class loop {
   }
   /**
    * Sets an integer option from a value of another integer type (std::uint64_t, std::size_t,
-   * unsigned, long, ...) for sockets set up afterwards. IBMSG_OPT_MAX_MSG_SIZE takes the whole
-   * value, also beyond INT_MAX (it goes to the library as a uint64_t); the int options take it
-   * as an int, so it must fit one. Throws ibmsg::error: IBMSG_EINVAL for an unknown option or a
-   * value out of range.
+   * unsigned, long, ...) for sockets set up afterwards, the same way for every option: a value
+   * that fits an int goes to the library as an int, a larger one as a uint64_t (len 8), so the
+   * options of sizes (ibmsg.h: "int, or uint64_t", e.g. IBMSG_OPT_MAX_MSG_SIZE and
+   * IBMSG_OPT_RNDV_MEMORY) take the whole value, also beyond INT_MAX, and the int options refuse
+   * what does not fit an int. Throws ibmsg::error: IBMSG_EINVAL for an unknown option or a value
+   * out of range.
    */
   template <class T, detail::if_other_integer<T> = 0>
   void set_option(int option, T value) {
-    detail::check(detail::set_integer(option, value, [&](const void *v, std::size_t len) {
+    detail::check(detail::set_integer(value, [&](const void *v, std::size_t len) {
       return ibmsg_setopt(l_, option, v, len);
     }));
   }
-  /** Reads an int option. Throws ibmsg::error. IBMSG_OPT_MAX_MSG_SIZE reads as at most INT_MAX:
-   *  see get_option_u64(). */
+  /** Reads an int option. Throws ibmsg::error. An option of sizes (e.g. IBMSG_OPT_MAX_MSG_SIZE)
+   *  reads as at most INT_MAX, as ibmsg_getopt() into an int says: see get_option_u64(). */
   int get_option(int option) const {
     int value = 0;
     std::size_t len = sizeof value;
     detail::check(ibmsg_getopt(l_, option, &value, &len));
     return value;
   }
-  /** Reads an integer option as a std::uint64_t: IBMSG_OPT_MAX_MSG_SIZE whole, also beyond
-   *  INT_MAX; an int option as get_option() does. Throws ibmsg::error (IBMSG_ERANGE for a
-   *  negative value, e.g. IBMSG_BUSY_POLL_ALWAYS). */
+  /** Reads any integer option as a std::uint64_t, through a uint64_t buffer that ibmsg_getopt()
+   *  fills with the option's own type: an option of sizes whole, also beyond INT_MAX; an int
+   *  option as get_option() does. Throws ibmsg::error (IBMSG_ERANGE for a negative value, e.g.
+   *  IBMSG_BUSY_POLL_ALWAYS). Not for the string options: see get_option_string(). */
   std::uint64_t get_option_u64(int option) const {
-    return detail::get_integer(option, [&](void *v, std::size_t *len) {
+    return detail::get_integer([&](void *v, std::size_t *len) {
       return ibmsg_getopt(l_, option, v, len);
     });
   }

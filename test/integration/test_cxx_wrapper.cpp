@@ -271,6 +271,141 @@ void option_sets_start_from_the_defaults_and_check_values(void **) {
   });
 }
 
+// Every integer option of ibmsg_setopt(3): two values in range, one out of range, and whether
+// it is an option of sizes ("int, or uint64_t" in ibmsg.h) with its largest value. The wrapper
+// itself keeps no such list: these are the expectations it must meet by asking the library.
+struct integer_option {
+  int id;
+  const char *name;
+  long long good, good2;  // in range, different (either may be the default)
+  long long bad;           // out of range (IBMSG_EINVAL)
+  std::uint64_t wide_max;  // an option of sizes: its largest value; 0: an int option
+};
+constexpr integer_option integer_options[] = {
+    {IBMSG_OPT_RECV_DEPTH, "RECV_DEPTH", 100, 101, 16385, 0},
+    {IBMSG_OPT_SEND_DEPTH, "SEND_DEPTH", 100, 101, 0, 0},
+    {IBMSG_OPT_SEND_QUEUE, "SEND_QUEUE", 1000, 1001, (1 << 20) + 1, 0},
+    {IBMSG_OPT_MAX_MSG_SIZE, "MAX_MSG_SIZE", 700, 701, 0, (std::uint64_t(1) << 32) - 1},
+    {IBMSG_OPT_CONNECT_TIMEOUT, "CONNECT_TIMEOUT", 1234, 1235, 0, 0},
+    {IBMSG_OPT_RNR_RETRY, "RNR_RETRY", 3, 4, 8, 0},
+    {IBMSG_OPT_RDMA, "RDMA", 0, 1, 2, 0},
+    {IBMSG_OPT_RDMA_DEPTH, "RDMA_DEPTH", 8, 9, 4097, 0},
+    {IBMSG_OPT_BUSY_POLL, "BUSY_POLL", 50, 51, -2, 0},
+    {IBMSG_OPT_EAGER_SIZE, "EAGER_SIZE", 8192, 8193, (1 << 30) + 1, 0},
+    {IBMSG_OPT_SHARED_RECV, "SHARED_RECV", 0, 1, 2, 0},
+    {IBMSG_OPT_KEEPALIVE, "KEEPALIVE", 2000, 2001, -1, 0},
+    {IBMSG_OPT_KEEPALIVE_COUNT, "KEEPALIVE_COUNT", 5, 6, 1, 0},
+    {IBMSG_OPT_ACK_TIMEOUT, "ACK_TIMEOUT", 14, 15, 32, 0},
+    {IBMSG_OPT_RETRY_COUNT, "RETRY_COUNT", 2, 3, 8, 0},
+    {IBMSG_OPT_REQUEST_WINDOW, "REQUEST_WINDOW", 500, 501, 0, 0},
+    {IBMSG_OPT_REPLY_CACHE, "REPLY_CACHE", 4096, 4097, -1, 0},
+    {IBMSG_OPT_RNDV_MEMORY, "RNDV_MEMORY", 4096, 4097, 0, std::uint64_t(1) << 48},
+    {IBMSG_OPT_VIOLATION_BAN, "VIOLATION_BAN", 250, 251, -1, 0},
+};
+
+// Sets and reads every integer option through set(id, value) (a generic lambda over the
+// wrapper's set_option() or options::set()), get(id) and get_u64(id), in int and in other
+// integer types: each reads back what was set, the bad value is IBMSG_EINVAL and changes
+// nothing, a value beyond INT_MAX reaches an option of sizes whole and is IBMSG_EINVAL for an
+// int option. Fails if the wrapper passes an option in a type the library does not take.
+template <class Set, class Get, class GetU64>
+void every_integer_option(const char *where, Set &&set, Get &&get, GetU64 &&get_u64) {
+  const long long above_int = static_cast<long long>(INT_MAX) + 1;
+  for (const integer_option &o : integer_options) {
+    auto u64 = [&] { return static_cast<unsigned long long>(get_u64(o.id)); };
+    // As an int.
+    set(o.id, static_cast<int>(o.good));
+    CHECK(get(o.id) == o.good && u64() == static_cast<unsigned long long>(o.good),
+          "%s %s: int %lld reads back %d (%llu)", where, o.name, o.good, get(o.id), u64());
+    int code = error_code_of([&] { set(o.id, static_cast<int>(o.bad)); });
+    CHECK(code == IBMSG_EINVAL, "%s %s: int %lld: %s, expected IBMSG_EINVAL", where, o.name,
+          o.bad, code_name(code));
+    code = error_code_of([&] { set(o.id, o.bad); });
+    CHECK(code == IBMSG_EINVAL, "%s %s: long long %lld: %s, expected IBMSG_EINVAL", where,
+          o.name, o.bad, code_name(code));
+    if (o.bad >= 0) {
+      code = error_code_of([&] { set(o.id, static_cast<std::uint64_t>(o.bad)); });
+      CHECK(code == IBMSG_EINVAL, "%s %s: uint64_t %lld: %s, expected IBMSG_EINVAL", where,
+            o.name, o.bad, code_name(code));
+    }
+    CHECK(get(o.id) == o.good, "%s %s: %d after the refusals, expected %lld", where, o.name,
+          get(o.id), o.good);
+    // Other integer types, switching between good and good2 so that each set shows.
+    set(o.id, o.good2);  // long long
+    CHECK(get(o.id) == o.good2 && u64() == static_cast<unsigned long long>(o.good2),
+          "%s %s: long long %lld reads %d (%llu)", where, o.name, o.good2, get(o.id), u64());
+    set(o.id, static_cast<std::uint64_t>(o.good));
+    CHECK(get(o.id) == o.good && u64() == static_cast<unsigned long long>(o.good),
+          "%s %s: uint64_t %lld reads %d (%llu)", where, o.name, o.good, get(o.id), u64());
+    set(o.id, static_cast<unsigned short>(o.good2));
+    CHECK(get(o.id) == o.good2, "%s %s: unsigned short %lld reads %d", where, o.name, o.good2,
+          get(o.id));
+    set(o.id, static_cast<std::size_t>(o.good));
+    CHECK(u64() == static_cast<unsigned long long>(o.good), "%s %s: size_t %lld reads %llu",
+          where, o.name, o.good, u64());
+    code = error_code_of([&] { set(o.id, static_cast<long long>(INT_MIN) - 1); });
+    CHECK(code == IBMSG_EINVAL, "%s %s: INT_MIN - 1: %s, expected IBMSG_EINVAL", where, o.name,
+          code_name(code));
+    if (!o.wide_max) {
+      // Beyond INT_MAX: an int option refuses it whatever the type, and keeps its value.
+      code = error_code_of([&] { set(o.id, static_cast<std::uint64_t>(above_int)); });
+      CHECK(code == IBMSG_EINVAL, "%s %s: INT_MAX + 1: %s, expected IBMSG_EINVAL", where, o.name,
+            code_name(code));
+      code = error_code_of([&] { set(o.id, std::uint64_t(1) << 32); });
+      CHECK(code == IBMSG_EINVAL, "%s %s: 2^32: %s, expected IBMSG_EINVAL", where, o.name,
+            code_name(code));
+      CHECK(get(o.id) == o.good, "%s %s: %d after INT_MAX + 1, expected %lld", where, o.name,
+            get(o.id), o.good);
+      continue;
+    }
+    // An option of sizes: beyond INT_MAX whole (as an int at most INT_MAX), up to its largest.
+    set(o.id, static_cast<std::uint64_t>(above_int));
+    CHECK(u64() == static_cast<unsigned long long>(above_int) && get(o.id) == INT_MAX,
+          "%s %s: INT_MAX + 1 reads %llu (as an int %d)", where, o.name, u64(), get(o.id));
+    set(o.id, o.wide_max);
+    CHECK(u64() == o.wide_max, "%s %s: its largest, %llu, reads %llu", where, o.name,
+          static_cast<unsigned long long>(o.wide_max), u64());
+    code = error_code_of([&] { set(o.id, o.wide_max + 1); });
+    CHECK(code == IBMSG_EINVAL, "%s %s: its largest + 1: %s, expected IBMSG_EINVAL", where,
+          o.name, code_name(code));
+    code = error_code_of([&] { set(o.id, -above_int); });
+    CHECK(code == IBMSG_EINVAL, "%s %s: -(INT_MAX + 1): %s, expected IBMSG_EINVAL", where,
+          o.name, code_name(code));
+    CHECK(u64() == o.wide_max, "%s %s: %llu after the refusals", where, o.name, u64());
+    set(o.id, static_cast<int>(o.good));
+    CHECK(u64() == static_cast<unsigned long long>(o.good), "%s %s: back to %lld reads %llu",
+          where, o.name, o.good, u64());
+  }
+  // A string option is no integer: get_u64 does not make one of its bytes.
+  int code = error_code_of([&] { (void)get_u64(IBMSG_OPT_DEVICE); });
+  CHECK(code == IBMSG_EINVAL, "%s DEVICE (\"\") as an integer: %s, expected IBMSG_EINVAL", where,
+        code_name(code));
+  // The table above has every option: one after the last is unknown (add a new one above).
+  code = error_code_of([&] { set(IBMSG_OPT_VIOLATION_BAN + 1, 1LL); });
+  CHECK(code == IBMSG_EINVAL, "%s option %d: %s: a new option? add it to integer_options", where,
+        IBMSG_OPT_VIOLATION_BAN + 1, code_name(code));
+  code = error_code_of([&] { (void)get_u64(9999); });
+  CHECK(code == IBMSG_EINVAL, "%s option 9999 read: %s, expected IBMSG_EINVAL", where,
+        code_name(code));
+}
+
+void every_integer_option_through_loop_and_option_set(void **) {
+  guarded([] {
+    static_assert(sizeof integer_options / sizeof integer_options[0] ==
+                      IBMSG_OPT_VIOLATION_BAN - 2,  // all but SOURCE_ADDR and DEVICE
+                  "integer_options misses an option");
+    ibmsg::loop lp;
+    every_integer_option(
+        "loop", [&](int id, auto v) { lp.set_option(id, v); },
+        [&](int id) { return lp.get_option(id); }, [&](int id) { return lp.get_option_u64(id); });
+    ibmsg::options set;
+    every_integer_option(
+        "options", [&](int id, auto v) { set.set(id, v); }, [&](int id) { return set.get(id); },
+        [&](int id) { return set.get_u64(id); });
+    lp.close();
+  });
+}
+
 /* ---- connections ----------------------------------------------------------------------------- */
 
 void option_sets_apply_to_listen_connect_and_accept(void **) {
@@ -2253,6 +2388,7 @@ int main() {
       cmocka_unit_test(error_carries_code_and_text),
       cmocka_unit_test(options_round_trip),
       cmocka_unit_test(option_sets_start_from_the_defaults_and_check_values),
+      cmocka_unit_test(every_integer_option_through_loop_and_option_set),
       cmocka_unit_test(option_sets_apply_to_listen_connect_and_accept),
       cmocka_unit_test(listen_on_port_0_and_connect_fires_established),
       cmocka_unit_test(messages_exchanged_both_ways_arrive_intact),
