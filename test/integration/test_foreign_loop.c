@@ -135,16 +135,15 @@ static void destroy_leaves_no_watcher_on_application_loop(void **state) {
   ev_run(d->ev, EVRUN_ONCE);
 }
 
+/* A test with the driver its setup starts (every one ends with teardown_driver). */
+#define F_TEST(f, setup) cmocka_unit_test_setup_teardown(f, setup, teardown_driver)
+
 int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test_setup_teardown(poll_on_loop_fd_drives_connection_and_messages, setup_poll,
-                                      teardown_driver),
-      cmocka_unit_test_setup_teardown(application_ev_loop_new_drives_connection_and_messages,
-                                      setup_ev_new, teardown_driver),
-      cmocka_unit_test_setup_teardown(application_default_ev_loop_drives_connection_and_messages,
-                                      setup_ev_default, teardown_driver),
-      cmocka_unit_test_setup_teardown(destroy_leaves_no_watcher_on_application_loop, setup_ev_new,
-                                      teardown_driver),
+      F_TEST(poll_on_loop_fd_drives_connection_and_messages, setup_poll),
+      F_TEST(application_ev_loop_new_drives_connection_and_messages, setup_ev_new),
+      F_TEST(application_default_ev_loop_drives_connection_and_messages, setup_ev_default),
+      F_TEST(destroy_leaves_no_watcher_on_application_loop, setup_ev_new),
   };
   h_init(argc, argv);
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -27,6 +27,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "harness.h"
+#include "rawcm.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -151,18 +152,15 @@ static void w_fin(uint8_t out[W_FIN_SIZE], uint8_t status, uint32_t id) {
 #define RAW_SEND_TAG (UINT64_C(1) << 32) /* in the id of every send work request */
 
 struct raw {
-  struct rdma_event_channel *ch;
-  struct rdma_cm_id *id;
+  rawcm cm; /* the connection manager's part (rawcm.h) */
   struct ibv_pd *pd;
   struct ibv_cq *cq;
   struct ibv_mr *mr;
   uint8_t *mem; /* receive slots, send slots, the rendezvous payload */
   size_t mem_len;
-  int has_qp;
   unsigned next_send;
 
-  /* connection manager */
-  int addr_resolved, route_resolved, established, rejected, disconnected, cm_error;
+  /* connection manager, besides cm */
   int reject_status;
   size_t reject_len;
   uint8_t reject_data[256];
@@ -201,7 +199,7 @@ static void raw_post_recv(struct raw *r, unsigned i) {
   wr.wr_id = i;
   wr.sg_list = &sge;
   wr.num_sge = 1;
-  rc = ibv_post_recv(r->id->qp, &wr, &bad);
+  rc = ibv_post_recv(r->cm.id->qp, &wr, &bad);
   if (rc) r->recv_errors++;
 }
 
@@ -230,8 +228,6 @@ static void raw_on_cm_event(struct raw *r, const struct rdma_cm_event *ev) {
   const uint8_t *p;
   size_t len;
   switch (ev->event) {
-  case RDMA_CM_EVENT_ADDR_RESOLVED: r->addr_resolved = 1; break;
-  case RDMA_CM_EVENT_ROUTE_RESOLVED: r->route_resolved = 1; break;
   case RDMA_CM_EVENT_ESTABLISHED:
     p = ev->param.conn.private_data;
     len = ev->param.conn.private_data_len;
@@ -248,24 +244,17 @@ static void raw_on_cm_event(struct raw *r, const struct rdma_cm_event *ev) {
       r->peer_hello_ok = 1;
       r->data_credits = (int32_t)r->peer.recv_depth;
     }
-    r->established = 1;
     break;
   case RDMA_CM_EVENT_REJECTED:
-    r->rejected = 1;
     r->reject_status = ev->status;
     len = ev->param.conn.private_data_len;
     if (len > sizeof r->reject_data) len = sizeof r->reject_data;
     r->reject_len = ev->param.conn.private_data ? len : 0;
     if (r->reject_len) memcpy(r->reject_data, ev->param.conn.private_data, r->reject_len);
     break;
-  case RDMA_CM_EVENT_DISCONNECTED: r->disconnected = 1; break;
-  case RDMA_CM_EVENT_ADDR_ERROR:
-  case RDMA_CM_EVENT_ROUTE_ERROR:
-  case RDMA_CM_EVENT_UNREACHABLE:
-  case RDMA_CM_EVENT_CONNECT_ERROR:
-  case RDMA_CM_EVENT_DEVICE_REMOVAL: r->cm_error = ev->event; break;
   default: break;
   }
+  rawcm_note(&r->cm, ev->event); /* the flags, once the peer's own handling is done */
 }
 
 /* Handles whatever the raw peer's connection manager and completion queue have (never blocks). */
@@ -275,7 +264,7 @@ static void raw_poll(struct raw *r) {
   int n, i;
 
   if (!r) return;
-  while (r->ch && rdma_get_cm_event(r->ch, &ev) == 0) {
+  while (r->cm.ch && rdma_get_cm_event(r->cm.ch, &ev) == 0) {
     raw_on_cm_event(r, ev);
     rdma_ack_cm_event(ev);
   }
@@ -400,22 +389,18 @@ static void hs_step_at(h_ctx *ctx, struct raw *r, uint64_t deadline, int timeout
 #define RAW_LIVE_MAX 8
 static struct raw *raw_live[RAW_LIVE_MAX];
 
+static void raw_poll_peer(void *r) { raw_poll(r); }
+
 static void raw_destroy(struct raw *r) {
   int i;
   if (!r) return;
   for (i = 0; i < RAW_LIVE_MAX; i++)
     if (raw_live[i] == r) raw_live[i] = NULL;
-  raw_poll(r);
-  if (r->id) {
-    if (r->established && !r->disconnected) rdma_disconnect(r->id);
-    raw_poll(r);
-    if (r->has_qp) rdma_destroy_qp(r->id);
-    rdma_destroy_id(r->id);
-  }
+  rawcm_destroy_id(&r->cm, raw_poll_peer, r);
   if (r->cq) ibv_destroy_cq(r->cq);
   if (r->mr) ibv_dereg_mr(r->mr);
   if (r->pd) ibv_dealloc_pd(r->pd);
-  if (r->ch) rdma_destroy_event_channel(r->ch);
+  if (r->cm.ch) rdma_destroy_event_channel(r->cm.ch);
   free(r->mem);
   free(r);
 }
@@ -424,43 +409,26 @@ static void raw_destroy(struct raw *r) {
  * then connects with private data pdata (len bytes). */
 static struct raw *raw_connect(h_ctx *ctx, const void *pdata, uint8_t len) {
   struct raw *r = calloc(1, sizeof *r);
-  struct addrinfo hints, *res = NULL;
   struct ibv_qp_init_attr qa;
   struct ibv_device_attr da;
   struct rdma_conn_param cp;
-  char port[8];
   unsigned i;
-  int flags;
 
   H_CHECK(r != NULL, "out of memory for the raw peer");
   for (i = 0; i < RAW_LIVE_MAX && raw_live[i]; i++) continue;
   if (i == RAW_LIVE_MAX) free(r);
   H_CHECK(i < RAW_LIVE_MAX, "more than %d raw peers at once", RAW_LIVE_MAX);
   raw_live[i] = r;
-  r->ch = rdma_create_event_channel();
-  H_CHECK(r->ch != NULL, "rdma_create_event_channel: %s", strerror(errno));
-  flags = fcntl(r->ch->fd, F_GETFL);
-  H_CHECK(fcntl(r->ch->fd, F_SETFL, flags | O_NONBLOCK) == 0, "fcntl: %s", strerror(errno));
-  H_CHECK(rdma_create_id(r->ch, &r->id, r, RDMA_PS_TCP) == 0, "rdma_create_id: %s", strerror(errno));
+  rawcm_resolve_addr(ctx, &r->cm, r);
+  HS_RUN_UNTIL(ctx, r, r->cm.addr_resolved || r->cm.cm_error, H_TIMEOUT_MS);
+  H_CHECK(!r->cm.cm_error, "raw peer: address resolution failed (CM event %d)", r->cm.cm_error);
+  H_CHECK(rdma_resolve_route(r->cm.id, 2000) == 0, "rdma_resolve_route: %s", strerror(errno));
+  HS_RUN_UNTIL(ctx, r, r->cm.route_resolved || r->cm.cm_error, H_TIMEOUT_MS);
+  H_CHECK(!r->cm.cm_error, "raw peer: route resolution failed (CM event %d)", r->cm.cm_error);
 
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  snprintf(port, sizeof port, "%u", (unsigned)ctx->port);
-  H_CHECK(getaddrinfo(ctx->addr, port, &hints, &res) == 0 && res, "cannot resolve %s", ctx->addr);
-  i = (unsigned)rdma_resolve_addr(r->id, NULL, res->ai_addr, 2000);
-  freeaddrinfo(res);
-  H_CHECK(i == 0, "rdma_resolve_addr: %s", strerror(errno));
-  HS_RUN_UNTIL(ctx, r, r->addr_resolved || r->cm_error, H_TIMEOUT_MS);
-  H_CHECK(!r->cm_error, "raw peer: address resolution failed (CM event %d)", r->cm_error);
-  H_CHECK(rdma_resolve_route(r->id, 2000) == 0, "rdma_resolve_route: %s", strerror(errno));
-  HS_RUN_UNTIL(ctx, r, r->route_resolved || r->cm_error, H_TIMEOUT_MS);
-  H_CHECK(!r->cm_error, "raw peer: route resolution failed (CM event %d)", r->cm_error);
-
-  r->pd = ibv_alloc_pd(r->id->verbs);
+  r->pd = ibv_alloc_pd(r->cm.id->verbs);
   H_CHECK(r->pd != NULL, "ibv_alloc_pd failed");
-  r->cq = ibv_create_cq(r->id->verbs, RAW_CQ_SIZE, NULL, NULL, 0);
+  r->cq = ibv_create_cq(r->cm.id->verbs, RAW_CQ_SIZE, NULL, NULL, 0);
   H_CHECK(r->cq != NULL, "ibv_create_cq failed");
   r->mem_len = (size_t)RAW_RECVS * RAW_RECV_SLOT + (size_t)RAW_SENDS * RAW_SEND_SLOT + RAW_DATA_SIZE;
   r->mem = calloc(1, r->mem_len);
@@ -476,12 +444,12 @@ static struct raw *raw_connect(h_ctx *ctx, const void *pdata, uint8_t len) {
   qa.cap.max_recv_wr = RAW_RECVS;
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
-  H_CHECK(rdma_create_qp(r->id, r->pd, &qa) == 0, "rdma_create_qp: %s", strerror(errno));
-  r->has_qp = 1;
+  H_CHECK(rdma_create_qp(r->cm.id, r->pd, &qa) == 0, "rdma_create_qp: %s", strerror(errno));
+  r->cm.has_qp = 1;
   for (i = 0; i < RAW_RECVS; i++) raw_post_recv(r, i);
   H_CHECK(r->recv_errors == 0, "raw peer: posting its receives failed");
 
-  H_CHECK(ibv_query_device(r->id->verbs, &da) == 0, "ibv_query_device failed");
+  H_CHECK(ibv_query_device(r->cm.id->verbs, &da) == 0, "ibv_query_device failed");
   memset(&cp, 0, sizeof cp);
   cp.private_data = pdata;
   cp.private_data_len = len;
@@ -490,8 +458,8 @@ static struct raw *raw_connect(h_ctx *ctx, const void *pdata, uint8_t len) {
   cp.initiator_depth = (uint8_t)(da.max_qp_init_rd_atom < 16 ? da.max_qp_init_rd_atom : 16);
   cp.retry_count = 7;
   cp.rnr_retry_count = 0; /* a hostile sender: no RNR retries, its QP fails instead */
-  H_CHECK(rdma_connect(r->id, &cp) == 0, "rdma_connect: %s", strerror(errno));
-  HS_RUN_UNTIL(ctx, r, r->established || r->rejected || r->cm_error, H_TIMEOUT_MS);
+  H_CHECK(rdma_connect(r->cm.id, &cp) == 0, "rdma_connect: %s", strerror(errno));
+  HS_RUN_UNTIL(ctx, r, r->cm.established || r->cm.rejected || r->cm.cm_error, H_TIMEOUT_MS);
   return r;
 }
 
@@ -528,7 +496,7 @@ static void raw_post(struct raw *r, enum raw_kind kind, uint32_t imm, const void
     wr.wr.rdma.rkey = 0;
     break;
   }
-  rc = ibv_post_send(r->id->qp, &wr, &bad);
+  rc = ibv_post_send(r->cm.id->qp, &wr, &bad);
   H_CHECK(rc == 0, "raw peer: ibv_post_send failed: %s", strerror(rc));
   r->sends_posted++;
 }
@@ -609,8 +577,8 @@ static void hs_finish_pair(h_ctx *ctx, struct hs_state *st, struct raw *r) {
 static struct raw *hs_raw_pair(h_ctx *ctx, const uint8_t *pdata, h_conn *srv) {
   const int servers = ctx->n_servers;
   struct raw *r = raw_connect(ctx, pdata, W_HELLO_SIZE);
-  H_CHECK(r->established, "the raw peer with a valid hello was not accepted (rejected %d, CM "
-          "event %d)", r->rejected, r->cm_error);
+  H_CHECK(r->cm.established, "the raw peer with a valid hello was not accepted (rejected %d, CM "
+          "event %d)", r->cm.rejected, r->cm.cm_error);
   H_CHECK(r->peer_hello_ok, "the server's answer carries no ibmsg hello");
   H_CHECK(srv == &ctx->servers[servers], "the raw peer's server socket is not the next one");
   HS_RUN_UNTIL(ctx, r, ctx->n_servers == servers + 1 && (srv->established || srv->closed),
@@ -645,9 +613,9 @@ static void hs_run(void **state) {
   if (cs->expect == HS_REFUSED) {
     cs->pdata(pdata, &len);
     r = raw_connect(ctx, pdata, len);
-    H_CHECK(!r->established, "the listener accepted private data it must refuse");
-    H_CHECK(r->rejected, "the raw peer's connect neither was rejected nor established (CM event %d)",
-            r->cm_error);
+    H_CHECK(!r->cm.established, "the listener accepted private data it must refuse");
+    H_CHECK(r->cm.rejected, "the raw peer's connect neither was rejected nor established (CM event %d)",
+            r->cm.cm_error);
     H_ASSERT_EQ(ctx->requests, requests, "connection_request callbacks for a refused hello");
     H_ASSERT_EQ(ctx->n_servers, servers, "connections accepted");
     H_ASSERT_EQ(r->reject_status, 28, "the CM status of the rejection (28: by the consumer)");
@@ -1059,7 +1027,7 @@ static void act_fin_declined_then_disconnect(h_ctx *ctx, struct raw *r, h_conn *
   ibmsg_free_msg(&ctx->msgs[0]);
   HS_RUN_FOR(ctx, r, 100);
   H_CHECK(!srv->closed, "the connection closed after the FIN (%s)", ibmsg_err_name(srv->close_reason));
-  rdma_disconnect(r->id);
+  rdma_disconnect(r->cm.id);
 }
 
 static void act_credits_beyond_cap(h_ctx *ctx, struct raw *r, h_conn *srv) {
@@ -1170,7 +1138,7 @@ static void act_valid_then_disconnect(h_ctx *ctx, struct raw *r, h_conn *srv) {
   H_ASSERT_EQ(hs_flags_seen[2], IBMSG_MSG_IMM, "flags of the rendezvous message");
   H_ASSERT_EQ(hs_imm_seen[2], 0xcafef00du, "its immediate");
   ctx->on_received = NULL;
-  rdma_disconnect(r->id);
+  rdma_disconnect(r->cm.id);
 }
 
 static void opt_max_1m(h_ctx *ctx) {

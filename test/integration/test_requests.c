@@ -53,6 +53,7 @@ static size_t reply_size(uint32_t seq) {
 }
 static size_t rq_room(uint32_t seq) { return seq >= RQ_LARGE ? RQ_LARGE_ROOM : RQ_ROOM; }
 
+#include "rawcm.h"    /* the old peer's connection manager (shared with test_hostile) */
 #include "requests.h" /* the records, the handler and the hooks (shared with test/twohost) */
 
 #define t_new h_new
@@ -732,10 +733,7 @@ static void bad_replies_fail_with_the_documented_codes(void **state) {
 #define OP_FEATURES ((1u << 1) | (1u << 2) | (1u << 3))
 
 struct old_peer {
-  struct rdma_event_channel *ch;
-  struct rdma_cm_id *id;
-  int has_qp;
-  int addr_resolved, route_resolved, established, rejected, disconnected, cm_error;
+  rawcm cm; /* it has nothing but the connection manager's part (rawcm.h) and a queue pair */
 };
 
 static void op_put32(uint8_t *p, uint32_t v) {
@@ -747,23 +745,12 @@ static void op_put32(uint8_t *p, uint32_t v) {
 
 static void op_poll(struct old_peer *p) {
   struct rdma_cm_event *ev;
-  while (p->ch && rdma_get_cm_event(p->ch, &ev) == 0) {
-    switch (ev->event) {
-    case RDMA_CM_EVENT_ADDR_RESOLVED: p->addr_resolved = 1; break;
-    case RDMA_CM_EVENT_ROUTE_RESOLVED: p->route_resolved = 1; break;
-    case RDMA_CM_EVENT_ESTABLISHED: p->established = 1; break;
-    case RDMA_CM_EVENT_REJECTED: p->rejected = 1; break;
-    case RDMA_CM_EVENT_DISCONNECTED: p->disconnected = 1; break;
-    case RDMA_CM_EVENT_ADDR_ERROR:
-    case RDMA_CM_EVENT_ROUTE_ERROR:
-    case RDMA_CM_EVENT_UNREACHABLE:
-    case RDMA_CM_EVENT_CONNECT_ERROR:
-    case RDMA_CM_EVENT_DEVICE_REMOVAL: p->cm_error = ev->event; break;
-    default: break;
-    }
+  while (p->cm.ch && rdma_get_cm_event(p->cm.ch, &ev) == 0) {
+    rawcm_note(&p->cm, ev->event);
     rdma_ack_cm_event(ev);
   }
 }
+static void op_poll_peer(void *p) { op_poll(p); }
 
 #define OP_RUN_UNTIL(ctx, p, cond, timeout_ms)                                                  \
   do {                                                                                          \
@@ -792,46 +779,26 @@ static struct old_peer *op_live;
 static void op_destroy(struct old_peer *p) {
   if (!p) return;
   if (op_live == p) op_live = NULL;
-  op_poll(p);
-  if (p->id) {
-    if (p->established && !p->disconnected) rdma_disconnect(p->id);
-    op_poll(p);
-    if (p->has_qp) rdma_destroy_qp(p->id);
-    rdma_destroy_id(p->id);
-  }
-  if (p->ch) rdma_destroy_event_channel(p->ch);
+  rawcm_destroy_id(&p->cm, op_poll_peer, p);
+  if (p->cm.ch) rdma_destroy_event_channel(p->cm.ch);
   free(p);
 }
 
 static struct old_peer *op_connect(h_ctx *ctx) {
   struct old_peer *p = t_new(sizeof *p);
-  struct addrinfo hints, *res = NULL;
   struct ibv_qp_init_attr qa;
   struct rdma_conn_param cp;
   uint8_t hello[OP_HELLO_SIZE];
-  char port[8];
-  int flags, rc;
 
   op_live = p;
-  p->ch = rdma_create_event_channel();
-  H_CHECK(p->ch != NULL, "rdma_create_event_channel failed");
-  flags = fcntl(p->ch->fd, F_GETFL);
-  H_CHECK(fcntl(p->ch->fd, F_SETFL, flags | O_NONBLOCK) == 0, "fcntl on the CM channel failed");
-  H_CHECK(rdma_create_id(p->ch, &p->id, p, RDMA_PS_TCP) == 0, "rdma_create_id failed");
-  memset(&hints, 0, sizeof hints);
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  snprintf(port, sizeof port, "%u", (unsigned)ctx->port);
-  H_CHECK(getaddrinfo(ctx->addr, port, &hints, &res) == 0 && res, "cannot resolve %s", ctx->addr);
-  rc = rdma_resolve_addr(p->id, NULL, res->ai_addr, 2000);
-  freeaddrinfo(res);
-  H_CHECK(rc == 0, "rdma_resolve_addr failed");
-  OP_RUN_UNTIL(ctx, p, p->addr_resolved || p->cm_error, H_TIMEOUT_MS);
-  H_CHECK(!p->cm_error, "the old peer's address resolution failed (CM event %d)", p->cm_error);
-  H_CHECK(rdma_resolve_route(p->id, 2000) == 0, "rdma_resolve_route failed");
-  OP_RUN_UNTIL(ctx, p, p->route_resolved || p->cm_error, H_TIMEOUT_MS);
-  H_CHECK(!p->cm_error, "the old peer's route resolution failed (CM event %d)", p->cm_error);
+  rawcm_resolve_addr(ctx, &p->cm, p);
+  OP_RUN_UNTIL(ctx, p, p->cm.addr_resolved || p->cm.cm_error, H_TIMEOUT_MS);
+  H_CHECK(!p->cm.cm_error, "the old peer's address resolution failed (CM event %d)",
+          p->cm.cm_error);
+  H_CHECK(rdma_resolve_route(p->cm.id, 2000) == 0, "rdma_resolve_route failed");
+  OP_RUN_UNTIL(ctx, p, p->cm.route_resolved || p->cm.cm_error, H_TIMEOUT_MS);
+  H_CHECK(!p->cm.cm_error, "the old peer's route resolution failed (CM event %d)",
+          p->cm.cm_error);
   /* A queue pair with the CM's default protection domain and completion queues. */
   memset(&qa, 0, sizeof qa);
   qa.qp_type = IBV_QPT_RC;
@@ -839,8 +806,8 @@ static struct old_peer *op_connect(h_ctx *ctx) {
   qa.cap.max_recv_wr = 4;
   qa.cap.max_send_sge = 1;
   qa.cap.max_recv_sge = 1;
-  H_CHECK(rdma_create_qp(p->id, NULL, &qa) == 0, "rdma_create_qp failed");
-  p->has_qp = 1;
+  H_CHECK(rdma_create_qp(p->cm.id, NULL, &qa) == 0, "rdma_create_qp failed");
+  p->cm.has_qp = 1;
 
   op_put32(hello, OP_MAGIC);
   hello[4] = 1; /* major */
@@ -860,10 +827,10 @@ static struct old_peer *op_connect(h_ctx *ctx) {
   cp.initiator_depth = 1;
   cp.retry_count = 7;
   cp.rnr_retry_count = 7;
-  H_CHECK(rdma_connect(p->id, &cp) == 0, "rdma_connect failed");
-  OP_RUN_UNTIL(ctx, p, p->established || p->rejected || p->cm_error, H_TIMEOUT_MS);
-  H_CHECK(p->established, "the old peer was not accepted (rejected %d, CM event %d)", p->rejected,
-          p->cm_error);
+  H_CHECK(rdma_connect(p->cm.id, &cp) == 0, "rdma_connect failed");
+  OP_RUN_UNTIL(ctx, p, p->cm.established || p->cm.rejected || p->cm.cm_error, H_TIMEOUT_MS);
+  H_CHECK(p->cm.established, "the old peer was not accepted (rejected %d, CM event %d)",
+          p->cm.rejected, p->cm.cm_error);
   return p;
 }
 

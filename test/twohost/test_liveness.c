@@ -32,6 +32,13 @@ static void keepalive_options(h_ctx *ctx) {
   h_setopt_int(ctx, IBMSG_OPT_KEEPALIVE_COUNT, KA_COUNT);
 }
 
+/* The start of a test here: X_BEGIN, and keepalive at KA_MS x KA_COUNT. */
+#define L_BEGIN(ctx)                                                                            \
+  do {                                                                                          \
+    X_BEGIN(ctx);                                                                               \
+    keepalive_options(ctx);                                                                     \
+  } while (0)
+
 /* The link: cut (returns when the cut began, in h_now_ms()) and healed (see xtest.h). */
 #define l_cut(ctx) x_link_cut((ctx), h_now_ms)
 #define l_restore(ctx) ((void)x_link_restore((ctx), h_now_ms))
@@ -53,6 +60,11 @@ static void expect_timeout(h_ctx *ctx, h_conn *c, uint64_t t0, const char *what)
   H_ASSERT_EQ(c->sent, c->posted, "message_sent callbacks (one per posted message)");
 }
 
+/* Cuts the link and waits for c to close with IBMSG_ETIMEDOUT within the bound after the cut. */
+static void cut_and_expect_timeout(h_ctx *ctx, h_conn *c, const char *what) {
+  expect_timeout(ctx, c, l_cut(ctx), what);
+}
+
 /* A test that failed midway may leave the link cut: heal it before the next one. */
 static int l_teardown(void **state) {
   if (twohost_link_is_cut() == 1) twohost_link_restore();
@@ -62,21 +74,18 @@ static int l_teardown(void **state) {
 
 static void partition_while_idle_closes_both_ends_in_bounded_time(void **state) {
   h_ctx *ctx = *state;
-  X_BEGIN(ctx);
-  keepalive_options(ctx);
+  L_BEGIN(ctx);
   h_conn *c = x_pair(ctx, 0);
   h_run_for(ctx, 2 * KA_MS); /* idle but alive: probes are answered */
   H_ASSERT_EQ(c->closed, 0, "closed while idle with a live peer");
-  uint64_t t0 = l_cut(ctx);
-  expect_timeout(ctx, c, t0, "partition while idle");
+  cut_and_expect_timeout(ctx, c, "partition while idle");
   l_restore(ctx);
   x_finish(ctx);
 }
 
 static void partition_while_streaming_closes_both_ends_in_bounded_time(void **state) {
   h_ctx *ctx = *state;
-  X_BEGIN(ctx);
-  keepalive_options(ctx);
+  L_BEGIN(ctx);
   x_local(ctx)->expect_send_errors = 1;
   x_local(ctx)->verify = 1;
   x_local(ctx)->expect_size = 1024;
@@ -87,8 +96,7 @@ static void partition_while_streaming_closes_both_ends_in_bounded_time(void **st
   } else {
     H_RUN_UNTIL(ctx, c->received >= 100, STEP_MS);
   }
-  uint64_t t0 = l_cut(ctx);
-  expect_timeout(ctx, c, t0, "partition while streaming");
+  cut_and_expect_timeout(ctx, c, "partition while streaming");
   if (twohost_is_client()) {
     H_ASSERT_EQ(c->sent_ok + c->sent_canceled + c->sent_other, c->posted, "message_sent callbacks");
     H_ASSERT_EQ(c->stream_inflight, 0, "stream messages never given back");
@@ -101,8 +109,7 @@ static void partition_while_streaming_closes_both_ends_in_bounded_time(void **st
 
 static void partition_while_stalled_on_credits_closes_both_ends(void **state) {
   h_ctx *ctx = *state;
-  X_BEGIN(ctx);
-  keepalive_options(ctx);
+  L_BEGIN(ctx);
   h_setopt_int(ctx, IBMSG_OPT_RECV_DEPTH, 4);
   h_setopt_int(ctx, IBMSG_OPT_SHARED_RECV, 0);
   x_local(ctx)->expect_send_errors = 1;
@@ -127,8 +134,7 @@ static void partition_while_stalled_on_credits_closes_both_ends(void **state) {
     H_CHECK(st.credit_stalls >= 1 && st.keepalives_sent >= 1,
             "the stalled sender: %llu credit stalls, %llu probes sent",
             (unsigned long long)st.credit_stalls, (unsigned long long)st.keepalives_sent);
-  uint64_t t0 = l_cut(ctx);
-  expect_timeout(ctx, c, t0, "partition while stalled on credits");
+  cut_and_expect_timeout(ctx, c, "partition while stalled on credits");
   l_restore(ctx);
   x_finish(ctx);
 }
@@ -136,8 +142,7 @@ static void partition_while_stalled_on_credits_closes_both_ends(void **state) {
 static void link_flap_shorter_than_the_bound_loses_nothing(void **state) {
   h_ctx *ctx = *state;
   const int total = 400;
-  X_BEGIN(ctx);
-  keepalive_options(ctx);
+  L_BEGIN(ctx);
   x_local(ctx)->verify = 1;
   x_local(ctx)->expect_size = 2048;
   h_conn *c = x_pair(ctx, 0);
@@ -212,8 +217,7 @@ static int frozen_child(int ready_fd, int port_fd) {
 
 static void frozen_peer_is_detected_and_closes_cleanly_when_resumed(void **state) {
   h_ctx *ctx = *state;
-  X_BEGIN(ctx);
-  keepalive_options(ctx);
+  L_BEGIN(ctx);
   if (twohost_is_server()) {
     int ready[2], ports[2], status = -1;
     char port[16] = "";
