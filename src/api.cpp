@@ -176,7 +176,7 @@ int ibmsg_disconnect(ibmsg_socket *socket) {
   if (!socket) return IBMSG_EINVAL;
   Socket *s = socket_of(socket);
   if (!s) return IBMSG_ENOTCONN;
-  if (s->state == State::Closing || s->state == State::Closed || s->lingering)
+  if (s->state == State::Lingering || s->state == State::Closing || s->state == State::Closed)
     return IBMSG_ESTATE;
   socket_close(s, IBMSG_OK);
   return IBMSG_OK;

@@ -42,7 +42,8 @@ namespace {
 
 Event close_event(const Socket *s) {
   if (s->close_reason == IBMSG_OK) return Event::Disconnect;
-  if (s->close_reason == IBMSG_ECONNRESET && s->state == State::Connected)
+  if (s->close_reason == IBMSG_ECONNRESET &&
+      (s->state == State::Connected || s->state == State::Lingering))
     return Event::PeerDisconnected;
   return Event::Failed;
 }
@@ -95,15 +96,14 @@ void teardown(Socket *s) {
 
 void close_begin(Socket *s, int reason) {
   if (s->state == State::Closing || s->state == State::Closed) return;
-  if (reason == IBMSG_OK && s->state == State::Connected && !s->lingering) {
+  if (reason == IBMSG_OK && s->state == State::Connected) {
     // The application disconnects: the done counts it owes for the peer's rendezvous messages
     // go first, so that the peer learns they arrived. Without a control credit for them now,
     // the close waits for one (a peer waiting for done counts returns them), at most kLingerS.
     send_last_done(s);
     if (s->state != State::Connected) return;  // a failed post closed it meanwhile
     if (s->done_owed) {
-      s->lingering = true;
-      s->pub->status = IBMSG_DISCONNECTING;  // as the application sees it: closing
+      set_state(s, Event::Linger);  // the application sees it closing
       timer_init(&s->connect_timer, s->loop, on_linger_end, s);
       timer_start(&s->connect_timer, kLingerS);
       return;

@@ -189,7 +189,7 @@ void on_cm_event(Loop *loop, const tp::CmEvent &ev) {
     case tp::CmEventType::Rejected: on_rejected(s, ev); break;
     case tp::CmEventType::ConnectError: socket_close(s, IBMSG_EIO); break;
     case tp::CmEventType::Disconnected:  // (during a disconnect that lingers: ours came first)
-      socket_close(s, s->lingering ? IBMSG_OK : IBMSG_ECONNRESET);
+      socket_close(s, s->state == State::Lingering ? IBMSG_OK : IBMSG_ECONNRESET);
       break;
     case tp::CmEventType::DeviceRemoval: socket_close(s, IBMSG_ENODEV); break;
     case tp::CmEventType::ConnectRequest:

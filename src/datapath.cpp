@@ -211,7 +211,7 @@ bool post_ctrl(Socket *s, uint32_t give_back, bool wants, wire::Opcode op) {
 }
 
 void maybe_send_ctrl(Socket *s) {
-  if (s->lingering) {  // closing once the done counts are out
+  if (s->state == State::Lingering) {  // closing once the done counts are out
     send_last_done(s);
     if (!s->done_owed) socket_close(s, IBMSG_OK);
     return;
@@ -251,7 +251,8 @@ void maybe_send_ctrl(Socket *s) {
 
 void send_last_done(Socket *s) {
   // Closing: no control credit needs keeping for later, the last one may carry them.
-  while (s->state == State::Connected && s->done_owed && s->credits.can_send_ctrl() &&
+  while ((s->state == State::Connected || s->state == State::Lingering) && s->done_owed &&
+         s->credits.can_send_ctrl() &&
          s->ctrl_in_flight < kCtrlDepth && post_ctrl(s)) continue;
 }
 
@@ -266,7 +267,7 @@ bool work_can_go(const Socket *s, const Work *w) {
 
 void flush_sends(Socket *s) {
   // A disconnect that lingers sends only its done counts: the queue is canceled at the close.
-  while (s->state == State::Connected && !s->lingering) {
+  while (s->state == State::Connected) {
     Work *w = s->queue.front();
     if (!w || !work_can_go(s, w)) {
       if (w && !s->live.stalled && !s->credits.can_send_data()) {

@@ -113,7 +113,6 @@ struct ibmsg__socket {
   // Waiting for the loop's rendezvous memory (IBMSG_OPT_RNDV_MEMORY): in its queue of waiters.
   ibmsg::ListNode rndv_mem_node;
   ibmsg::List<ibmsg::RndvIn, &ibmsg::RndvIn::read_link> fins;  // declined: FINs posted
-  bool lingering = false;  // disconnecting: waits to send the done counts it owes (close.cpp)
   ibmsg::Timer connect_timer;
   // busy polling (poll.cpp): the CQ is polled from the loop instead of armed while poll_active
   bool poll_active = false;

@@ -60,7 +60,7 @@ void on_tick(Timer *t) {
     for (Device *d = loop->devices.front(); d; d = loop->devices.next(d)) drain_device(d);
   double tick = -1;
   for (Socket *s = loop->keepalive.front(); s; s = loop->keepalive.next(s)) {
-    if (s->state != State::Connected || s->lingering) continue;  // closing: leaves at teardown
+    if (s->state != State::Connected) continue;  // closing (or lingering): leaves at teardown
     const double iv = interval(s);
     if (tick < 0 || iv / 8 < tick) tick = iv / 8;
     if (s->live.heard != s->live.seen) {

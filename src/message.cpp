@@ -76,7 +76,7 @@ int msg_from_region(Socket *s, ibmsg_buffer *msg, Region *r, size_t off, size_t 
 
 int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const PostAs *as) {
   if (s->listener) return IBMSG_ESTATE;
-  if (!state_can_post(s->state) || s->lingering) return IBMSG_ENOTCONN;
+  if (!state_can_post(s->state)) return IBMSG_ENOTCONN;
   Slot *slot = msg->impl;
   if (!slot_valid(slot) || slot->msg != msg) return IBMSG_ENOTALLOC;
   if (slot->pool->recv || slot->sock != s) return IBMSG_EINVAL;

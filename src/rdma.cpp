@@ -44,7 +44,7 @@ tp::Op wr_op(ibmsg_op_type t) {
 int check(Socket *s, Region *local, size_t loff, size_t len, const ibmsg_descriptor *remote,
           size_t roff, const OpArgs &a, wire::Descriptor *d) {
   if (s->listener) return IBMSG_ESTATE;
-  if (s->state != State::Connected || s->lingering) return IBMSG_ENOTCONN;
+  if (s->state != State::Connected) return IBMSG_ENOTCONN;
   if (!(s->features & wire::kFeatureRdma)) return IBMSG_EOPNOTSUPP;
   const bool atomic = a.type == IBMSG_OP_CAS || a.type == IBMSG_OP_FADD;
   if (atomic && !tp::device_info(s->dev->tp).atomics) return IBMSG_EOPNOTSUPP;

@@ -184,7 +184,8 @@ int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned acc
   if (!(s->opts.rdma)) return IBMSG_EOPNOTSUPP;
   // A window is bound on the connection's queue pair: now if it is up, else once it is.
   const bool up = s->state == State::Connected && s->has_qp;
-  if (!wide && (s->state == State::Closing || s->state == State::Closed || s->lingering))
+  if (!wide && (s->state == State::Lingering || s->state == State::Closing ||
+                s->state == State::Closed))
     return IBMSG_ENOTCONN;
   if (!wide && !tp::device_info(s->dev->tp).mw_type2) return IBMSG_EOPNOTSUPP;
   for (Grant *g = r->grants.front(); g; g = r->grants.next(g)) {

@@ -161,7 +161,7 @@ int req_post(Socket *s, ibmsg_buffer *msg, ibmsg_request *req, int timeout_ms, b
       return IBMSG_ETIMEDOUT;
     }
   }
-  if (!state_can_post(s->state) || s->lingering) return IBMSG_ENOTCONN;
+  if (!state_can_post(s->state)) return IBMSG_ENOTCONN;
   if (s->have_peer && !(s->features & wire::kFeatureRequest)) return IBMSG_EOPNOTSUPP;
   const bool fresh = !retry;
   if (fresh) {

@@ -79,7 +79,7 @@ void rndv_dest_put(Slot *slot) {
 // destination, and a piece is registered when its first read is posted: a key that does not
 // work costs one piece, and this step registers at most kReadAhead / kLargePiece + 1 pieces.
 void rndv_pump(Socket *s) {
-  if (s->state != State::Connected || s->lingering) {  // a closing one starts no reads
+  if (s->state != State::Connected) {  // a closing (or lingering) one starts no reads
     rndv_mem_leave(s);
     return;
   }

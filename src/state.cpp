@@ -20,6 +20,8 @@ constexpr Row kTable[] = {
     {State::Connecting, Event::Established, State::Connected},
     {State::Accepting, Event::Established, State::Connected},
     {State::Connected, Event::PeerDisconnected, State::Closing},
+    {State::Connected, Event::Linger, State::Lingering},
+    {State::Lingering, Event::PeerDisconnected, State::Closing},
     {State::Closing, Event::TornDown, State::Closed},
 };
 
@@ -51,6 +53,7 @@ ibmsg_socket_status public_status(State s, int close_reason) {
     case State::Connecting:
     case State::Accepting: return IBMSG_ROUTE_RESOLVED;
     case State::Connected: return IBMSG_CONNECTED;
+    case State::Lingering: return IBMSG_DISCONNECTING;  // as the application sees it: closing
     case State::Closing: return IBMSG_DISCONNECTING;
     case State::Closed:
       return close_reason == IBMSG_OK || close_reason == IBMSG_ECONNRESET ? IBMSG_UNCONNECTED
@@ -68,6 +71,7 @@ const char *state_name(State s) {
     case State::Connecting: return "connecting";
     case State::Accepting: return "accepting";
     case State::Connected: return "connected";
+    case State::Lingering: return "lingering";
     case State::Closing: return "closing";
     case State::Closed: return "closed";
   }

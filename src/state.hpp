@@ -6,6 +6,8 @@
 //            Connecting -Established-> Connected
 //   accept:  Idle -Accept-> Accepting -Established-> Connected
 //   any open state -Disconnect/Failed-> Closing;  Connected -PeerDisconnected-> Closing
+//   Connected -Linger-> Lingering (ibmsg_disconnect while done counts are owed: they go first)
+//   Lingering -Disconnect/Failed/PeerDisconnected-> Closing
 //   Closing -TornDown-> Closed
 #pragma once
 #include <cstdint>
@@ -22,6 +24,7 @@ enum class State : uint8_t {
   Connecting,
   Accepting,
   Connected,
+  Lingering,  // disconnecting: sends the done counts it owes, then closes (close.cpp)
   Closing,
   Closed,
 };
@@ -37,6 +40,7 @@ enum class Event : uint8_t {
   PeerDisconnected,  // RDMA_CM_EVENT_DISCONNECTED
   Failed,            // any error, timeout or rejection
   TornDown,          // resources released, closed callback due
+  Linger,            // ibmsg_disconnect() while done counts are owed
 };
 
 // Stores the next state in *to and returns true if ev is valid in from; false (and *to
@@ -48,7 +52,8 @@ ibmsg_socket_status public_status(State s, int close_reason);
 
 // Messages can be allocated (buffers exist) / posted in these states.
 inline bool state_has_buffers(State s) {
-  return s == State::Connecting || s == State::Accepting || s == State::Connected;
+  return s == State::Connecting || s == State::Accepting || s == State::Connected ||
+         s == State::Lingering;
 }
 inline bool state_can_post(State s) { return s == State::Connected; }
 

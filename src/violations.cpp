@@ -41,7 +41,8 @@ Violations::Entry *find(Violations &v, const sockaddr_storage &ip) {
 }  // namespace
 
 bool violation_seen(Socket *s) {
-  return s->state == State::Connected && s->has_qp && tp::qp_failed(s->id);
+  return (s->state == State::Connected || s->state == State::Lingering) && s->has_qp &&
+         tp::qp_failed(s->id);
 }
 
 void violation_note(Socket *s) {

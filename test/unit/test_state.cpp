@@ -20,13 +20,13 @@ namespace {
 
 const State kStates[] = {
     State::Idle,       State::Listening, State::ResolvingAddr, State::ResolvingRoute,
-    State::Connecting, State::Accepting, State::Connected,     State::Closing,
-    State::Closed,
+    State::Connecting, State::Accepting, State::Connected,     State::Lingering,
+    State::Closing,    State::Closed,
 };
 const Event kEvents[] = {
     Event::Listen,      Event::Connect,    Event::AddrResolved,     Event::RouteResolved,
     Event::Accept,      Event::Established, Event::Disconnect,      Event::PeerDisconnected,
-    Event::Failed,      Event::TornDown,
+    Event::Failed,      Event::TornDown,    Event::Linger,
 };
 
 const char *event_name(Event e) {
@@ -41,6 +41,7 @@ const char *event_name(Event e) {
     case Event::PeerDisconnected: return "PeerDisconnected";
     case Event::Failed: return "Failed";
     case Event::TornDown: return "TornDown";
+    case Event::Linger: return "Linger";
   }
   return "?";
 }
@@ -79,6 +80,11 @@ const Transition kValid[] = {
     {State::Connected, Event::Disconnect, State::Closing},
     {State::Connected, Event::PeerDisconnected, State::Closing},
     {State::Connected, Event::Failed, State::Closing},
+    // an orderly disconnect that first sends the done counts it owes
+    {State::Connected, Event::Linger, State::Lingering},
+    {State::Lingering, Event::Disconnect, State::Closing},
+    {State::Lingering, Event::Failed, State::Closing},
+    {State::Lingering, Event::PeerDisconnected, State::Closing},
     // teardown
     {State::Closing, Event::TornDown, State::Closed},
 };
@@ -133,18 +139,35 @@ void accept_path_goes_through_accepting_to_connected(void **) {
 
 void disconnect_closes_every_open_state(void **) {
   const State open[] = {State::Listening,  State::ResolvingAddr, State::ResolvingRoute,
-                        State::Connecting, State::Accepting,     State::Connected};
+                        State::Connecting, State::Accepting,     State::Connected,
+                        State::Lingering};
   for (State s : open) assert_transition(s, Event::Disconnect, State::Closing);
 }
 
 void failure_closes_every_open_state(void **) {
   const State open[] = {State::Listening,  State::ResolvingAddr, State::ResolvingRoute,
-                        State::Connecting, State::Accepting,     State::Connected};
+                        State::Connecting, State::Accepting,     State::Connected,
+                        State::Lingering};
   for (State s : open) assert_transition(s, Event::Failed, State::Closing);
 }
 
 void peer_disconnect_closes_a_connection(void **) {
   assert_transition(State::Connected, Event::PeerDisconnected, State::Closing);
+}
+
+void a_lingering_disconnect_closes_whatever_ends_it(void **) {
+  // ibmsg_disconnect while done counts are owed: Lingering until they went (Disconnect), the
+  // linger time ran out (Disconnect), the connection failed (Failed) or the peer disconnected.
+  const Event evs[] = {Event::Accept, Event::Established, Event::Linger, Event::Disconnect,
+                       Event::TornDown};
+  const State to[] = {State::Accepting, State::Connected, State::Lingering, State::Closing,
+                      State::Closed};
+  assert_path(evs, to, 5);
+  assert_transition(State::Lingering, Event::Failed, State::Closing);
+  assert_transition(State::Lingering, Event::PeerDisconnected, State::Closing);
+  State out = State::Idle;
+  assert_false(ibmsg::transition(State::Lingering, Event::Linger, &out));  // lingers once
+  assert_false(ibmsg::transition(State::Accepting, Event::Linger, &out));  // only when connected
 }
 
 void torn_down_closes_a_closing_socket(void **) {
@@ -175,8 +198,8 @@ void every_other_state_event_pair_is_rejected_and_leaves_the_output(void **) {
       ++rejected;
     }
   }
-  // 9 states x 10 events, less the valid ones: guards against an empty loop.
-  assert_int_equal(rejected, 9 * 10 - sizeof kValid / sizeof kValid[0]);
+  // 10 states x 11 events, less the valid ones: guards against an empty loop.
+  assert_int_equal(rejected, 10 * 11 - sizeof kValid / sizeof kValid[0]);
 }
 
 void closed_is_final(void **) {
@@ -225,6 +248,7 @@ void public_status_of_each_open_state(void **) {
   assert_status(State::Connecting, IBMSG_OK, IBMSG_ROUTE_RESOLVED);
   assert_status(State::Accepting, IBMSG_OK, IBMSG_ROUTE_RESOLVED);
   assert_status(State::Connected, IBMSG_OK, IBMSG_CONNECTED);
+  assert_status(State::Lingering, IBMSG_OK, IBMSG_DISCONNECTING);  // the application closed it
   assert_status(State::Closing, IBMSG_OK, IBMSG_DISCONNECTING);
 }
 
@@ -260,7 +284,9 @@ void state_can_post_only_when_connected(void **) {
 
 void state_has_buffers_from_connecting_or_accepting_until_closing(void **) {
   for (State s : kStates) {
-    bool expected = s == State::Connecting || s == State::Accepting || s == State::Connected;
+    // (lingering: a message may still be allocated, not posted)
+    bool expected = s == State::Connecting || s == State::Accepting || s == State::Connected ||
+                    s == State::Lingering;
     if (ibmsg::state_has_buffers(s) != expected)
       fail_msg("state_has_buffers(%s) is %d", ibmsg::state_name(s), ibmsg::state_has_buffers(s));
   }
@@ -288,6 +314,7 @@ int main(void) {
       cmocka_unit_test(disconnect_closes_every_open_state),
       cmocka_unit_test(failure_closes_every_open_state),
       cmocka_unit_test(peer_disconnect_closes_a_connection),
+      cmocka_unit_test(a_lingering_disconnect_closes_whatever_ends_it),
       cmocka_unit_test(torn_down_closes_a_closing_socket),
       cmocka_unit_test(every_listed_transition_is_accepted),
       cmocka_unit_test(every_other_state_event_pair_is_rejected_and_leaves_the_output),
