@@ -92,24 +92,21 @@ ibmsg_op *op_release(Socket *s, Op *op, int status) {
 
 
 int op_send_now(Socket *s, Op *op) {
-  Credits saved = s->credits;
+  CreditRollback<Socket> undo(s);
   if (op->work.wr.op == tp::Op::WriteImm) {
     s->credits.spend_data();  // the peer's receive buffer
     s->wants_told = false;    // if it runs out again, it says so again (maybe_send_ctrl)
   }
   int err = tp::post_rdma(s->id, &op->work.wr, op->rw, s->max_inline);
   if (!err) err = posted(s, true);
-  if (err) {
-    s->credits = saved;
-    return err;
-  }
+  if (err) return err;
+  undo.commit();
   ++s->ops_in_flight;
   op->work.done = false;
   op->work.sent = false;
   s->flight.push_back(&op->work);
   return IBMSG_OK;
 }
-
 
 void op_finish(Socket *s, Op *op, int status) {
   ibmsg_op *pub = op_release(s, op, status);
@@ -155,8 +152,7 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
 }  // namespace
 
 int send_now(Socket *s, Slot *slot) {
-  Credits saved = s->credits;
-  const uint32_t done = s->done_owed;
+  CreditRollback<Socket> undo(s);
   wire::Imm imm = s->credits.take_data();
   imm.done = rndv_take_done(s);
   // More waits behind it: a peer that shares its buffers grants more.
@@ -165,11 +161,10 @@ int send_now(Socket *s, Slot *slot) {
   s->live.stalled = false;
   int rc = post_data(s, slot, imm);
   if (rc) {
-    s->credits = saved;
-    s->done_owed = done;
     if (slot->link.linked()) s->rndv_wait.remove(slot);
     return rc;
   }
+  undo.commit();
   s->live.answer_due = false;
   slot->state = SlotState::InFlight;
   slot->work.done = slot->work.sent = slot->work.read = false;
@@ -189,18 +184,16 @@ int post_work(Socket *s, Work *w) {
 
 // A credit-only message, when credits are owed and no data message can carry them.
 bool post_ctrl(Socket *s, uint32_t give_back, bool wants, wire::Opcode op) {
-  Credits saved = s->credits;
-  const uint32_t done = s->done_owed;
+  CreditRollback<Socket> undo(s);
   wire::Imm imm = give_back ? s->credits.take_return(give_back) : s->credits.take_ctrl();
   if (op == wire::Opcode::Keepalive) imm.op = op;
   imm.wants = wants;
   imm.done = rndv_take_done(s);
   if (tp::post_send_imm(s->id, &s->ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
-    s->credits = saved;
-    s->done_owed = done;
-    socket_close(s, IBMSG_EIO);
+    socket_close(s, IBMSG_EIO);  // (the credits come back as the guard goes)
     return false;
   }
+  undo.commit();
   ++s->ctrl_in_flight;
   s->live.answer_due = false;
   if (posted(s, true)) {

@@ -19,8 +19,7 @@ namespace {
 void release(Pool *p) {
   Device *dev = p->dev;
   dev->pools.remove(p);
-  tp::mr_deregister(p->mr);
-  pool_destroy(p);
+  slab_destroy(p);
   device_put(dev);
 }
 
@@ -128,7 +127,7 @@ void device_large_clear(Device *dev) {
   release_evicted(&evicted);
 }
 
-Pool *pool_acquire(Device *dev, Socket *user, bool recv, uint32_t count, size_t slot_size, int *err) {
+Pool *slab_create(Device *dev, bool recv, uint32_t count, size_t slot_size, int *err) {
   Pool *p = pool_create(recv, count, slot_size);
   if (!p) {
     *err = IBMSG_ENOMEM;
@@ -140,6 +139,17 @@ Pool *pool_acquire(Device *dev, Socket *user, bool recv, uint32_t count, size_t 
     return nullptr;
   }
   p->dev = dev;
+  return p;
+}
+
+void slab_destroy(Pool *p) {
+  tp::mr_deregister(p->mr);
+  pool_destroy(p);
+}
+
+Pool *pool_acquire(Device *dev, Socket *user, bool recv, uint32_t count, size_t slot_size, int *err) {
+  Pool *p = slab_create(dev, recv, count, slot_size, err);
+  if (!p) return nullptr;
   p->user = user;
   ++dev->refs;
   dev->pools.push_back(p);

@@ -10,6 +10,10 @@
 
 namespace ibmsg {
 
+// A slab: count slots of slot_size bytes (a receive pool if recv), registered on dev for local
+// access, in no list (its owner keeps it); nullptr with *err. slab_destroy deregisters and frees.
+Pool *slab_create(Device *dev, bool recv, uint32_t count, size_t slot_size, int *err);
+void slab_destroy(Pool *p);
 // count slots of slot_size bytes, registered on dev for local access, lent to user.
 Pool *pool_acquire(Device *dev, Socket *user, bool recv, uint32_t count, size_t slot_size, int *err);
 // The user closed: slots it still posted are free again; the pool goes once no slot is out.

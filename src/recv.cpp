@@ -46,10 +46,7 @@ void shared_maybe_destroy(SharedRecv *r) {
   Device *dev = r->dev;
   dev->shared.remove(r);
   tp::srq_destroy(r->srq);  // no queue pair uses it any more
-  while (Pool *p = r->slabs.pop_front()) {
-    tp::mr_deregister(p->mr);
-    pool_destroy(p);
-  }
+  while (Pool *p = r->slabs.pop_front()) slab_destroy(p);
   delete r;
   device_put(dev);
 }
@@ -58,13 +55,9 @@ void shared_maybe_destroy(SharedRecv *r) {
 bool shared_grow(SharedRecv *r) {
   const uint32_t count = slab_count(r->slot_size);
   if (r->buffers + count > r->max_wr) return false;
-  Pool *p = pool_create(true, count, r->slot_size);
+  int err = IBMSG_OK;
+  Pool *p = slab_create(r->dev, true, count, r->slot_size, &err);
   if (!p) return false;
-  if (tp::mr_register(r->dev->tp, p->mem, p->bytes, tp::kLocal, &p->mr)) {
-    pool_destroy(p);
-    return false;
-  }
-  p->dev = r->dev;
   p->shared = r;
   r->slabs.push_back(p);
   uint32_t n = 0;

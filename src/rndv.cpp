@@ -157,18 +157,16 @@ bool rndv_send_fin(Socket *s) {
   f.id = in->id;
   f.status = wire::FinStatus::Declined;
   wire::encode_fin(f, slot->buf);  // the RTS's buffer, held until the FIN completes
-  Credits saved = s->credits;
-  const uint32_t done = s->done_owed;
+  CreditRollback<Socket> undo(s);
   wire::Imm imm = s->credits.take_ctrl();
   imm.op = wire::Opcode::Rendezvous;
   imm.done = rndv_take_done(s);
   if (tp::post_send_imm(s->id, &in->fin_wr, slot->buf, uint32_t(wire::kFinSize), slot->pool->mr,
                         wire::encode_imm(imm), s->max_inline)) {
-    s->credits = saved;
-    s->done_owed = done;
-    socket_close(s, IBMSG_EIO);
+    socket_close(s, IBMSG_EIO);  // (the credits come back as the guard goes)
     return false;
   }
+  undo.commit();
   ++s->ctrl_in_flight;
   s->reading.pop_front();
   s->fins.push_back(in);  // until its completion, or the teardown

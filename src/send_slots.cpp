@@ -18,23 +18,16 @@ void send_maybe_destroy(SharedSend *p) {
   if (p->conns || p->out) return;
   Device *dev = p->dev;
   dev->sends.remove(p);
-  while (Pool *slab = p->slabs.pop_front()) {
-    tp::mr_deregister(slab->mr);
-    pool_destroy(slab);
-  }
+  while (Pool *slab = p->slabs.pop_front()) slab_destroy(slab);
   delete p;
   device_put(dev);
 }
 
 // Another slab of free slots; false if it cannot be had.
 bool send_grow(SharedSend *p) {
-  Pool *slab = pool_create(false, slab_count(p->slot_size), p->slot_size);
+  int err = IBMSG_OK;
+  Pool *slab = slab_create(p->dev, false, slab_count(p->slot_size), p->slot_size, &err);
   if (!slab) return false;
-  if (tp::mr_register(p->dev->tp, slab->mem, slab->bytes, tp::kLocal, &slab->mr)) {
-    pool_destroy(slab);
-    return false;
-  }
-  slab->dev = p->dev;
   slab->sends = p;
   while (Slot *s = slab->free_list.pop_front()) p->free.push_back(s);
   p->slabs.push_back(slab);
