@@ -207,7 +207,7 @@ const char *ibmsg_socket_device(const ibmsg_socket *socket) {
 size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket) {
   Socket *s = socket_of(socket);
   if (!s || s->listener) return 0;
-  return s->have_peer ? s->max_msg : size_t(s->opts.max_msg_size);
+  return s->peer.known ? s->peer.max_msg : size_t(s->opts.max_msg_size);
 }
 
 int ibmsg_socket_memory(const ibmsg_socket *socket, ibmsg_memory *out) {

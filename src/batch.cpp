@@ -12,7 +12,7 @@ int posted(Socket *s, bool send_queue) {
   // flight goes at once, since batching only adds latency while the wire is idle (as TCP
   // autocorking holds back only while earlier packets wait to go out).
   if (s->loop->depth == 0 ||
-      (send_queue && s->flight.empty() && s->ctrl_in_flight == 0))
+      (send_queue && s->tx.flight.empty() && s->tx.ctrl_in_flight == 0))
     return tp::post_flush(s->id);
   if (!s->post_node.linked()) s->loop->unflushed.push_back(s);
   return IBMSG_OK;
@@ -21,7 +21,7 @@ int posted(Socket *s, bool send_queue) {
 void posts_flush(Loop *loop) {
   // A refused list closes its connection: what it carried is canceled with the rest.
   while (Socket *s = loop->unflushed.pop_front())
-    if (s->has_qp && tp::post_flush(s->id)) socket_close(s, IBMSG_EIO);
+    if (s->res.has_qp && tp::post_flush(s->id)) socket_close(s, IBMSG_EIO);
 }
 
 }  // namespace ibmsg

@@ -21,18 +21,18 @@ void cancel_sends(Socket *s) {
   // The peer drops the messages that came behind a rendezvous it has not read (they would
   // overtake it): behind one that is not done, a message is not done either.
   bool gap = false;
-  for (auto *list : {&s->flight, &s->queue}) {
+  for (auto *list : {&s->tx.flight, &s->tx.queue}) {
     while (Work *w = list->pop_front()) {
       // In flight and completed (waiting for an earlier one): its own status. A rendezvous
       // message the peer read was delivered there (everything before it was), whether or not
       // its own send completion came.
       const bool read = w->rndv && w->read;
-      const bool done = list == &s->flight && (w->done || read) &&
+      const bool done = list == &s->tx.flight && (w->done || read) &&
                         !(gap && w->wr.op == tp::Op::Send && !read);
       if (w->rndv && !done) gap = true;
       if (read && !w->done) w->status = w->read_status;
-      if (w->wr.op != tp::Op::Send && list == &s->flight && !w->done && s->ops_in_flight)
-        --s->ops_in_flight;
+      if (w->wr.op != tp::Op::Send && list == &s->tx.flight && !w->done && s->tx.ops_in_flight)
+        --s->tx.ops_in_flight;
       notify_work(s, w, done ? w->status : IBMSG_ECANCELED);
     }
   }
@@ -55,7 +55,7 @@ void teardown(Socket *s) {
   // What already completed is delivered (data received, sends confirmed) before anything is
   // canceled; callbacks may run here, and may call the API (posting now fails: closing).
   posts_flush(loop);  // what a callback posted before it closed the socket goes out first
-  if (s->cq) drain_device(s->dev);
+  if (s->res.cq) drain_device(s->dev);
   if (s->was_connected && s->id) tp::cm_disconnect(s->id);
   grants_unbind(s);       // windows bound to the QP go before it (rxe holds the QP for them)
   conn_release(s, true);  // the pools stay while the canceled messages below are the application's
@@ -102,7 +102,7 @@ void close_begin(Socket *s, int reason) {
     // the close waits for one (a peer waiting for done counts returns them), at most kLingerS.
     send_last_done(s);
     if (s->state != State::Connected) return;  // a failed post closed it meanwhile
-    if (s->done_owed) {
+    if (s->rndv.done_owed) {
       set_state(s, Event::Linger);  // the application sees it closing
       timer_init(&s->connect_timer, s->loop, on_linger_end, s);
       timer_start(&s->connect_timer, kLingerS);

@@ -147,7 +147,7 @@ void establish(Socket *s, bool by_data) {
   grants_established(s);  // ahead of what waited: the peer may use the descriptors it gets
   poll_touch(s);
   keepalive_start(s);
-  IBMSG_LOG(s, IBMSG_LOG_INFO, "established (features 0x%x)", s->features);
+  IBMSG_LOG(s, IBMSG_LOG_INFO, "established (features 0x%x)", s->peer.features);
   if (auto cb = s->loop->pub->connection_established) cb(s->pub);
   rndv_pump(s);  // an RTS that came first waits for it
   // Whatever waited for the connection to be up: queued messages, credits or a FIN it owes.

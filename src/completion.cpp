@@ -58,7 +58,7 @@ uint64_t now_ns() {
 void maybe_sleep(Socket *s, uint64_t now) {
   const int us = s->opts.busy_poll_us;
   // A post since the poller's last clock reading (poll_touch) is kJustNow: later than now.
-  if (us < 0 || now < s->poll_last_ns || now - s->poll_last_ns < uint64_t(us) * 1000) return;
+  if (us < 0 || now < s->poll.last_ns || now - s->poll.last_ns < uint64_t(us) * 1000) return;
   Device *dev = s->dev;
   poll_stop(s);
   if (dev->rearm) poll_rearm(dev);
@@ -76,11 +76,11 @@ void on_poll(struct ev_loop *ev, ev_idle *w, int) {
     for (Device *d = loop->devices.front(); d; d = loop->devices.next(d))
       if (d->polling > 0) drain_device(d);
     for (Socket *s = loop->sockets.front(); s; s = loop->sockets.next(s)) {
-      if (!s->poll_active) continue;
-      if (s->poll_last_ns == kJustNow) {
+      if (!s->poll.active) continue;
+      if (s->poll.last_ns == kJustNow) {
         // Activity: an adaptive connection's quiet time starts now (one clock read per batch of
         // completions, none per message posted).
-        if (s->opts.busy_poll_us > 0) s->poll_last_ns = now = now_ns();
+        if (s->opts.busy_poll_us > 0) s->poll.last_ns = now = now_ns();
       } else if ((spins & 63) == 0) {
         maybe_sleep(s, now);
       }
@@ -100,8 +100,8 @@ void on_completion(Socket *s, const tp::Completion &wc) {
   uint32_t carried = wc.ctx->carried;
   if (carried) {
     wc.ctx->carried = 0;
-    if (wc.status != tp::WcStatus::Ok || carried > s->ctrl_in_flight) carried = 0;
-    s->ctrl_in_flight -= carried;
+    if (wc.status != tp::WcStatus::Ok || carried > s->tx.ctrl_in_flight) carried = 0;
+    s->tx.ctrl_in_flight -= carried;
   }
   if (wc.status != tp::WcStatus::Ok && wc.status != tp::WcStatus::Flushed &&
       s->state != State::Closing)
@@ -111,7 +111,7 @@ void on_completion(Socket *s, const tp::Completion &wc) {
     case tp::Op::Recv: on_recv_wc(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
     case tp::Op::Send: send_on_wc(s, static_cast<Slot *>(wc.ctx->owner), wc); break;
     case tp::Op::Ctrl:
-      --s->ctrl_in_flight;
+      --s->tx.ctrl_in_flight;
       if (wc.status != tp::WcStatus::Ok) socket_close(s, tp::wc_error(wc.status));
       else maybe_send_ctrl(s);  // it may have waited for room in the send queue
       break;
@@ -183,7 +183,7 @@ void devices_unpark(Loop *loop) {
 // Marks nothing itself: the caller marks the CQ that failed dead first.
 void device_cq_failed(Device *dev, int reason) {
   for (Socket *s = dev->loop->sockets.front(); s; s = dev->loop->sockets.next(s))
-    if (s->dev == dev && s->cq) socket_close(s, reason);
+    if (s->dev == dev && s->res.cq) socket_close(s, reason);
 }
 
 void on_cq_ready(void *cq_user, void *) { poll_cq_ready(static_cast<Device *>(cq_user)); }

@@ -71,8 +71,8 @@ void fill_conn_param(const Socket *s, tp::ConnParam *p, uint8_t *hello) {
   p->rnr_retry_count = uint8_t(s->opts.rnr_retry);
   // RDMA reads and atomics each side may have outstanding: the device's limits (librdmacm takes
   // the smaller of both sides'), none without one-sided RDMA.
-  p->responder_resources = s->responder_resources;
-  p->initiator_depth = s->initiator_depth;
+  p->responder_resources = s->res.responder_resources;
+  p->initiator_depth = s->res.initiator_depth;
 }
 
 bool set_state(Socket *s, Event ev) {
@@ -104,7 +104,7 @@ wire::Hello my_hello(const Socket *s) {
   wire::Hello h;
   // Shared receive buffers: a base the peer always gets, more while it wants them.
   h.cap = uint32_t(s->opts.recv_depth);
-  h.recv_depth = s->srecv ? s->srecv->credits.base() : h.cap;
+  h.recv_depth = s->rx.shared ? s->rx.shared->credits.base() : h.cap;
   h.ctrl_depth = kCtrlDepth;
   h.max_msg_size = eager_recv_size(s);
   h.features = wire::kFeatures & ~(s->opts.rdma ? 0 : wire::kFeatureRdma);
@@ -116,25 +116,25 @@ wire::Hello my_hello(const Socket *s) {
 
 void set_peer(Socket *s, const wire::Hello &h) {
   const wire::Hello me = my_hello(s);
-  s->features = h.features & me.features;
+  s->peer.features = h.features & me.features;
   // Requests need the peer's session: a hello without one has none (its requests: EPROTO).
-  if (!h.session) s->features &= ~wire::kFeatureRequest;
+  if (!h.session) s->peer.features &= ~wire::kFeatureRequest;
   s->reqs.peer_session = h.session;
-  s->credits.init(h.recv_depth, h.ctrl_depth, me.recv_depth, h.cap,
-                  s->srecv ? &s->share : nullptr, (s->features & wire::kFeatureShared) != 0);
+  s->tx.credits.init(h.recv_depth, h.ctrl_depth, me.recv_depth, h.cap,
+                  s->rx.shared ? &s->rx.share : nullptr, (s->peer.features & wire::kFeatureShared) != 0);
   // Without rendezvous on both sides only eager messages go, either way.
-  const bool rndv = (s->features & wire::kFeatureRndv) && h.rndv_max_size;
+  const bool rndv = (s->peer.features & wire::kFeatureRndv) && h.rndv_max_size;
   const uint32_t mine = rndv ? s->opts.max_msg_size : eager_recv_size(s);
   const uint32_t theirs = rndv ? h.rndv_max_size : h.max_msg_size;
-  if (!rndv) s->features &= ~wire::kFeatureRndv;
-  s->max_msg = theirs < mine ? theirs : mine;
-  s->eager = h.max_msg_size < eager_recv_size(s) ? h.max_msg_size : eager_recv_size(s);
-  s->have_peer = true;
+  if (!rndv) s->peer.features &= ~wire::kFeatureRndv;
+  s->peer.max_msg = theirs < mine ? theirs : mine;
+  s->peer.eager = h.max_msg_size < eager_recv_size(s) ? h.max_msg_size : eager_recv_size(s);
+  s->peer.known = true;
 }
 
 int conn_open(Socket *s) {
   static std::atomic<uint64_t> serials{0};
-  s->serial = ++serials;
+  s->res.serial = ++serials;
   const uint32_t recv_slots = uint32_t(s->opts.recv_depth) + kCtrlDepth;
   const uint32_t send_wrs = uint32_t(s->opts.send_depth) + kCtrlDepth +
                             uint32_t(s->opts.rdma ? s->opts.rdma_depth : 0) +
@@ -142,26 +142,26 @@ int conn_open(Socket *s) {
                             (s->opts.rdma ? kBindDepth : 0);  // windows of its grants
   const tp::DeviceInfo &info = tp::device_info(s->dev->tp);
   if (s->opts.rdma || rndv_offered(s)) {  // rendezvous: the receiver reads the sender's buffer
-    s->responder_resources = uint8_t(info.max_rd_atom > 255 ? 255 : info.max_rd_atom);
-    s->initiator_depth = uint8_t(info.max_init_rd_atom > 255 ? 255 : info.max_init_rd_atom);
+    s->res.responder_resources = uint8_t(info.max_rd_atom > 255 ? 255 : info.max_rd_atom);
+    s->res.initiator_depth = uint8_t(info.max_init_rd_atom > 255 ? 255 : info.max_init_rd_atom);
   }
   if (recv_slots > info.max_qp_wr || send_wrs > info.max_qp_wr ||
       recv_slots + send_wrs > info.max_cqe)
     return IBMSG_EINVAL;
   int err = IBMSG_OK;
-  s->devcq = device_cq_reserve(s->dev, recv_slots + send_wrs, &err);
+  s->res.devcq = device_cq_reserve(s->dev, recv_slots + send_wrs, &err);
   if (err) return err;
-  s->cq = s->devcq->cq;
-  s->cq_need = recv_slots + send_wrs;
-  s->devcq->need += s->cq_need;
-  s->ctrl_wr.owner = s;
+  s->res.cq = s->res.devcq->cq;
+  s->res.cq_need = recv_slots + send_wrs;
+  s->res.devcq->need += s->res.cq_need;
+  s->tx.ctrl_wr.owner = s;
   // Small messages go inline (no DMA read of the payload) where the device offers it.
   tp::QpCaps caps{send_wrs, recv_slots, 256};
   recv_join(s, &caps);  // the device's shared receive buffers, if it can
-  err = tp::qp_create(s->id, s->dev->tp, s->cq, &caps);
+  err = tp::qp_create(s->id, s->dev->tp, s->res.cq, &caps);
   if (!err) {
-    s->has_qp = true;
-    s->max_inline = caps.max_inline;
+    s->res.has_qp = true;
+    s->res.max_inline = caps.max_inline;
     err = send_join(s);
   }
   if (!err) err = recv_open(s);
@@ -175,26 +175,26 @@ int conn_open(Socket *s) {
 void conn_release(Socket *s, bool drain, bool park) {
   poll_stop(s);
   s->loop->unflushed.remove(s);  // the QP drops what it holds: the teardown cancels it
-  if (s->has_qp) tp::qp_destroy(s->id);
-  s->has_qp = false;
-  if (s->cq) {
+  if (s->res.has_qp) tp::qp_destroy(s->id);
+  s->res.has_qp = false;
+  if (s->res.cq) {
     // Completions of the QP that are still in the shared CQ name this socket's slots and
     // operations: they are handed out now, while the socket and its pools are still there.
     if (drain) drain_device(s->dev);
-    if (park && s->recv_pool) {
-      Pool *p = s->recv_pool;
-      p->parked_cq = s->devcq;
-      p->parked_need = s->cq_need;
+    if (park && s->rx.pool) {
+      Pool *p = s->rx.pool;
+      p->parked_cq = s->res.devcq;
+      p->parked_need = s->res.cq_need;
       ++p->out;  // pool_disown keeps it
       ++s->dev->parked;
       loop_kick(s->loop);
     } else {
-      s->devcq->need -= s->cq_need;
+      s->res.devcq->need -= s->res.cq_need;
     }
-    s->cq_need = 0;
+    s->res.cq_need = 0;
   }
-  s->cq = nullptr;
-  s->devcq = nullptr;
+  s->res.cq = nullptr;
+  s->res.devcq = nullptr;
   rndv_release(s);
   send_leave(s);
   recv_leave(s);

@@ -193,26 +193,27 @@ class Credits {
   uint32_t threshold_ = 1;
 };
 
-// The credits and done count an immediate takes from a connection (Conn: credits, done_owed),
-// given back when the guard goes unless the post they were taken for succeeded (commit): the one
-// rollback of every path that posts a message carrying credits.
-template <class Conn>
+// The credits and done count an immediate takes from a connection, given back when the guard
+// goes unless the post they were taken for succeeded (commit): the one rollback of every path
+// that posts a message carrying credits.
 class CreditRollback {
  public:
-  explicit CreditRollback(Conn *c) : c_(c), credits_(c->credits), done_(c->done_owed) {}
+  CreditRollback(Credits &credits, uint32_t &done)
+      : credits_(&credits), done_(&done), saved_(credits), saved_done_(done) {}
   ~CreditRollback() {
-    if (!c_) return;
-    c_->credits = credits_;
-    c_->done_owed = done_;
+    if (!credits_) return;
+    *credits_ = saved_;
+    *done_ = saved_done_;
   }
-  void commit() { c_ = nullptr; }
+  void commit() { credits_ = nullptr; }
   CreditRollback(const CreditRollback &) = delete;
   CreditRollback &operator=(const CreditRollback &) = delete;
 
  private:
-  Conn *c_;
-  Credits credits_;
-  uint32_t done_;
+  Credits *credits_;
+  uint32_t *done_;
+  Credits saved_;
+  uint32_t saved_done_;
 };
 
 }  // namespace ibmsg

@@ -53,7 +53,7 @@ uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
   r.length = slot->msg->size;
   r.req = slot->req_kind;  // a request or reply names itself in a trailer behind the RTS
   wire::encode_rts(r, slot->buf);
-  s->rndv_wait.push_back(slot);  // popped when read, or when its posting fails (send_now)
+  s->rndv.wait.push_back(slot);  // popped when read, or when its posting fails (send_now)
   if (!r.req) return uint32_t(wire::kRtsSize);
   wire::encode_req_trailer(req_trailer(slot), slot->buf + wire::kRtsSize);
   return uint32_t(wire::kRtsSize + wire::kReqTrailer);
@@ -61,16 +61,16 @@ uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
 
 
 bool rndv_on_done(Socket *s, uint32_t n) {
-  if (n > s->rndv_wait.size()) return false;
-  while (n--) rndv_read_done(&s->rndv_wait.pop_front()->work, IBMSG_OK);
+  if (n > s->rndv.wait.size()) return false;
+  while (n--) rndv_read_done(&s->rndv.wait.pop_front()->work, IBMSG_OK);
   notify_front(s);
   return true;
 }
 
 
 uint32_t rndv_take_done(Socket *s) {
-  uint32_t n = s->done_owed < wire::kMaxDonePerMsg ? s->done_owed : wire::kMaxDonePerMsg;
-  s->done_owed -= n;
+  uint32_t n = s->rndv.done_owed < wire::kMaxDonePerMsg ? s->rndv.done_owed : wire::kMaxDonePerMsg;
+  s->rndv.done_owed -= n;
   return n;
 }
 
@@ -83,7 +83,7 @@ ibmsg_op *op_release(Socket *s, Op *op, int status) {
   --op->local->busy;
   op->pub = nullptr;
   op->local = nullptr;
-  s->free_ops.push_front(op);
+  s->rdma.free.push_front(op);
   pub->impl = nullptr;
   pub->check = 0;
   pub->status = status;
@@ -92,19 +92,19 @@ ibmsg_op *op_release(Socket *s, Op *op, int status) {
 
 
 int op_send_now(Socket *s, Op *op) {
-  CreditRollback<Socket> undo(s);
+  CreditRollback undo(s->tx.credits, s->rndv.done_owed);
   if (op->work.wr.op == tp::Op::WriteImm) {
-    s->credits.spend_data();  // the peer's receive buffer
-    s->wants_told = false;    // if it runs out again, it says so again (maybe_send_ctrl)
+    s->tx.credits.spend_data();  // the peer's receive buffer
+    s->tx.wants_told = false;    // if it runs out again, it says so again (maybe_send_ctrl)
   }
-  int err = tp::post_rdma(s->id, &op->work.wr, op->rw, s->max_inline);
+  int err = tp::post_rdma(s->id, &op->work.wr, op->rw, s->res.max_inline);
   if (!err) err = posted(s, true);
   if (err) return err;
   undo.commit();
-  ++s->ops_in_flight;
+  ++s->tx.ops_in_flight;
   op->work.done = false;
   op->work.sent = false;
-  s->flight.push_back(&op->work);
+  s->tx.flight.push_back(&op->work);
   return IBMSG_OK;
 }
 
@@ -145,23 +145,23 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
     mr = slot->rmr;
   }
   int rc = tp::post_send_imm(s->id, &slot->work.wr, buf, len, mr, wire::encode_imm(imm),
-                             s->max_inline, tail.len ? &tail : nullptr);
+                             s->res.max_inline, tail.len ? &tail : nullptr);
   return rc ? rc : posted(s, true);
 }
 
 }  // namespace
 
 int send_now(Socket *s, Slot *slot) {
-  CreditRollback<Socket> undo(s);
-  wire::Imm imm = s->credits.take_data();
+  CreditRollback undo(s->tx.credits, s->rndv.done_owed);
+  wire::Imm imm = s->tx.credits.take_data();
   imm.done = rndv_take_done(s);
   // More waits behind it: a peer that shares its buffers grants more.
-  imm.wants = s->credits.shared_wire() && !s->queue.empty();
-  s->wants_told = false;  // if it runs out again, it says so again
+  imm.wants = s->tx.credits.shared_wire() && !s->tx.queue.empty();
+  s->tx.wants_told = false;  // if it runs out again, it says so again
   s->live.stalled = false;
   int rc = post_data(s, slot, imm);
   if (rc) {
-    if (slot->link.linked()) s->rndv_wait.remove(slot);
+    if (slot->link.linked()) s->rndv.wait.remove(slot);
     return rc;
   }
   undo.commit();
@@ -169,7 +169,7 @@ int send_now(Socket *s, Slot *slot) {
   slot->state = SlotState::InFlight;
   slot->work.done = slot->work.sent = slot->work.read = false;
   slot->work.read_status = IBMSG_OK;
-  s->flight.push_back(&slot->work);
+  s->tx.flight.push_back(&slot->work);
   return IBMSG_OK;
 }
 
@@ -184,17 +184,17 @@ int post_work(Socket *s, Work *w) {
 
 // A credit-only message, when credits are owed and no data message can carry them.
 bool post_ctrl(Socket *s, uint32_t give_back, bool wants, wire::Opcode op) {
-  CreditRollback<Socket> undo(s);
-  wire::Imm imm = give_back ? s->credits.take_return(give_back) : s->credits.take_ctrl();
+  CreditRollback undo(s->tx.credits, s->rndv.done_owed);
+  wire::Imm imm = give_back ? s->tx.credits.take_return(give_back) : s->tx.credits.take_ctrl();
   if (op == wire::Opcode::Keepalive) imm.op = op;
   imm.wants = wants;
   imm.done = rndv_take_done(s);
-  if (tp::post_send_imm(s->id, &s->ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
+  if (tp::post_send_imm(s->id, &s->tx.ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
     socket_close(s, IBMSG_EIO);  // (the credits come back as the guard goes)
     return false;
   }
   undo.commit();
-  ++s->ctrl_in_flight;
+  ++s->tx.ctrl_in_flight;
   s->live.answer_due = false;
   if (posted(s, true)) {
     socket_close(s, IBMSG_EIO);
@@ -206,7 +206,7 @@ bool post_ctrl(Socket *s, uint32_t give_back, bool wants, wire::Opcode op) {
 void maybe_send_ctrl(Socket *s) {
   if (s->state == State::Lingering) {  // closing once the done counts are out
     send_last_done(s);
-    if (!s->done_owed) socket_close(s, IBMSG_OK);
+    if (!s->rndv.done_owed) socket_close(s, IBMSG_OK);
     return;
   }
   // Control credits ride on messages sent for other reasons. A side that sends only RDMA writes
@@ -214,66 +214,66 @@ void maybe_send_ctrl(Socket *s) {
   // those writes took: once this side waits for a data credit, it returns the control credits it
   // owes on their own. A side whose rendezvous messages wait for the peer's done count likewise:
   // the peer may need control credits to send it.
-  while (s->state == State::Connected && s->ctrl_in_flight < kCtrlDepth) {
-    const Work *head = s->queue.front();
+  while (s->state == State::Connected && s->tx.ctrl_in_flight < kCtrlDepth) {
+    const Work *head = s->tx.queue.front();
     bool waits = (head && (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
-                  !s->credits.can_send_data()) ||
-                 !s->rndv_wait.empty();
+                  !s->tx.credits.can_send_data()) ||
+                 !s->rndv.wait.empty();
     const bool fin = rndv_fin_due(s);
     // Data credits above the peer's base that nothing waits for go back to its shared pool;
     // data that waits for credits is told once (the peer's pool may have more for it).
-    uint32_t surplus = head ? 0 : s->credits.surplus();
+    uint32_t surplus = head ? 0 : s->tx.credits.surplus();
     if (surplus > wire::kMaxSharedCreditsPerMsg) surplus = wire::kMaxSharedCreditsPerMsg;
-    const bool tell = s->credits.shared_wire() && !s->wants_told && head &&
+    const bool tell = s->tx.credits.shared_wire() && !s->tx.wants_told && head &&
                       (head->wr.op == tp::Op::Send || head->wr.op == tp::Op::WriteImm) &&
-                      !s->credits.can_send_data();
+                      !s->tx.credits.can_send_data();
     // The peer probed (keepalive): the answer returns its control credit, so it may be the last.
-    if (s->live.answer_due && !fin && s->credits.can_send_ctrl()) {
+    if (s->live.answer_due && !fin && s->tx.credits.can_send_ctrl()) {
       if (!post_ctrl(s)) return;
       continue;
     }
-    if (!s->credits.ctrl_due(waits, s->done_owed > 0 || fin || surplus || tell)) return;
+    if (!s->tx.credits.ctrl_due(waits, s->rndv.done_owed > 0 || fin || surplus || tell)) return;
     if (fin) {  // a FIN (with the done counts before it) in the place of a credit-only message
       if (!rndv_send_fin(s)) return;
       continue;
     }
-    if (tell) s->wants_told = true;
+    if (tell) s->tx.wants_told = true;
     if (!post_ctrl(s, surplus, tell)) return;
   }
 }
 
 void send_last_done(Socket *s) {
   // Closing: no control credit needs keeping for later, the last one may carry them.
-  while ((s->state == State::Connected || s->state == State::Lingering) && s->done_owed &&
-         s->credits.can_send_ctrl() &&
-         s->ctrl_in_flight < kCtrlDepth && post_ctrl(s)) continue;
+  while ((s->state == State::Connected || s->state == State::Lingering) && s->rndv.done_owed &&
+         s->tx.credits.can_send_ctrl() &&
+         s->tx.ctrl_in_flight < kCtrlDepth && post_ctrl(s)) continue;
 }
 
 bool work_can_go(const Socket *s, const Work *w) {
   switch (w->wr.op) {
-    case tp::Op::Send: return s->credits.can_send_data();
+    case tp::Op::Send: return s->tx.credits.can_send_data();
     case tp::Op::WriteImm:
-      return s->credits.can_send_data() && s->ops_in_flight < uint32_t(s->opts.rdma_depth);
-    default: return s->ops_in_flight < uint32_t(s->opts.rdma_depth);
+      return s->tx.credits.can_send_data() && s->tx.ops_in_flight < uint32_t(s->opts.rdma_depth);
+    default: return s->tx.ops_in_flight < uint32_t(s->opts.rdma_depth);
   }
 }
 
 void flush_sends(Socket *s) {
   // A disconnect that lingers sends only its done counts: the queue is canceled at the close.
   while (s->state == State::Connected) {
-    Work *w = s->queue.front();
+    Work *w = s->tx.queue.front();
     if (!w || !work_can_go(s, w)) {
-      if (w && !s->live.stalled && !s->credits.can_send_data()) {
+      if (w && !s->live.stalled && !s->tx.credits.can_send_data()) {
         s->live.stalled = true;
         ++s->stats.credit_stalls;
         IBMSG_LOG(s, IBMSG_LOG_DEBUG, "credit stall: the peer has granted no data credit");
       }
       return;
     }
-    s->queue.remove(w);
+    s->tx.queue.remove(w);
     if (post_work(s, w)) {
       // Back in front: the teardown cancels it in order with the rest.
-      s->queue.push_front(w);
+      s->tx.queue.push_front(w);
       socket_close(s, IBMSG_EIO);
       return;
     }
@@ -284,7 +284,7 @@ namespace {
 
 void notify_sent(Socket *s, Slot *slot, int status) {
   ibmsg_buffer *msg = slot->msg;
-  if (slot->link.linked()) s->rndv_wait.remove(slot);  // failed or canceled before it was read
+  if (slot->link.linked()) s->rndv.wait.remove(slot);  // failed or canceled before it was read
   if (slot->xmr) tp::mr_deregister(slot->xmr);  // the peer reads no more (or never will)
   slot->xmr = nullptr;
   slot->state = SlotState::Allocated;
@@ -321,8 +321,8 @@ void notify_work(Socket *s, Work *w, int status) {
 // The callbacks of the completed work at the front of the flight list, in posting order. One may
 // post (at the back, not done) or close the connection (the teardown empties the list later).
 void notify_front(Socket *s) {
-  for (Work *x = s->flight.front(); x && x->done; x = s->flight.front()) {
-    s->flight.remove(x);
+  for (Work *x = s->tx.flight.front(); x && x->done; x = s->tx.flight.front()) {
+    s->tx.flight.remove(x);
     notify_work(s, x, x->status);
   }
 }
@@ -332,9 +332,9 @@ void work_done(Socket *s, Work *w, int status, int close_reason) {
   // before it completed, and what of it is not marked yet succeeded (a failed or flushed work
   // request completes on its own, signaled or not, before this one).
   // A rendezvous message's RTS went; the message is done once the peer read it too.
-  for (Work *x = s->flight.front(); x && x != w; x = s->flight.next(x)) {
+  for (Work *x = s->tx.flight.front(); x && x != w; x = s->tx.flight.next(x)) {
     if (!x->sent) {
-      if (x->wr.op != tp::Op::Send && s->ops_in_flight) --s->ops_in_flight;  // (never today)
+      if (x->wr.op != tp::Op::Send && s->tx.ops_in_flight) --s->tx.ops_in_flight;  // (never today)
       x->sent = true;
       if (!x->rndv || x->read) {
         x->done = true;

@@ -58,7 +58,7 @@ void sweep(Loop *loop, double now) {
 // A kept reply goes to s again, from a send buffer of the library's own (no message_sent). Without
 // a buffer or room in the send queue it does not go: the requester's next retry asks again.
 void resend(Socket *s, uint64_t id, const Answer &a) {
-  if (!state_can_post(s->state) || a.reply.size() > s->eager) return;
+  if (!state_can_post(s->state) || a.reply.size() > s->peer.eager) return;
   int err = IBMSG_OK;
   Slot *slot = send_get(s, &err);
   if (!slot) return;

@@ -21,11 +21,11 @@ void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, wire::Imm im
   const bool probe = imm.op == wire::Opcode::Keepalive;
   const uint32_t back = ret ? imm.credits : 0;
   if (ret) imm.credits = 0;  // it returns none of ours
-  if (wc.len != 0 || (ret && imm.wants) || !s->credits.on_ctrl_arrived() ||
-      (probe && !(s->features & wire::kFeatureKeepalive)) ||
-      !s->credits.on_returned(imm) ||
+  if (wc.len != 0 || (ret && imm.wants) || !s->tx.credits.on_ctrl_arrived() ||
+      (probe && !(s->peer.features & wire::kFeatureKeepalive)) ||
+      !s->tx.credits.on_returned(imm) ||
       (imm.op == wire::Opcode::Return &&
-       (!(s->features & wire::kFeatureShared) || !back || !recv_given_back(s, back)))) {
+       (!(s->peer.features & wire::kFeatureShared) || !back || !recv_given_back(s, back)))) {
     // a payload on a credit-only message, no credit for it, credits it never had, or a Return
     // not agreed on or of more than it had
     recv_drop(s, slot, IBMSG_EPROTO);
@@ -45,7 +45,7 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   uint32_t len = wc.len;
   bool has_imm = imm.op == wire::Opcode::DataImm;
   if (has_imm) {
-    if (!(s->features & wire::kFeatureImm) || len < wire::kImmTrailer) {
+    if (!(s->peer.features & wire::kFeatureImm) || len < wire::kImmTrailer) {
       recv_drop(s, slot, IBMSG_EPROTO);  // not agreed on, or no room for the immediate
       return;
     }
@@ -54,14 +54,14 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   const bool request = imm.op == wire::Opcode::Request;
   wire::ReqTrailer tr;
   if (request || imm.op == wire::Opcode::Reply) {
-    if (!wire::req_trailer_ok(s->features, slot->buf, len, request, &tr)) {
+    if (!wire::req_trailer_ok(s->peer.features, slot->buf, len, request, &tr)) {
       recv_drop(s, slot, IBMSG_EPROTO);
       return;
     }
     len -= uint32_t(wire::kReqTrailer);
   }
   if (len > eager_recv_size(s) || !recv_arrived(s, slot, imm.wants) ||
-      !s->credits.on_returned(imm)) {
+      !s->tx.credits.on_returned(imm)) {
     // larger than we take, more data messages than the credits we granted, or credits returned
     // that it never had
     recv_drop(s, slot, IBMSG_EPROTO);
@@ -80,7 +80,7 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
 // credit returns at once (the buffer was not used).
 void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
   // Its immediate is the application's: no wants bit, the connection's last word on it stands.
-  if (!(s->features & wire::kFeatureRdma) || !recv_arrived(s, slot, s->share.wants)) {
+  if (!(s->peer.features & wire::kFeatureRdma) || !recv_arrived(s, slot, s->rx.share.wants)) {
     recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
@@ -94,10 +94,10 @@ void on_write_imm(Socket *s, Slot *slot, const tp::Completion &wc) {
 void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   wire::Rts r;
   wire::ReqTrailer tr;
-  if (!recv_arrived(s, slot, imm.wants) || !s->credits.on_returned(imm) ||
+  if (!recv_arrived(s, slot, imm.wants) || !s->tx.credits.on_returned(imm) ||
       !wire::decode_rts(slot->buf, wc.len, &r) || r.length > s->opts.max_msg_size ||
-      (r.has_imm && !(s->features & wire::kFeatureImm)) ||
-      (r.req && !wire::req_trailer_ok(s->features, slot->buf, wc.len, r.req == 1, &tr)) || (r.req && r.has_imm)) {
+      (r.has_imm && !(s->peer.features & wire::kFeatureImm)) ||
+      (r.req && !wire::req_trailer_ok(s->peer.features, slot->buf, wc.len, r.req == 1, &tr)) || (r.req && r.has_imm)) {
     // no credit for it, credits it never had, no RTS, larger than we take, an immediate not
     // agreed on, or a request or reply not agreed on, with a broken trailer or an immediate
     recv_drop(s, slot, IBMSG_EPROTO);
@@ -131,7 +131,7 @@ void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
   if (in.region) msg->flags |= IBMSG_MSG_REGION;
   const bool declined = in.declined;
   if (!declined) s->deliver.push_back(slot);
-  s->reading.push_back(&in);
+  s->rndv.reading.push_back(&in);
   rndv_pump(s);
   flush_sends(s);
   maybe_send_ctrl(s);
@@ -144,15 +144,15 @@ void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
 // A FIN: the peer declined the oldest of our RTSs it has not counted done.
 void on_fin(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   wire::Fin f;
-  Slot *front = s->rndv_wait.front();
-  if (!s->credits.on_ctrl_arrived() || !s->credits.on_returned(imm) ||
+  Slot *front = s->rndv.wait.front();
+  if (!s->tx.credits.on_ctrl_arrived() || !s->tx.credits.on_returned(imm) ||
       !wire::decode_fin(slot->buf, wc.len, &f) || f.status != wire::FinStatus::Declined ||
       !front || f.id != uint32_t(front - front->pool->slots)) {
     recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
   recv_ctrl_back(s, slot);
-  rndv_read_done(&s->rndv_wait.pop_front()->work, IBMSG_EDECLINED);
+  rndv_read_done(&s->rndv.wait.pop_front()->work, IBMSG_EDECLINED);
   notify_front(s);
   flush_sends(s);
   maybe_send_ctrl(s);
@@ -161,7 +161,7 @@ void on_fin(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
 
 void on_rndv_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   wire::RndvKind kind;
-  if (!(s->features & wire::kFeatureRndv) || !wire::rndv_kind(slot->buf, wc.len, &kind)) {
+  if (!(s->peer.features & wire::kFeatureRndv) || !wire::rndv_kind(slot->buf, wc.len, &kind)) {
     recv_drop(s, slot, IBMSG_EPROTO);  // not agreed on, or neither RTS nor FIN
     return;
   }
@@ -187,9 +187,9 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
     recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
-  if (s->features & wire::kFeatureShared) wire::split_wants(&imm);
+  if (s->peer.features & wire::kFeatureShared) wire::split_wants(&imm);
   // The peer read rendezvous messages of ours: they are done (message_sent, in order).
-  if (imm.done && (!(s->features & wire::kFeatureRndv) || !rndv_on_done(s, imm.done))) {
+  if (imm.done && (!(s->peer.features & wire::kFeatureRndv) || !rndv_on_done(s, imm.done))) {
     recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }

@@ -43,9 +43,94 @@ using Loop = ::ibmsg__loop;
 #include "requests.hpp"   // requests and replies
 #include "violations.hpp"  // remote access violations
 
+namespace ibmsg {
+
+// A connection's parts, each owned by the file of its concept (the file that changes it; others
+// may read it).
+
+// The send path (datapath.cpp): the credits it spends and returns, the messages and operations
+// in posting order -- waiting (for credits or room in flight), then posted to the QP until their
+// completion -- and its credit-only messages.
+struct SendPath {
+  Credits credits;
+  List<Work, &Work::link> queue;
+  List<Work, &Work::link> flight;
+  bool wants_told = false;  // a credit-only message told the peer that data waits for credits
+  tp::WorkCtx ctrl_wr{tp::Op::Ctrl, 0, nullptr};
+  // Credit-only messages posted and not yet completed here: the send queue has room for
+  // kCtrlDepth of them. Control credits alone do not bound them: the peer returns a control
+  // credit once it consumed the message, which can be before our completion arrives.
+  uint32_t ctrl_in_flight = 0;
+  uint32_t ops_in_flight = 0;  // one-sided operations posted (at most IBMSG_OPT_RDMA_DEPTH)
+};
+
+// Its receive buffers (recv.cpp): of its own, or the device's shared ones and its book there.
+struct RecvBuffers {
+  Pool *pool = nullptr;
+  SharedRecv *shared = nullptr;
+  ShareConn share;
+  uint32_t qp_num = 0;     // its queue pair's (shared receives name it)
+  uint32_t ctrl_lost = 0;  // its control buffers the shared queue refused back
+};
+
+// Its send buffers (send_slots.cpp): the device's ones it takes its messages from, and how many
+// it holds (at most IBMSG_OPT_SEND_DEPTH).
+struct SendBuffers {
+  SharedSend *shared = nullptr;
+  uint32_t out = 0;
+};
+
+// Its one-sided operations (rdma.cpp): the table (rdma_depth + send_queue entries, made with the
+// first operation) and its free entries.
+struct OpTable {
+  std::unique_ptr<::ibmsg__op[]> table;
+  List<::ibmsg__op, &::ibmsg__op::free_link> free;
+};
+
+// Rendezvous (rndv.cpp). Sending: the RTSs posted, in order, until the peer has read them.
+// Receiving: the messages whose reads are not all posted, reads in flight and their bytes,
+// messages read and not yet counted to the peer (done_owed), declined ones whose FIN is posted.
+struct RndvConn {
+  List<Slot, &Slot::link> wait;
+  List<RndvIn, &RndvIn::read_link> reading;
+  uint32_t reads = 0;
+  uint64_t read_bytes = 0;
+  uint32_t done_owed = 0;
+  List<RndvIn, &RndvIn::read_link> fins;
+};
+
+// Its queue pair and its share of the device's CQ, and what they allow (conn.cpp).
+struct ConnResources {
+  uint64_t serial = 0;      // unique among the process's connections (conn_open)
+  DevCq *devcq = nullptr;   // its device's CQ, from conn_open to conn_release,
+  tp::Cq *cq = nullptr;     // and its share of it
+  uint32_t cq_need = 0;
+  bool has_qp = false;
+  uint32_t max_inline = 0;
+  uint8_t responder_resources = 0;  // what fill_conn_param offers
+  uint8_t initiator_depth = 0;
+};
+
+// What both sides agreed on in their hellos (conn.cpp, set_peer).
+struct PeerTerms {
+  bool known = false;     // the peer's hello is known
+  uint32_t features = 0;  // feature bits both sides have
+  uint32_t max_msg = 0;   // min of both sides' maximum
+  uint32_t eager = 0;     // largest message sent through the pools (min of both sides')
+};
+
+// Busy polling (poll.cpp): the CQ is polled from the loop instead of armed while active.
+struct PollState {
+  bool active = false;
+  uint64_t last_ns = 0;  // the connection's last activity
+};
+
+}  // namespace ibmsg
+
 struct ibmsg__socket {
   using Loop = ibmsg::Loop;
   using Socket = ::ibmsg__socket;
+  // What it is (setup.cpp, conn.cpp; the state: the state table, close.cpp).
   uint32_t magic = ibmsg::kSocketMagic;
   ibmsg::State state = ibmsg::State::Idle;
   bool listener = false;
@@ -53,9 +138,12 @@ struct ibmsg__socket {
   ibmsg_socket *pub = nullptr;
   Loop *loop = nullptr;
   ibmsg::tp::CmId *id = nullptr;
+  ibmsg::Device *dev = nullptr;
   ibmsg::Options opts;
   ibmsg::ListNode loop_node;     // the loop's open sockets
   ibmsg::ListNode open_node;     // every open socket of the process (see socket_is_open)
+  ibmsg::Timer connect_timer;    // connecting, or lingering (cm.cpp, close.cpp)
+  ibmsg_stats stats{};           // ibmsg_socket_stats (each counter by the file that counts)
 
   // accepted connection: its listener (nullptr once the listener closed)
   Socket *from_listener = nullptr;
@@ -64,69 +152,28 @@ struct ibmsg__socket {
   int max_connections = 0;
   ibmsg::List<Socket, &Socket::listener_node> accepted;
 
-  // connection
-  ibmsg::Device *dev = nullptr;
-  uint64_t serial = 0;  // unique among the process's connections (conn_open)
-  ibmsg::DevCq *devcq = nullptr;  // its device's CQ, from conn_open to conn_release,
-  ibmsg::tp::Cq *cq = nullptr;    // and its share of it
-  uint32_t cq_need = 0;
-  bool has_qp = false;
-  ibmsg::SharedSend *ssend = nullptr;  // the device's send buffers it takes its messages from
-  uint32_t send_out = 0;               // and how many it holds (at most IBMSG_OPT_SEND_DEPTH)
-  ibmsg::Pool *recv_pool = nullptr;   // receive buffers of its own, or
-  ibmsg::SharedRecv *srecv = nullptr;  // the device's shared ones (recv.cpp), and its book there
-  ibmsg::ShareConn share;
-  uint32_t qp_num = 0;  // its queue pair's (shared receives name it)
-  bool wants_told = false;  // a credit-only message told the peer that data waits for credits
-  uint32_t ctrl_lost = 0;   // its control buffers the shared queue refused back
-  uint32_t max_msg = 0;      // min of both sides' maximum, once have_peer
-  uint32_t eager = 0;        // largest message sent through the pools (min of both sides')
-  bool have_peer = false;    // the peer's hello is known
-  uint32_t features = 0;     // feature bits both sides have
-  uint32_t max_inline = 0;
-  ibmsg::Credits credits;
-  // Messages and operations in posting order: waiting (for credits or room in flight), then
-  // posted to the QP until their completion.
-  ibmsg::List<ibmsg::Work, &ibmsg::Work::link> queue;
-  ibmsg::List<ibmsg::Work, &ibmsg::Work::link> flight;
-  // One-sided operations: the table (rdma_depth + send_queue entries) and its free entries.
-  std::unique_ptr<ibmsg__op[]> ops;
-  ibmsg::List<ibmsg__op, &ibmsg__op::free_link> free_ops;
-  uint32_t ops_in_flight = 0;
-  ibmsg::ConnGrants grants;  // descriptors bound to it: their windows (region.cpp)
-  uint8_t responder_resources = 0;  // what fill_conn_param offers
-  uint8_t initiator_depth = 0;
-  ibmsg::tp::WorkCtx ctrl_wr{ibmsg::tp::Op::Ctrl, 0, nullptr};
-  // Credit-only messages posted and not yet completed here: the send queue has room for
-  // kCtrlDepth of them. Control credits alone do not bound them: the peer returns a control
-  // credit once it consumed the message, which can be before our completion arrives.
-  uint32_t ctrl_in_flight = 0;
-  // Rendezvous (rndv.cpp). Sending: the RTSs posted, in order, until the peer has read them.
-  // Receiving: the messages not yet delivered (behind one still being read), and the ones
-  // whose reads are not all posted; reads in flight; messages read, not yet counted to the peer.
-  ibmsg::List<ibmsg::Slot, &ibmsg::Slot::link> rndv_wait;
+  // A connection's parts, by the file that owns each.
+  ibmsg::ConnResources res;    // conn.cpp
+  ibmsg::PeerTerms peer;       // conn.cpp
+  ibmsg::SendPath tx;          // datapath.cpp
+  ibmsg::RecvBuffers rx;       // recv.cpp
+  ibmsg::SendBuffers sendbuf;  // send_slots.cpp
+  ibmsg::OpTable rdma;         // rdma.cpp
+  ibmsg::ConnGrants grants;    // region.cpp: descriptors bound to it, their windows
+  ibmsg::RndvConn rndv;        // rndv.cpp
+  // received messages in order, behind one still being read (deliver.cpp)
   ibmsg::List<ibmsg::Slot, &ibmsg::Slot::link> deliver;
-  ibmsg::List<ibmsg::RndvIn, &ibmsg::RndvIn::read_link> reading;
-  uint32_t rndv_reads = 0;
-  uint64_t rndv_read_bytes = 0;  // of the reads in flight
-  uint32_t done_owed = 0;
-  // Waiting for the loop's rendezvous memory (IBMSG_OPT_RNDV_MEMORY): in its queue of waiters.
-  ibmsg::ListNode rndv_mem_node;
-  ibmsg::List<ibmsg::RndvIn, &ibmsg::RndvIn::read_link> fins;  // declined: FINs posted
-  ibmsg::Timer connect_timer;
-  // busy polling (poll.cpp): the CQ is polled from the loop instead of armed while poll_active
-  bool poll_active = false;
-  uint64_t poll_last_ns = 0;  // the connection's last activity
+  ibmsg::PollState poll;       // poll.cpp
+  ibmsg::Liveness live;        // keepalive.cpp
+  ibmsg::ReqConn reqs;         // requests.cpp: requests posted on it,
+  ibmsg::Timer req_timer;      // and the first of their deadlines
 
-  ibmsg::ListNode post_node;  // in the loop's list of sockets with posts not yet flushed
-  ibmsg::Liveness live;        // keepalive (keepalive.hpp)
-  ibmsg::ListNode ka_node;     // in the loop's list of connections with keepalive
-  ibmsg_stats stats{};         // ibmsg_socket_stats
-  ibmsg::ReqConn reqs;         // requests posted on it (requests.cpp)
-  ibmsg::Timer req_timer;      // for the first of their deadlines
-  // closing
-  int close_reason = IBMSG_OK;
-  ibmsg::ListNode close_node;  // in the loop's list of sockets due for teardown
+  // Memberships of the loop's lists, each kept by the file of the list.
+  ibmsg::ListNode post_node;      // posts not yet flushed (batch.cpp)
+  ibmsg::ListNode ka_node;        // connections with keepalive (keepalive.cpp)
+  ibmsg::ListNode rndv_mem_node;  // waiting for rendezvous memory (rndv_memory.cpp)
+  ibmsg::ListNode close_node;     // due for teardown (close.cpp)
+  int close_reason = IBMSG_OK;    // the first reason it closed for (close.cpp)
 };
 
 struct ibmsg__loop {
@@ -148,7 +195,7 @@ struct ibmsg__loop {
   int rescans_left = 0;
   ibmsg::List<Socket, &Socket::loop_node> sockets;       // open sockets
   ibmsg::List<Socket, &Socket::close_node> closing;      // due for teardown
-  ibmsg::List<Socket, &Socket::post_node> unflushed;     // posts to flush (datapath.cpp)
+  ibmsg::List<Socket, &Socket::post_node> unflushed;     // posts to flush (batch.cpp)
   ibmsg::List<ibmsg::Timer, &ibmsg::Timer::node> timers;  // running timers
   ibmsg::List<ibmsg__region, &ibmsg__region::loop_node> regions;  // registered regions
   int epfd = -1;     // for ibmsg_event_loop_fd

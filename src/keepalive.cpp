@@ -29,8 +29,8 @@ double interval(const Socket *s) { return s->opts.keepalive_ms / 1000.0; }
 // still unacknowledged: the link is down) is missed once per interval, not at every tick.
 void probe(Socket *s, double now) {
   s->live.probed_at = now;
-  if (s->ctrl_in_flight >= kCtrlDepth || !s->credits.can_send_ctrl()) return;
-  if (s->credits.ctrl() < 2 && s->credits.owed_ctrl() == 0) return;
+  if (s->tx.ctrl_in_flight >= kCtrlDepth || !s->tx.credits.can_send_ctrl()) return;
+  if (s->tx.credits.ctrl() < 2 && s->tx.credits.owed_ctrl() == 0) return;
   ++s->stats.keepalives_sent;
   IBMSG_LOG(s, IBMSG_LOG_DEBUG, "keepalive probe: nothing heard for %.3f s", now - s->live.heard_at);
   post_ctrl(s, 0, false, wire::Opcode::Keepalive);
@@ -95,7 +95,7 @@ void on_tick(Timer *t) {
 }  // namespace
 
 void keepalive_start(Socket *s) {
-  if (!s->opts.keepalive_ms || !(s->features & wire::kFeatureKeepalive)) return;
+  if (!s->opts.keepalive_ms || !(s->peer.features & wire::kFeatureKeepalive)) return;
   Loop *loop = s->loop;
   if (!loop->ka_timer.fn) timer_init(&loop->ka_timer, loop, on_tick, loop);
   s->live.seen = s->live.heard;

@@ -36,7 +36,7 @@ void log_init(Loop *loop) {
 void log_write(Loop *loop, const Socket *s, int level, const char *fmt, ...) {
   char text[256];
   int n = 0;
-  if (s) n = snprintf(text, sizeof text, "connection %llu: ", (unsigned long long)s->serial);
+  if (s) n = snprintf(text, sizeof text, "connection %llu: ", (unsigned long long)s->res.serial);
   if (n < 0) n = 0;
   va_list ap;
   va_start(ap, fmt);

@@ -18,14 +18,14 @@ namespace ibmsg {
 namespace {
 
 // The largest message sent through the pool: both sides' eager sizes once the peer's is known.
-size_t send_eager(const Socket *s) { return s->have_peer ? s->eager : eager_recv_size(s); }
+size_t send_eager(const Socket *s) { return s->peer.known ? s->peer.eager : eager_recv_size(s); }
 
 }  // namespace
 
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
   if (s->listener) return IBMSG_ESTATE;
   if (!state_has_buffers(s->state)) return IBMSG_ENOTCONN;
-  if (size > size_t(s->opts.max_msg_size) || (s->have_peer && size > s->max_msg))
+  if (size > size_t(s->opts.max_msg_size) || (s->peer.known && size > s->peer.max_msg))
     return IBMSG_EMSGSIZE;
   int err = IBMSG_OK;
   Slot *slot = send_get(s, &err);
@@ -35,7 +35,7 @@ int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
   slot->req_internal = false;
   if (size > send_eager(s)) {
     // Rendezvous: the payload in a large buffer the peer reads; the slot carries the RTS.
-    slot->large = large_get(s->dev, true, s->serial, size, &err);
+    slot->large = large_get(s->dev, true, s->res.serial, size, &err);
     if (!slot->large) {
       send_put(slot);
       return err;
@@ -53,7 +53,7 @@ int msg_from_region(Socket *s, ibmsg_buffer *msg, Region *r, size_t off, size_t 
   if (s->listener || r->loop != s->loop) return IBMSG_EINVAL;
   if (!state_has_buffers(s->state)) return IBMSG_ENOTCONN;
   if (off > r->length || size > r->length - off) return IBMSG_ERANGE;
-  if (size > size_t(s->opts.max_msg_size) || (s->have_peer && size > s->max_msg))
+  if (size > size_t(s->opts.max_msg_size) || (s->peer.known && size > s->peer.max_msg))
     return IBMSG_EMSGSIZE;
   int err = IBMSG_OK;
   const tp::Mr *mr = region_mr(r, s->dev, &err);  // registered on the device once
@@ -81,8 +81,8 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
   if (!slot_valid(slot) || slot->msg != msg) return IBMSG_ENOTALLOC;
   if (slot->pool->recv || slot->sock != s) return IBMSG_EINVAL;
   if (slot->state != SlotState::Allocated) return IBMSG_EBUSY;
-  if (msg->size > s->max_msg) return IBMSG_EMSGSIZE;
-  const bool rndv = msg->size > s->eager;
+  if (msg->size > s->peer.max_msg) return IBMSG_EMSGSIZE;
+  const bool rndv = msg->size > s->peer.eager;
   if (slot->region) {
     if (msg->data != slot->region->addr + slot->region_off ||
         msg->size > slot->region->length - slot->region_off)
@@ -91,11 +91,11 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
                           : msg->size > slot->pool->slot_size - wire::kMaxTrailer) {
     return IBMSG_EMSGSIZE;  // more than its buffer holds
   }
-  if (has_imm && !(s->features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
-  if (as && as->kind != MsgKind::Plain && !(s->features & wire::kFeatureRequest))
+  if (has_imm && !(s->peer.features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
+  if (as && as->kind != MsgKind::Plain && !(s->peer.features & wire::kFeatureRequest))
     return IBMSG_EOPNOTSUPP;
-  const bool now = s->queue.empty() && s->credits.can_send_data();
-  if (!now && s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
+  const bool now = s->tx.queue.empty() && s->tx.credits.can_send_data();
+  if (!now && s->tx.queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
   if (rndv && slot->region) {
     // The peer reads exactly the message's bytes: a registration of their own, until it did.
     // (No local write: the region may be read-only memory.)
@@ -108,7 +108,7 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
     // Allocated before the peer's hello said its eager size is smaller: a large buffer now
     // (msg->data moves there; back if the post fails).
     int err = IBMSG_OK;
-    slot->large = large_get(s->dev, true, s->serial, msg->size, &err);
+    slot->large = large_get(s->dev, true, s->res.serial, msg->size, &err);
     if (!slot->large) return err;
     memcpy(slot->large->mem, slot->buf, msg->size);
     msg->data = slot->large->mem;
@@ -140,7 +140,7 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
     }
   } else {
     slot->state = SlotState::Queued;
-    s->queue.push_back(&slot->work);
+    s->tx.queue.push_back(&slot->work);
     maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
   }
   msg->status = IBMSG_WAITING;

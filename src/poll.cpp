@@ -9,17 +9,17 @@
 namespace ibmsg {
 
 void poll_touch(Socket *s) {
-  if (s->opts.busy_poll_us == 0 || !s->cq || s->state == State::Closing) return;
-  s->poll_last_ns = kJustNow;  // the poller reads the clock for it
-  if (s->poll_active) return;
-  s->poll_active = true;
+  if (s->opts.busy_poll_us == 0 || !s->res.cq || s->state == State::Closing) return;
+  s->poll.last_ns = kJustNow;  // the poller reads the clock for it
+  if (s->poll.active) return;
+  s->poll.active = true;
   ++s->dev->polling;
   if (s->loop->polling++ == 0) ev_idle_start(s->loop->ev, &s->loop->poller);
 }
 
 void poll_stop(Socket *s) {
-  if (!s->poll_active) return;
-  s->poll_active = false;
+  if (!s->poll.active) return;
+  s->poll.active = false;
   --s->loop->polling;
   // The last one: the CQ was left unarmed for the poller, and must be armed (and polled once
   // more) before the loop sleeps: by the poller at once, or, when a teardown stopped it, by the

@@ -45,7 +45,7 @@ int check(Socket *s, Region *local, size_t loff, size_t len, const ibmsg_descrip
           size_t roff, const OpArgs &a, wire::Descriptor *d) {
   if (s->listener) return IBMSG_ESTATE;
   if (s->state != State::Connected) return IBMSG_ENOTCONN;
-  if (!(s->features & wire::kFeatureRdma)) return IBMSG_EOPNOTSUPP;
+  if (!(s->peer.features & wire::kFeatureRdma)) return IBMSG_EOPNOTSUPP;
   const bool atomic = a.type == IBMSG_OP_CAS || a.type == IBMSG_OP_FADD;
   if (atomic && !tp::device_info(s->dev->tp).atomics) return IBMSG_EOPNOTSUPP;
   if (local->loop != s->loop || len == 0 || len > UINT32_MAX) return IBMSG_EINVAL;
@@ -69,13 +69,13 @@ bool work_can_go_as(const Socket *s, tp::Op kind) {
 
 int ops_open(Socket *s) {
   const uint32_t n = uint32_t(s->opts.rdma_depth) + uint32_t(s->opts.send_queue);
-  s->ops.reset(new (std::nothrow) Op[n]);
-  if (!s->ops) return IBMSG_ENOMEM;
+  s->rdma.table.reset(new (std::nothrow) Op[n]);
+  if (!s->rdma.table) return IBMSG_ENOMEM;
   for (uint32_t i = 0; i < n; ++i) {
-    Op *op = &s->ops[i];
+    Op *op = &s->rdma.table[i];
     op->sock = s;
     op->work.wr.owner = op;
-    s->free_ops.push_back(op);
+    s->rdma.free.push_back(op);
   }
   return IBMSG_OK;
 }
@@ -86,13 +86,13 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
   wire::Descriptor d;
   int err = check(s, local, loff, len, remote, roff, a, &d);
   if (err) return err;
-  const bool go = s->queue.empty() && work_can_go_as(s, wr_op(a.type));
-  if (!go && s->queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
+  const bool go = s->tx.queue.empty() && work_can_go_as(s, wr_op(a.type));
+  if (!go && s->tx.queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
   tp::Mr *mr = region_mr(local, s->dev, &err);  // registers on first use on this device
   if (!mr) return err;
   // The table comes with the connection's first operation: most connections never post one.
-  if (!s->ops && (err = ops_open(s))) return err;
-  Op *op = s->free_ops.pop_front();
+  if (!s->rdma.table && (err = ops_open(s))) return err;
+  Op *op = s->rdma.free.pop_front();
   if (!op) return IBMSG_EAGAIN;  // cannot happen: the table has room for the queue and flight
   op->pub = pub;
   op->local = local;
@@ -122,7 +122,7 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
       return err;
     }
   } else {
-    s->queue.push_back(&op->work);
+    s->tx.queue.push_back(&op->work);
     maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
   }
   poll_touch(s);
@@ -131,7 +131,7 @@ int op_post(Socket *s, ibmsg_op *pub, Region *local, size_t loff, size_t len,
 
 void op_on_wc(Socket *s, Op *op, const tp::Completion &wc) {
   if (op->work.done || !op->pub) return;  // not in flight (cannot happen)
-  if (s->ops_in_flight) --s->ops_in_flight;
+  if (s->tx.ops_in_flight) --s->tx.ops_in_flight;
   const int status = tp::wc_work_status(wc.status);
   work_done(s, &op->work, status,
             status == IBMSG_ECANCELED ? IBMSG_ECONNRESET : status);  // IBMSG_OK: no close

@@ -123,50 +123,50 @@ void recv_join(Socket *s, tp::QpCaps *caps) {
     return;
   }
   r->credits.take_buffers(kCtrlDepth);  // its control buffers: re-posted as soon as used
-  r->credits.join(&s->share);
-  r->credits.take_owed(&s->share);  // the hello grants the base
-  s->share.user = s;
+  r->credits.join(&s->rx.share);
+  r->credits.take_owed(&s->rx.share);  // the hello grants the base
+  s->rx.share.user = s;
   ++r->conns;
-  s->srecv = r;
+  s->rx.shared = r;
   caps->srq = r->srq;
 }
 
 int recv_open(Socket *s) {
-  if (SharedRecv *r = s->srecv) {
-    s->qp_num = tp::qp_num(s->id);
-    return r->by_qp.put(s->qp_num, s) ? IBMSG_OK : IBMSG_ENOMEM;
+  if (SharedRecv *r = s->rx.shared) {
+    s->rx.qp_num = tp::qp_num(s->id);
+    return r->by_qp.put(s->rx.qp_num, s) ? IBMSG_OK : IBMSG_ENOMEM;
   }
   int err = IBMSG_OK;
   const uint32_t n = uint32_t(s->opts.recv_depth) + kCtrlDepth;
-  s->recv_pool = pool_acquire(s->dev, s, true, n, msg_slot_size(s), &err);
+  s->rx.pool = pool_acquire(s->dev, s, true, n, msg_slot_size(s), &err);
   for (uint32_t i = 0; !err && i < n; ++i) {
-    Slot *slot = &s->recv_pool->slots[i];
-    err = tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(s->recv_pool->slot_size),
-                        s->recv_pool->mr);
+    Slot *slot = &s->rx.pool->slots[i];
+    err = tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(s->rx.pool->slot_size),
+                        s->rx.pool->mr);
     if (!err) slot->state = SlotState::Posted;
   }
   return err;
 }
 
 void recv_leave(Socket *s) {
-  SharedRecv *r = s->srecv;
+  SharedRecv *r = s->rx.shared;
   if (!r) {
-    pool_disown(s->recv_pool);
-    s->recv_pool = nullptr;
+    pool_disown(s->rx.pool);
+    s->rx.pool = nullptr;
     return;
   }
   // Its queue pair is gone and the CQ polled: nothing of it takes a buffer any more. A queue
   // pair that never connected (a failed accept) took none: destroying it flushes nothing of the
   // shared queue.
-  if (s->qp_num && r->by_qp.get(s->qp_num) == s) r->by_qp.erase(s->qp_num);
-  r->credits.leave(&s->share);
-  r->credits.add_buffers(kCtrlDepth - (s->ctrl_lost < kCtrlDepth ? s->ctrl_lost : kCtrlDepth));
+  if (s->rx.qp_num && r->by_qp.get(s->rx.qp_num) == s) r->by_qp.erase(s->rx.qp_num);
+  r->credits.leave(&s->rx.share);
+  r->credits.add_buffers(kCtrlDepth - (s->rx.ctrl_lost < kCtrlDepth ? s->rx.ctrl_lost : kCtrlDepth));
   // Messages of it the application still holds: their buffers go to the pool when freed.
   for (Pool *p = r->slabs.front(); p; p = r->slabs.next(p))
     for (uint32_t i = 0; i < p->count; ++i)
       if (p->slots[i].sock == s) p->slots[i].sock = nullptr;
   --r->conns;
-  s->srecv = nullptr;
+  s->rx.shared = nullptr;
   shared_serve(r);
   shared_maybe_destroy(r);
 }
@@ -182,14 +182,14 @@ Socket *recv_route(Slot *slot, uint32_t qp_num) {
 }
 
 bool recv_arrived(Socket *s, Slot *slot, bool wants) {
-  SharedRecv *r = s->srecv;
-  if (!r) return s->credits.on_data_arrived();
-  if (!r->credits.on_arrival(&s->share, wants)) return false;
+  SharedRecv *r = s->rx.shared;
+  if (!r) return s->tx.credits.on_data_arrived();
+  if (!r->credits.on_arrival(&s->rx.share, wants)) return false;
   if (!wants) shared_serve(r);  // what it was owed above its base goes to those waiting
   slot->credited = true;
-  s->credits.data_lent();
+  s->tx.credits.data_lent();
   // It waits for more: a slab more, if the pool may grow (its turn comes in shared_serve).
-  if (s->share.wait_node.linked() && r->buffers < shared_limit(r) && shared_grow(r))
+  if (s->rx.share.wait_node.linked() && r->buffers < shared_limit(r) && shared_grow(r))
     shared_serve(r);
   return true;
 }
@@ -216,9 +216,9 @@ void recv_back(Socket *s, Slot *slot) {
   Pool *p = slot->pool;
   if (SharedRecv *r = p->shared) {
     const bool credited = slot->credited;
-    if (credited && s) s->credits.on_data_dropped();
+    if (credited && s) s->tx.credits.on_data_dropped();
     // Its credit (unless it came without one) goes where the pool says.
-    ShareConn *c = s && s->srecv == r ? &s->share : nullptr;
+    ShareConn *c = s && s->rx.shared == r ? &s->rx.share : nullptr;
     if (!shared_post(r, slot)) {
       if (credited) r->credits.on_lost(c);  // (its unit left the pool at its arrival)
       else r->credits.lose();
@@ -232,19 +232,19 @@ void recv_back(Socket *s, Slot *slot) {
     }
     return;
   }
-  if (s && s->has_qp && s->state != State::Closing) {
+  if (s && s->res.has_qp && s->state != State::Closing) {
     if (tp::post_recv(s->id, &slot->work.wr, slot->buf, uint32_t(p->slot_size), p->mr) ==
             IBMSG_OK &&
         posted(s, false) == IBMSG_OK) {
       slot->state = SlotState::Posted;
-      s->credits.on_data_freed();
+      s->tx.credits.on_data_freed();
       s->loop->hooks->ctrl_due(s);
       return;
     }
     socket_close(s, IBMSG_EIO);
   }
   slot->state = SlotState::Free;
-  if (s) s->credits.on_data_dropped();
+  if (s) s->tx.credits.on_data_dropped();
   else pool_maybe_release(p);
 }
 
@@ -263,11 +263,11 @@ void recv_unlent(Socket *s, Slot *slot) {
 void recv_ctrl_back(Socket *s, Slot *slot) {
   if (SharedRecv *r = slot->pool->shared) {
     if (!shared_post(r, slot)) {
-      ++s->ctrl_lost;  // not in the queue: it does not go back to the pool at the leave
+      ++s->rx.ctrl_lost;  // not in the queue: it does not go back to the pool at the leave
       --r->buffers;
       socket_close(s, IBMSG_EIO);
     } else if (s->state != State::Closing) {
-      s->credits.on_ctrl_received();
+      s->tx.credits.on_ctrl_received();
     }
     return;
   }
@@ -279,7 +279,7 @@ void recv_ctrl_back(Socket *s, Slot *slot) {
     socket_close(s, IBMSG_EIO);
   } else {
     slot->state = SlotState::Posted;
-    s->credits.on_ctrl_received();
+    s->tx.credits.on_ctrl_received();
   }
 }
 
@@ -298,21 +298,21 @@ void recv_drop(Socket *s, Slot *slot, int reason) {
 }
 
 void recv_closing(Socket *s) {
-  if (SharedRecv *r = s->srecv) r->credits.stop_waiting(&s->share);
+  if (SharedRecv *r = s->rx.shared) r->credits.stop_waiting(&s->rx.share);
 }
 
 void recv_wants(Socket *s) {
-  SharedRecv *r = s->srecv;
+  SharedRecv *r = s->rx.shared;
   if (!r) return;  // buffers of its own: it has all its credits already
-  r->credits.on_wants(&s->share);
-  if (s->share.wait_node.linked() && r->buffers < shared_limit(r) && shared_grow(r))
+  r->credits.on_wants(&s->rx.share);
+  if (s->rx.share.wait_node.linked() && r->buffers < shared_limit(r) && shared_grow(r))
     shared_serve(r);
 }
 
 bool recv_given_back(Socket *s, uint32_t n) {
-  SharedRecv *r = s->srecv;
-  if (!r) return s->credits.on_given_back(n);
-  if (!r->credits.on_given_back(&s->share, n)) return false;
+  SharedRecv *r = s->rx.shared;
+  if (!r) return s->tx.credits.on_given_back(n);
+  if (!r->credits.on_given_back(&s->rx.share, n)) return false;
   shared_serve(r);
   return true;
 }

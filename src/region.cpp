@@ -183,7 +183,7 @@ int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned acc
   if (!s->dev) return IBMSG_ENOTCONN;
   if (!(s->opts.rdma)) return IBMSG_EOPNOTSUPP;
   // A window is bound on the connection's queue pair: now if it is up, else once it is.
-  const bool up = s->state == State::Connected && s->has_qp;
+  const bool up = s->state == State::Connected && s->res.has_qp;
   if (!wide && (s->state == State::Lingering || s->state == State::Closing ||
                 s->state == State::Closed))
     return IBMSG_ENOTCONN;

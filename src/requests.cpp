@@ -162,7 +162,7 @@ int req_post(Socket *s, ibmsg_buffer *msg, ibmsg_request *req, int timeout_ms, b
     }
   }
   if (!state_can_post(s->state)) return IBMSG_ENOTCONN;
-  if (s->have_peer && !(s->features & wire::kFeatureRequest)) return IBMSG_EOPNOTSUPP;
+  if (s->peer.known && !(s->peer.features & wire::kFeatureRequest)) return IBMSG_EOPNOTSUPP;
   const bool fresh = !retry;
   if (fresh) {
     r = new_req(rl);

@@ -85,13 +85,13 @@ void rndv_pump(Socket *s) {
   }
   const uint64_t chunk = read_chunk(s);
   bool any = false;
-  while (s->rndv_reads < kRndvReads) {
-    RndvIn *in = s->reading.front();
+  while (s->rndv.reads < kRndvReads) {
+    RndvIn *in = s->rndv.reading.front();
     if (!in) break;
     if (in->declined) break;  // its FIN goes first (maybe_send_ctrl), then the reads behind it
     Slot *slot = static_cast<Slot *>(in->wr.owner);
     const uint64_t n = read_len(*in, in->next, chunk);
-    if (s->rndv_read_bytes && s->rndv_read_bytes + n > kReadAhead)
+    if (s->rndv.read_bytes && s->rndv.read_bytes + n > kReadAhead)
       break;  // enough in flight: the next completion posts more
     if (!in->dest) {
       const size_t bytes = rndv_dest_bytes(in->length);
@@ -127,9 +127,9 @@ void rndv_pump(Socket *s) {
     any = true;
     in->next += n;
     ++in->reads;
-    ++s->rndv_reads;
-    s->rndv_read_bytes += n;
-    if (in->next == in->length) s->reading.pop_front();
+    ++s->rndv.reads;
+    s->rndv.read_bytes += n;
+    if (in->next == in->length) s->rndv.reading.pop_front();
   }
   if (any && posted(s, true)) socket_close(s, IBMSG_EIO);
 }
@@ -144,32 +144,32 @@ void rndv_drop(Socket *s, Slot *slot) {
 }
 
 bool rndv_fin_due(const Socket *s) {
-  const RndvIn *in = s->reading.front();
+  const RndvIn *in = s->rndv.reading.front();
   // In order: after every read before it completed, with the done counts before it in its
   // immediate (at most kMaxDonePerMsg: more go first, in credit-only messages).
-  return in && in->declined && s->rndv_reads == 0 && s->done_owed <= wire::kMaxDonePerMsg;
+  return in && in->declined && s->rndv.reads == 0 && s->rndv.done_owed <= wire::kMaxDonePerMsg;
 }
 
 bool rndv_send_fin(Socket *s) {
-  RndvIn *in = s->reading.front();
+  RndvIn *in = s->rndv.reading.front();
   Slot *slot = static_cast<Slot *>(in->wr.owner);
   wire::Fin f;
   f.id = in->id;
   f.status = wire::FinStatus::Declined;
   wire::encode_fin(f, slot->buf);  // the RTS's buffer, held until the FIN completes
-  CreditRollback<Socket> undo(s);
-  wire::Imm imm = s->credits.take_ctrl();
+  CreditRollback undo(s->tx.credits, s->rndv.done_owed);
+  wire::Imm imm = s->tx.credits.take_ctrl();
   imm.op = wire::Opcode::Rendezvous;
   imm.done = rndv_take_done(s);
   if (tp::post_send_imm(s->id, &in->fin_wr, slot->buf, uint32_t(wire::kFinSize), slot->pool->mr,
-                        wire::encode_imm(imm), s->max_inline)) {
+                        wire::encode_imm(imm), s->res.max_inline)) {
     socket_close(s, IBMSG_EIO);  // (the credits come back as the guard goes)
     return false;
   }
   undo.commit();
-  ++s->ctrl_in_flight;
-  s->reading.pop_front();
-  s->fins.push_back(in);  // until its completion, or the teardown
+  ++s->tx.ctrl_in_flight;
+  s->rndv.reading.pop_front();
+  s->rndv.fins.push_back(in);  // until its completion, or the teardown
   if (posted(s, true)) {
     socket_close(s, IBMSG_EIO);
     return false;
@@ -180,8 +180,8 @@ bool rndv_send_fin(Socket *s) {
 
 void rndv_on_fin_sent(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (!slot->in.read_link.linked()) return;  // released by the teardown already
-  s->fins.remove(&slot->in);
-  if (s->ctrl_in_flight) --s->ctrl_in_flight;
+  s->rndv.fins.remove(&slot->in);
+  if (s->tx.ctrl_in_flight) --s->tx.ctrl_in_flight;
   const bool ok = wc.status == tp::WcStatus::Ok;
   if (!ok) socket_close(s, tp::wc_error(wc.status));
   // The declined message's buffer and data credit come back now.
@@ -192,10 +192,10 @@ void rndv_on_fin_sent(Socket *s, Slot *slot, const tp::Completion &wc) {
 int rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
   RndvIn &in = slot->in;
   if (in.reads) --in.reads;
-  if (s->rndv_reads) --s->rndv_reads;
+  if (s->rndv.reads) --s->rndv.reads;
   const uint64_t n = read_len(in, in.done, read_chunk(s));
   in.done += n;
-  s->rndv_read_bytes -= n < s->rndv_read_bytes ? n : s->rndv_read_bytes;
+  s->rndv.read_bytes -= n < s->rndv.read_bytes ? n : s->rndv.read_bytes;
   if (wc.status != tp::WcStatus::Ok) {
     // The peer's key or range was wrong (it broke the protocol), or the connection failed.
     socket_close(s, wc.status == tp::WcStatus::RemoteAccess ? IBMSG_EPROTO : tp::wc_error(wc.status));
@@ -204,7 +204,7 @@ int rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc) {
   if (in.reads == 0 && in.next == in.length && !in.read_link.linked()) {
     slot->own.data = in.dest;
     in.ready = true;
-    ++s->done_owed;
+    ++s->rndv.done_owed;
     // The count goes at once, in a credit-only message if need be (or a FIN), before the
     // application sees the message (and perhaps closes).
     maybe_send_ctrl(s);
@@ -219,18 +219,18 @@ void rndv_read_more(Socket *s) {
 }
 
 void rndv_release(Socket *s) {
-  while (RndvIn *in = s->reading.pop_front())
+  while (RndvIn *in = s->rndv.reading.pop_front())
     if (in->declined) rndv_drop(s, static_cast<Slot *>(in->wr.owner));
   // FINs posted whose completion did not come (a failed flush; a device that drops a destroyed
   // QP's completions): their slots come back here.
-  while (RndvIn *in = s->fins.pop_front()) rndv_drop(s, static_cast<Slot *>(in->wr.owner));
-  while (s->rndv_wait.pop_front()) {
+  while (RndvIn *in = s->rndv.fins.pop_front()) rndv_drop(s, static_cast<Slot *>(in->wr.owner));
+  while (s->rndv.wait.pop_front()) {
   }
   rndv_mem_leave(s);
   while (Slot *slot = s->deliver.pop_front()) rndv_drop(s, slot);
-  s->rndv_reads = 0;
-  s->rndv_read_bytes = 0;
-  s->done_owed = 0;
+  s->rndv.reads = 0;
+  s->rndv.read_bytes = 0;
+  s->rndv.done_owed = 0;
 }
 
 }  // namespace ibmsg

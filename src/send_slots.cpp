@@ -51,26 +51,26 @@ int send_join(Socket *s) {
     dev->sends.push_back(p);
   }
   ++p->conns;
-  s->ssend = p;
+  s->sendbuf.shared = p;
   return IBMSG_OK;
 }
 
 void send_leave(Socket *s) {
-  SharedSend *p = s->ssend;
+  SharedSend *p = s->sendbuf.shared;
   if (!p) return;
   // Its messages the application still holds belong to no connection now.
   for (Pool *slab = p->slabs.front(); slab; slab = p->slabs.next(slab))
     for (uint32_t i = 0; i < slab->count; ++i)
       if (slab->slots[i].sock == s) slab->slots[i].sock = nullptr;
-  s->ssend = nullptr;
-  s->send_out = 0;
+  s->sendbuf.shared = nullptr;
+  s->sendbuf.out = 0;
   --p->conns;
   send_maybe_destroy(p);
 }
 
 Slot *send_get(Socket *s, int *err) {
-  SharedSend *p = s->ssend;
-  if (!p || s->send_out >= uint32_t(s->opts.send_depth)) {
+  SharedSend *p = s->sendbuf.shared;
+  if (!p || s->sendbuf.out >= uint32_t(s->opts.send_depth)) {
     *err = IBMSG_EAGAIN;
     return nullptr;
   }
@@ -81,14 +81,14 @@ Slot *send_get(Socket *s, int *err) {
   Slot *slot = p->free.pop_front();
   slot->state = SlotState::Allocated;
   slot->sock = s;
-  ++s->send_out;
+  ++s->sendbuf.out;
   ++p->out;
   return slot;
 }
 
 void send_put(Slot *slot) {
   SharedSend *p = slot->pool->sends;
-  if (Socket *s = slot->sock) --s->send_out;
+  if (Socket *s = slot->sock) --s->sendbuf.out;
   slot->sock = nullptr;
   slot->state = SlotState::Free;
   slot->msg = nullptr;

@@ -55,7 +55,7 @@ Socket *new_socket(Loop *loop, ibmsg_socket *pub, const Options *opts) {
   s->pub = pub;
   s->loop = loop;
   s->opts = opts ? *opts : loop->opts;
-  s->ctrl_wr.owner = s;
+  s->tx.ctrl_wr.owner = s;
   timer_init(&s->connect_timer, loop, on_connect_timeout, s);
   req_timer_init(s);
   return s;
@@ -136,7 +136,7 @@ int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Option
     tp::ConnParam param;
     uint8_t hello[wire::kHelloSize];
     fill_conn_param(s, &param, hello);
-    if (s->responder_resources || s->initiator_depth) {  // one-sided RDMA or rendezvous
+    if (s->res.responder_resources || s->res.initiator_depth) {  // one-sided RDMA or rendezvous
       // Accepting: no more than the connecting side offered either (the transport takes the
       // smaller of its request and the device's limits).
       param.responder_resources = tp::kMaxRdAtomic;

@@ -11,26 +11,26 @@ namespace ibmsg {
 
 void memory_of_socket(const Socket *s, ibmsg_memory *out) {
   *out = ibmsg_memory{};
-  if (const Pool *p = s->recv_pool) {
+  if (const Pool *p = s->rx.pool) {
     out->buffers += p->bytes;
     for (uint32_t i = 0; i < p->count; ++i)
       if (const LargeMem *m = p->slots[i].large) out->large += m->bytes;
   }
   // Its messages: send buffers it holds, and the large buffers of theirs.
-  if (const SharedSend *ss = s->ssend) {
-    out->buffers += size_t(s->send_out) * ss->slot_size;
+  if (const SharedSend *ss = s->sendbuf.shared) {
+    out->buffers += size_t(s->sendbuf.out) * ss->slot_size;
     for (const Pool *p = ss->slabs.front(); p; p = ss->slabs.next(p))
       for (uint32_t i = 0; i < p->count; ++i)
         if (p->slots[i].sock == s && p->slots[i].large) out->large += p->slots[i].large->bytes;
   }
-  if (const SharedRecv *r = s->srecv)  // received rendezvous messages' destinations
+  if (const SharedRecv *r = s->rx.shared)  // received rendezvous messages' destinations
     for (const Pool *p = r->slabs.front(); p; p = r->slabs.next(p))
       for (uint32_t i = 0; i < p->count; ++i)
         if (p->slots[i].sock == s && p->slots[i].large) out->large += p->slots[i].large->bytes;
   // Its part of the device's shared receive buffers: reserved for its peer's messages (credits
   // and control buffers) or holding them.
-  if (const SharedRecv *r = s->srecv)
-    out->shared = (size_t(s->share.total()) + kCtrlDepth + s->credits.held()) * r->slot_size;
+  if (const SharedRecv *r = s->rx.shared)
+    out->shared = (size_t(s->rx.share.total()) + kCtrlDepth + s->tx.credits.held()) * r->slot_size;
 }
 
 void memory_of_loop(const Loop *loop, ibmsg_memory *out) {

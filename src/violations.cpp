@@ -41,7 +41,7 @@ Violations::Entry *find(Violations &v, const sockaddr_storage &ip) {
 }  // namespace
 
 bool violation_seen(Socket *s) {
-  return (s->state == State::Connected || s->state == State::Lingering) && s->has_qp &&
+  return (s->state == State::Connected || s->state == State::Lingering) && s->res.has_qp &&
          tp::qp_failed(s->id);
 }
 

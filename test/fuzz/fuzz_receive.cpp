@@ -275,7 +275,7 @@ unsigned long transport_faults() {
 // in neither state left the queue for good while the pool still counts it.
 void check_shared_pool(const Sock *sock) {
   if (!sock || sock->closed || !sock->s.impl) return;
-  const ibmsg::SharedRecv *r = sock->s.impl->srecv;
+  const ibmsg::SharedRecv *r = sock->s.impl->rx.shared;
   if (!r) return;
   uint32_t posted = 0, lent = 0, other = 0;
   for (const ibmsg::Pool *p = r->slabs.front(); p; p = r->slabs.next(p))

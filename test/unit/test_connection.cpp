@@ -1146,11 +1146,11 @@ void connections_share_one_cq_that_grows_with_them(void **state) {
   H *h = h_of(state);
   std::vector<Pair> pairs;
   for (int i = 0; i < 6; ++i) pairs.push_back(connected(h));
-  const ibmsg::tp::Cq *cq = pairs[0].c->s.impl->cq;
+  const ibmsg::tp::Cq *cq = pairs[0].c->s.impl->res.cq;
   assert_non_null(cq);
   for (Pair &p : pairs) {
-    assert_ptr_equal(p.c->s.impl->cq, cq);
-    assert_ptr_equal(p.a->s.impl->cq, cq);
+    assert_ptr_equal(p.c->s.impl->res.cq, cq);
+    assert_ptr_equal(p.a->s.impl->res.cq, cq);
   }
   assert_int_equal(fake::open_objects().cqs, 1);
   assert_true(fake::stats().cq_resizes >= 1);  // 12 connections outgrow the first size
@@ -1171,8 +1171,8 @@ void connections_beyond_the_largest_cq_get_another_cq(void **state) {
   Pair p = connected(h);
   Pair q = connected(h);
   assert_int_equal(fake::open_objects().cqs, 2);
-  assert_ptr_equal(p.c->s.impl->cq, p.a->s.impl->cq);
-  assert_ptr_not_equal(p.c->s.impl->cq, q.c->s.impl->cq);
+  assert_ptr_equal(p.c->s.impl->res.cq, p.a->s.impl->res.cq);
+  assert_ptr_not_equal(p.c->s.impl->res.cq, q.c->s.impl->res.cq);
   for (Pair *x : {&p, &q}) expect_code(send_msg(*x->c, 16), IBMSG_OK);
   RUN_UNTIL(h, p.a->received == 1 && q.a->received == 1 && p.c->sent_ok == 1 &&
                    q.c->sent_ok == 1);
@@ -1620,17 +1620,17 @@ void random_traffic(H *h, bool lagging_acks) {
       int pending = 0;
       for (Out &x : c.outs) pending += x.posts - x.sent_cbs;
       if (!pending || !c.s.impl) continue;
-      const ibmsg::Credits &cr = c.s.impl->credits;
+      const ibmsg::Credits &cr = c.s.impl->tx.credits;
       fprintf(stderr,
               "%s :%u->:%u: %d unconfirmed, queue %zu, flight %zu, state %s; credits data %u "
               "ctrl %u owed %u owed_ctrl %u held %u granted %u\n",
-              c.name, c.local_port, c.peer_port, pending, c.s.impl->queue.size(),
-              c.s.impl->flight.size(), ibmsg::state_name(c.s.impl->state), cr.data(), cr.ctrl(),
+              c.name, c.local_port, c.peer_port, pending, c.s.impl->tx.queue.size(),
+              c.s.impl->tx.flight.size(), ibmsg::state_name(c.s.impl->state), cr.data(), cr.ctrl(),
               cr.owed(), cr.owed_ctrl(), cr.held(), cr.granted());
       for (Conn &a : h->conns) {
         if (&a == &c || a.peer_port != c.local_port || a.local_port != c.peer_port || !a.s.impl)
           continue;
-        const ibmsg::Credits &ar = a.s.impl->credits;
+        const ibmsg::Credits &ar = a.s.impl->tx.credits;
         fprintf(stderr,
                 "   peer %s: state %s held-by-app %zu; credits data %u ctrl %u owed %u owed_ctrl "
                 "%u held %u granted %u granted_ctrl %u\n",

@@ -41,9 +41,9 @@ void set_loop_busy_poll(H *h, int value) {
   expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_BUSY_POLL, &value, sizeof value), IBMSG_OK);
 }
 
-ibmsg::tp::Cq *cq_of(const Conn &c) { return c.s.impl ? c.s.impl->cq : nullptr; }
+ibmsg::tp::Cq *cq_of(const Conn &c) { return c.s.impl ? c.s.impl->res.cq : nullptr; }
 fake::CqInfo cq(const Conn &c) { return fake::cq_info(cq_of(c)); }
-bool polls(const Conn &c) { return c.s.impl && c.s.impl->poll_active; }
+bool polls(const Conn &c) { return c.s.impl && c.s.impl->poll.active; }
 int loop_polling(H *h) { return h->loop.impl->polling; }
 bool poller_running(H *h) { return ev_is_active(&h->loop.impl->poller); }
 int loop_timeout(H *h) { return ibmsg_event_loop_timeout(&h->loop); }
@@ -557,7 +557,7 @@ void credit_only_message_before_a_message_goes_unsignaled(void **state) {
     std::vector<Op> want = reply ? std::vector<Op>{Op::Ctrl, Op::Send} : std::vector<Op>{Op::Ctrl};
     if (posts_since(posts0, port) != want) fail_msg("round %d: unexpected posts", round);
     assert_int_equal(fake::stats().ctrl_cqes - ctrl0, reply ? 0 : 1);
-    assert_int_equal(p.a->s.impl->ctrl_in_flight, 0);
+    assert_int_equal(p.a->s.impl->tx.ctrl_in_flight, 0);
   }
   assert_int_equal(p.a->reply_errors, 0);
 }

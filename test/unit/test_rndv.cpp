@@ -561,7 +561,7 @@ void disconnect_waiting_for_a_credit_closes_after_a_second(void **state) {
   auto got = [&] { return p.a->received; };
   run_until(h, [&] { return got() == 32; }, 400, 1);
   if (p.a->received < 32) fail_msg("the receiver got %llu of 32", (unsigned long long)got());
-  assert_true(p.a->s.impl->done_owed > wire::kMaxDonePerMsg);
+  assert_true(p.a->s.impl->rndv.done_owed > wire::kMaxDonePerMsg);
   expect_code(ibmsg_disconnect(&p.a->s), IBMSG_OK);
   expect_code(ibmsg_disconnect(&p.a->s), IBMSG_ESTATE);  // it is closing (lingering)
   struct timespec t0, t1;

@@ -65,13 +65,13 @@ ibmsg__socket *core(Conn &c) { return c.s.impl; }
 // buffers its connections reserve and the ones the application holds; its credits are exactly
 // what its connected sockets hold and are owed, no more than the free buffers.
 void expect_pool_balanced(H *h, Conn &any, uint32_t lent) {
-  ibmsg::SharedRecv *r = core(any)->srecv;
+  ibmsg::SharedRecv *r = core(any)->rx.shared;
   if (!r) fail_msg("%s has no shared receive buffers", any.name);
   uint64_t total = 0;
   uint32_t conns = 0;
   for (Conn &c : h->conns)
-    if (c.opened && !c.closed && c.s.status == IBMSG_CONNECTED && core(c)->srecv == r) {
-      total += core(c)->share.total();
+    if (c.opened && !c.closed && c.s.status == IBMSG_CONNECTED && core(c)->rx.shared == r) {
+      total += core(c)->rx.share.total();
       ++conns;
     }
   assert_int_equal(r->conns, conns);
@@ -207,7 +207,7 @@ void hellos_offer_a_base_of_2_and_the_cap(void **state) {
   assert_true(p.mine.features & wire::kFeatureShared);
   assert_int_equal(p.mine.recv_depth, 2);
   assert_int_equal(p.mine.cap, 32);
-  assert_true(core(*p.a)->features & wire::kFeatureShared);
+  assert_true(core(*p.a)->peer.features & wire::kFeatureShared);
   assert_int_equal(shared_mem(*p.a), kIdle);
 }
 
@@ -215,16 +215,16 @@ void ibmsg_pair_agrees_and_streams_both_ways(void **state) {
   H *h = h_of(state);
   Pair p = connected(h);
   for (Conn *c : {p.c, p.a}) {
-    assert_true(core(*c)->features & wire::kFeatureShared);
+    assert_true(core(*c)->peer.features & wire::kFeatureShared);
     assert_int_equal(shared_mem(*c), kIdle);
-    assert_int_equal(core(*c)->credits.data(), 2);  // the base of the other's pool
+    assert_int_equal(core(*c)->tx.credits.data(), 2);  // the base of the other's pool
   }
   stream_both(h, p, 600);  // 600 messages each way, at the same time
   settle(h);
   // Idle again: the surplus went back, each holds its base again and costs its base.
   for (Conn *c : {p.c, p.a}) {
-    assert_int_equal(core(*c)->credits.data(), 2);
-    assert_int_equal(core(*c)->share.granted, 2);
+    assert_int_equal(core(*c)->tx.credits.data(), 2);
+    assert_int_equal(core(*c)->rx.share.granted, 2);
     assert_int_equal(shared_mem(*c), kIdle);
   }
   expect_pool_balanced(h, *p.a, 0);
@@ -242,9 +242,9 @@ void held_messages_stop_the_peer_at_the_cap(void **state) {
   settle(h, 100);
   assert_int_equal(p.a->received, 32);  // the cap: no more while it holds them
   assert_int_equal(p.c->sent_ok, 32);
-  assert_int_equal(core(*p.c)->credits.data(), 0);
-  assert_int_equal(core(*p.a)->share.total(), 0);
-  assert_int_equal(core(*p.a)->share.held, 32);
+  assert_int_equal(core(*p.c)->tx.credits.data(), 0);
+  assert_int_equal(core(*p.a)->rx.share.total(), 0);
+  assert_int_equal(core(*p.a)->rx.share.held, 32);
   assert_int_equal(shared_mem(*p.a), (32 + 4) * kSlot);
   // Each one freed lets exactly one more come.
   free_held(*p.a, 5);
@@ -272,7 +272,7 @@ void full_cap_freed_at_once_then_idle_again(void **state) {
   free_held(*p.a);
   RUN_UNTIL(h, (top_up(*p.c, 40), p.a->received == 40 && p.c->sent_ok == 40));
   settle(h, 100);
-  assert_int_equal(core(*p.c)->credits.data(), 2);
+  assert_int_equal(core(*p.c)->tx.credits.data(), 2);
   assert_int_equal(shared_mem(*p.a), kIdle);
   expect_pool_balanced(h, *p.a, 0);
 }
@@ -289,7 +289,7 @@ void busy_connection_of_20_gets_more_than_the_base_and_gives_it_back(void **stat
   uint32_t most_credits = 0;
   busy.a->on_msg = [&](ibmsg_buffer *) {
     most = std::max(most, shared_mem(*busy.a));
-    most_credits = std::max(most_credits, core(*busy.a)->share.granted);
+    most_credits = std::max(most_credits, core(*busy.a)->rx.share.granted);
   };
   stream(h, *busy.c, *busy.a, 400);
   settle(h);
@@ -297,7 +297,7 @@ void busy_connection_of_20_gets_more_than_the_base_and_gives_it_back(void **stat
   assert_true(most_credits > 2);  // and granted them
   assert_true(most <= (32 + 4) * kSlot);
   // Its burst over, the surplus went back: every connection holds its base again.
-  assert_int_equal(core(*busy.c)->credits.data(), 2);
+  assert_int_equal(core(*busy.c)->tx.credits.data(), 2);
   for (Pair &q : ps) {
     assert_int_equal(shared_mem(*q.a), kIdle);
     assert_int_equal(shared_mem(*q.c), kIdle);
@@ -345,7 +345,7 @@ void sender_sets_wants_and_returns_its_surplus(void **state) {
     assert_int_equal(r->received[i].imm >> 28, kOpData);
     assert_int_equal(bool(r->received[i].imm & kWants), i != 10);  // more behind all but the last
   }
-  assert_int_equal(core(c)->credits.data(), 0);
+  assert_int_equal(core(c)->tx.credits.data(), 0);
   // It returns the 8 it consumed: the sender holds 8 with nothing to send, 6 above the base.
   b.send(kOpCredit);
   RUN_UNTIL(h, (b.take(), b.returns_seen == 1));
@@ -357,7 +357,7 @@ void sender_sets_wants_and_returns_its_surplus(void **state) {
   assert_int_equal(ret.imm >> 28, kOpReturn);
   assert_int_equal(ret.imm & 0xffff, 6);  // no wants bit on a Return
   assert_int_equal(ret.data.size(), 0);
-  assert_int_equal(core(c)->credits.data(), 2);
+  assert_int_equal(core(c)->tx.credits.data(), 2);
   assert_int_equal(c.sent_ok, 10);
   assert_int_equal(c.s.status, IBMSG_CONNECTED);
 }
@@ -387,7 +387,7 @@ void return_above_the_base_is_eproto_for_that_connection_only(void **state) {
   expect_code(p.r->send(fake::imm(kOpReturn, uint32_t(held - 2))), IBMSG_OK);
   settle(h);
   assert_int_equal(p.a->s.status, IBMSG_CONNECTED);
-  assert_int_equal(core(*p.a)->share.granted, 2);
+  assert_int_equal(core(*p.a)->rx.share.granted, 2);
   assert_int_equal(p.a->received, 4);
   // One more than it holds above the base now: EPROTO.
   expect_code(p.r->send(fake::imm(kOpReturn, 1)), IBMSG_OK);
@@ -406,7 +406,7 @@ void malformed_or_unagreed_return_is_eproto(void **state) {
   for (int variant = 0; variant < 4; ++variant) {
     RawPair p = raw_client_with(h, variant == 3 ? fake::hello(8) : hello13(8, 8));
     RawBook b = book_of(p, variant != 3);
-    assert_int_equal(bool(core(*p.a)->features & wire::kFeatureShared), variant != 3);
+    assert_int_equal(bool(core(*p.a)->peer.features & wire::kFeatureShared), variant != 3);
     if (variant != 3) assert_true(earn_credits(h, b, 4) > 2);  // a plain Return of 1 is fine
     const uint8_t junk[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     const uint32_t ret = fake::imm(kOpReturn, variant == 2 ? 0 : 1) | (variant == 1 ? kWants : 0);
@@ -479,7 +479,7 @@ void peer_of_protocol_1_2_gets_at_most_the_base_and_no_wants_bit(void **state) {
   hh.minor = 2;
   hh.features = wire::kFeatureRdma | wire::kFeatureImm | wire::kFeatureRndv;
   RawPair p = raw_client_with(h, hh, nullptr, 28);
-  assert_false(core(*p.a)->features & wire::kFeatureShared);
+  assert_false(core(*p.a)->peer.features & wire::kFeatureShared);
   assert_int_equal(p.mine.recv_depth, 2);
   RawBook b = book_of(p, false);
   // The raw peer sends 60 messages as fast as its credits let it (message k: k + 1 bytes); the
@@ -512,10 +512,10 @@ void shared_recv_option_0_gives_buffers_of_its_own(void **state) {
     for (int round = 0; round < 2; ++round) {  // before and after streams both ways
       if (round) stream_both(h, p, 300), settle(h);
       assert_int_equal(shared_mem(its_own), 0);
-      assert_null(core(its_own)->srecv);
+      assert_null(core(its_own)->rx.shared);
       assert_int_equal(shared_mem(shared), kIdle);
-      assert_int_equal(core(shared)->credits.data(), 32);
-      assert_int_equal(core(its_own)->credits.data(), 2);
+      assert_int_equal(core(shared)->tx.credits.data(), 32);
+      assert_int_equal(core(its_own)->tx.credits.data(), 2);
     }
   }
 }
@@ -531,10 +531,10 @@ void device_without_srq_gives_buffers_of_its_own(void **state) {
   for (int round = 0; round < 2; ++round) {  // before and after streams both ways
     if (round) stream_both(h, p, 300), settle(h);
     assert_int_equal(shared_mem(*p.c), 0);
-    assert_null(core(*p.c)->srecv);
+    assert_null(core(*p.c)->rx.shared);
     assert_int_equal(shared_mem(*p.a), kIdle);
-    assert_int_equal(core(*p.a)->credits.data(), 32);
-    assert_int_equal(core(*p.c)->credits.data(), 2);
+    assert_int_equal(core(*p.a)->tx.credits.data(), 32);
+    assert_int_equal(core(*p.c)->tx.credits.data(), 2);
   }
   assert_int_equal(hello_of_client(h, nullptr, &h->loop2).recv_depth, 32);  // its 32 buffers at once
   stream(h, *first.c, *first.a, 50);
@@ -551,8 +551,8 @@ void close_while_messages_are_held(void **state) {
     Pair p = connect_to(h, l);
     h->hold_accepted = false;
     RUN_UNTIL(h, (top_up(*p.c, 20), p.a->received == 20 && p.c->sent_ok == 20));
-    assert_int_equal(core(*p.a)->share.held, 20);
-    ibmsg::SharedRecv *r = core(*p.a)->srecv;
+    assert_int_equal(core(*p.a)->rx.share.held, 20);
+    ibmsg::SharedRecv *r = core(*p.a)->rx.shared;
     const uint32_t conns = r->conns;
     // The holder closes, or its peer does.
     expect_code(ibmsg_disconnect(variant == 0 ? &p.a->s : &p.c->s), IBMSG_OK);
