@@ -5,24 +5,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "handles.hpp"  // the core's short names of the private types ibmsg__*
 #include "ibmsg.h"
 #include "list.hpp"
 #include "transport/transport.hpp"
 
-// The public header names the private types ibmsg__*; inside the core they have short names.
-struct ibmsg__socket;
-struct ibmsg__slot;
-struct ibmsg__region;
-
 namespace ibmsg {
-
-using Socket = ::ibmsg__socket;
-using Slot = ::ibmsg__slot;
-struct Pool;
-struct Device;
-struct DevCq;
-struct SharedRecv;
-struct SharedSend;
 
 enum class SlotState : uint8_t {
   Free,      // send: in the pool;            recv: not posted (connection closing)
