@@ -18,9 +18,9 @@ namespace {
 // The trailer of a request or reply slot carries (behind its payload, or behind its RTS).
 wire::ReqTrailer req_trailer(const Slot *slot) {
   wire::ReqTrailer tr;
-  tr.id = slot->req_id;
-  tr.retry = slot->req_retry;
-  tr.floor = slot->req_floor;
+  tr.id = slot->req.id;
+  tr.retry = slot->req.retry;
+  tr.floor = slot->req.floor;
   return tr;
 }
 
@@ -43,7 +43,7 @@ void rndv_read_done(Work *w, int status) {
 uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
   wire::Rts r;
   r.id = uint32_t(slot - slot->pool->slots);
-  r.rkey = tp::mr_rkey(slot->large ? slot->large->mr : slot->xmr);
+  r.rkey = tp::mr_rkey(slot->large ? slot->large->mr : slot->src.xmr);
   r.has_imm = slot->has_imm;
   r.imm = slot->imm;
   // The large buffer itself, whatever the application did to msg->data (a region message's
@@ -51,7 +51,7 @@ uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
   r.addr = slot->large ? reinterpret_cast<uintptr_t>(slot->large->mem)
                        : reinterpret_cast<uintptr_t>(slot->msg->data);
   r.length = slot->msg->size;
-  r.req = slot->req_kind;  // a request or reply names itself in a trailer behind the RTS
+  r.req = slot->req.kind;  // a request or reply names itself in a trailer behind the RTS
   wire::encode_rts(r, slot->buf);
   s->rndv.wait.push_back(slot);  // popped when read, or when its posting fails (send_now)
   if (!r.req) return uint32_t(wire::kRtsSize);
@@ -127,22 +127,22 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
   } else if (slot->has_imm) {
     // The immediate follows the payload, little-endian: in the pool's room behind it, or, for a
     // payload in a region, in the slot as a second element.
-    uint8_t *t = slot->region ? slot->buf : slot->buf + len;
+    uint8_t *t = slot->src.region ? slot->buf : slot->buf + len;
     wire::encode_imm_trailer(slot->imm, t);
-    if (slot->region) tail = {t, wire::kImmTrailer, slot->pool->mr};
+    if (slot->src.region) tail = {t, wire::kImmTrailer, slot->pool->mr};
     else len += wire::kImmTrailer;
     imm.op = wire::Opcode::DataImm;
-  } else if (slot->req_kind != uint8_t(MsgKind::Plain)) {
+  } else if (slot->req.kind != uint8_t(MsgKind::Plain)) {
     // A request or reply: its trailer follows the payload, as an immediate does.
-    uint8_t *t = slot->region ? slot->buf : slot->buf + len;
+    uint8_t *t = slot->src.region ? slot->buf : slot->buf + len;
     wire::encode_req_trailer(req_trailer(slot), t);
-    if (slot->region) tail = {t, uint32_t(wire::kReqTrailer), slot->pool->mr};
+    if (slot->src.region) tail = {t, uint32_t(wire::kReqTrailer), slot->pool->mr};
     else len += wire::kReqTrailer;
-    imm.op = slot->req_kind == uint8_t(MsgKind::Request) ? wire::Opcode::Request : wire::Opcode::Reply;
+    imm.op = slot->req.kind == uint8_t(MsgKind::Request) ? wire::Opcode::Request : wire::Opcode::Reply;
   }
-  if (slot->region && !slot->work.rndv) {  // zero copy: straight from the region
+  if (slot->src.region && !slot->work.rndv) {  // zero copy: straight from the region
     buf = static_cast<const uint8_t *>(slot->msg->data);
-    mr = slot->rmr;
+    mr = slot->src.mr;
   }
   int rc = tp::post_send_imm(s->id, &slot->work.wr, buf, len, mr, wire::encode_imm(imm),
                              s->res.max_inline, tail.len ? &tail : nullptr);
@@ -285,12 +285,12 @@ namespace {
 void notify_sent(Socket *s, Slot *slot, int status) {
   ibmsg_buffer *msg = slot->msg;
   if (slot->link.linked()) s->rndv.wait.remove(slot);  // failed or canceled before it was read
-  if (slot->xmr) tp::mr_deregister(slot->xmr);  // the peer reads no more (or never will)
-  slot->xmr = nullptr;
+  if (slot->src.xmr) tp::mr_deregister(slot->src.xmr);  // the peer reads no more (or never will)
+  slot->src.xmr = nullptr;
   slot->state = SlotState::Allocated;
   msg->status = status == IBMSG_OK ? IBMSG_SENT : IBMSG_SEND_FAILED;
-  if (slot->req_internal) {  // a kept reply sent again (dedup.cpp): the library's own
-    slot->req_internal = false;
+  if (slot->req.internal) {  // a kept reply sent again (dedup.cpp): the library's own
+    slot->req.internal = false;
     msg->impl = nullptr;
     msg->data = nullptr;
     msg->status = IBMSG_FREED;

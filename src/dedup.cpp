@@ -63,8 +63,8 @@ void resend(Socket *s, uint64_t id, const Answer &a) {
   Slot *slot = send_get(s, &err);
   if (!slot) return;
   slot->large = nullptr;
-  slot->region = nullptr;
-  slot->req_internal = true;
+  slot->src.region = nullptr;
+  slot->req.internal = true;
   slot->msg = &slot->own;
   slot->own.impl = slot;
   slot->own.data = slot->buf;
@@ -74,7 +74,7 @@ void resend(Socket *s, uint64_t id, const Answer &a) {
   as.kind = MsgKind::Reply;
   as.id = id;
   if (msg_post(s, &slot->own, false, 0, &as) != IBMSG_OK) {
-    slot->req_internal = false;
+    slot->req.internal = false;
     msg_release(&slot->own);
     return;
   }
@@ -82,9 +82,9 @@ void resend(Socket *s, uint64_t id, const Answer &a) {
 }
 
 Answer *find_answer(Loop *loop, const Slot *q) {
-  auto sit = loop->req.sessions.find(q->req_session);
+  auto sit = loop->req.sessions.find(q->req.session);
   if (sit == loop->req.sessions.end()) return nullptr;
-  auto it = sit->second.answers.find(q->req_id);
+  auto it = sit->second.answers.find(q->req.id);
   return it == sit->second.answers.end() ? nullptr : &it->second;
 }
 
@@ -99,9 +99,9 @@ Session &session_of(Socket *s, const Slot *slot) {
   Loop *loop = s->loop;
   const double now = ev_now(loop->ev);
   sweep(loop, now);
-  Session &ss = loop->req.sessions[slot->req_session];
+  Session &ss = loop->req.sessions[slot->req.session];
   ss.last = now;
-  if (slot->req_floor > ss.floor) ss.floor = slot->req_floor;
+  if (slot->req.floor > ss.floor) ss.floor = slot->req.floor;
   prune(loop, ss, now);
   return ss;
 }
@@ -110,9 +110,9 @@ Session &session_of(Socket *s, const Slot *slot) {
 // application replies, or now with the kept reply), and for a retry that may have been
 // answered and forgotten (then it may have run: it gets no answer rather than a second run).
 bool is_new(Socket *s, const Slot *slot, Session &ss) {
-  const uint64_t id = slot->req_id;
+  const uint64_t id = slot->req.id;
   auto it = ss.answers.find(id);
-  if (it == ss.answers.end()) return !(slot->req_retry && (id < ss.floor || id <= ss.forgotten));
+  if (it == ss.answers.end()) return !(slot->req.retry && (id < ss.floor || id <= ss.forgotten));
   Answer &a = it->second;
   if (!a.answered) a.waiting = s;  // answered on it too, once the reply is posted
   else if (a.kept) resend(s, id, a);
@@ -124,11 +124,11 @@ bool is_new(Socket *s, const Slot *slot, Session &ss) {
 bool answer_on_request(Socket *s, Slot *slot) {
   Session &ss = session_of(s, slot);
   if (!is_new(s, slot, ss)) {
-    slot->req_answered = true;  // (not the application's: its freeing answers nothing)
+    slot->req.answered = true;  // (not the application's: its freeing answers nothing)
     msg_release(&slot->own);
     return false;
   }
-  ss.answers.emplace(slot->req_id, Answer());
+  ss.answers.emplace(slot->req.id, Answer());
   for (auto f = ss.answers.begin(); ss.answers.size() > kMaxAnswers && f != ss.answers.end();) {
     if (!f->second.answered) {
       ++f;
@@ -143,7 +143,7 @@ bool answer_on_request(Socket *s, Slot *slot) {
 
 bool answer_is_copy(Socket *s, Slot *slot) {
   if (is_new(s, slot, session_of(s, slot))) return false;
-  slot->req_answered = true;
+  slot->req.answered = true;
   return true;
 }
 
@@ -151,9 +151,9 @@ int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply) {
   Slot *q = request->impl;
   if (!slot_valid(q) || q->msg != request || !q->pool->recv) return IBMSG_EINVAL;
   if (q->state != SlotState::Lent || request->status != IBMSG_RECEIVED) return IBMSG_ENOTALLOC;
-  if (!(request->flags & IBMSG_MSG_REQUEST) || q->req_kind != uint8_t(MsgKind::Request))
+  if (!(request->flags & IBMSG_MSG_REQUEST) || q->req.kind != uint8_t(MsgKind::Request))
     return IBMSG_EINVAL;
-  if (q->req_answered) return IBMSG_EALREADY;
+  if (q->req.answered) return IBMSG_EALREADY;
   Slot *rs = reply->impl;
   if (!slot_valid(rs) || rs->msg != reply || rs->pool->recv) return IBMSG_EINVAL;
   // Kept only if a send buffer holds it (resend sends it eagerly): a larger reply, which goes
@@ -168,10 +168,10 @@ int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply) {
   if (s && s->loop != loop) return IBMSG_EINVAL;
   PostAs as;
   as.kind = MsgKind::Reply;
-  as.id = q->req_id;
+  as.id = q->req.id;
   const int rc = s ? msg_post(s, reply, false, 0, &as) : IBMSG_ENOTCONN;
   if (rc != IBMSG_OK && rc != IBMSG_ENOTCONN) return rc;
-  q->req_answered = true;
+  q->req.answered = true;
   Answer *a = find_answer(loop, q);
   if (!a || a->answered) return rc;
   a->answered = true;
@@ -186,13 +186,13 @@ int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply) {
   }
   Socket *w = a->waiting;
   a->waiting = nullptr;
-  if (w && w != s && a->kept) resend(w, q->req_id, *a);
+  if (w && w != s && a->kept) resend(w, q->req.id, *a);
   return rc;
 }
 
 void answer_on_free(Slot *slot) {
-  if (slot->req_kind != uint8_t(MsgKind::Request) || slot->req_answered) return;
-  slot->req_answered = true;
+  if (slot->req.kind != uint8_t(MsgKind::Request) || slot->req.answered) return;
+  slot->req.answered = true;
   Loop *loop = loop_of_slot(slot);
   Answer *a = find_answer(loop, slot);
   if (!a || a->answered) return;

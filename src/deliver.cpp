@@ -19,11 +19,11 @@ void deliver_ready(Socket *s) {
     s->deliver.pop_front();
     slot->in.ready = false;
     ibmsg_buffer *msg = &slot->own;
-    if (slot->req_kind == uint8_t(MsgKind::Reply)) {
+    if (slot->req.kind == uint8_t(MsgKind::Reply)) {
       req_on_reply(s, slot);  // to its request's done (or dropped: late)
       continue;
     }
-    if (slot->req_kind == uint8_t(MsgKind::Request) && !answer_on_request(s, slot))
+    if (slot->req.kind == uint8_t(MsgKind::Request) && !answer_on_request(s, slot))
       continue;  // a copy of one delivered before: answered with the kept reply, if any
     ++s->stats.msgs_received;
     s->stats.bytes_received += msg->size;

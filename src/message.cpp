@@ -31,8 +31,8 @@ int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
   Slot *slot = send_get(s, &err);
   if (!slot) return err;
   slot->large = nullptr;
-  slot->region = nullptr;
-  slot->req_internal = false;
+  slot->src.region = nullptr;
+  slot->req.internal = false;
   if (size > send_eager(s)) {
     // Rendezvous: the payload in a large buffer the peer reads; the slot carries the RTS.
     slot->large = large_get(s->dev, true, s->res.serial, size, &err);
@@ -61,10 +61,10 @@ int msg_from_region(Socket *s, ibmsg_buffer *msg, Region *r, size_t off, size_t 
   Slot *slot = send_get(s, &err);
   if (!slot) return err;
   slot->large = nullptr;
-  slot->req_internal = false;
-  slot->region = r;
-  slot->region_off = off;
-  slot->rmr = mr;
+  slot->req.internal = false;
+  slot->src.region = r;
+  slot->src.off = off;
+  slot->src.mr = mr;
   ++r->busy;  // it stays registered while the message may point into it
   slot->msg = msg;
   msg->data = r->addr + off;
@@ -83,9 +83,9 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
   if (slot->state != SlotState::Allocated) return IBMSG_EBUSY;
   if (msg->size > s->peer.max_msg) return IBMSG_EMSGSIZE;
   const bool rndv = msg->size > s->peer.eager;
-  if (slot->region) {
-    if (msg->data != slot->region->addr + slot->region_off ||
-        msg->size > slot->region->length - slot->region_off)
+  if (slot->src.region) {
+    if (msg->data != slot->src.region->addr + slot->src.off ||
+        msg->size > slot->src.region->length - slot->src.off)
       return IBMSG_ERANGE;  // moved or grown beyond its region
   } else if (slot->large ? msg->size > slot->large->bytes
                           : msg->size > slot->pool->slot_size - wire::kMaxTrailer) {
@@ -96,15 +96,15 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
     return IBMSG_EOPNOTSUPP;
   const bool now = s->tx.queue.empty() && s->tx.credits.can_send_data();
   if (!now && s->tx.queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
-  if (rndv && slot->region) {
+  if (rndv && slot->src.region) {
     // The peer reads exactly the message's bytes: a registration of their own, until it did.
     // (No local write: the region may be read-only memory.)
     int err = tp::mr_register(s->dev->tp, msg->data, msg->size,
-                              tp::kRemoteRead | tp::kLocalReadOnly, &slot->xmr);
+                              tp::kRemoteRead | tp::kLocalReadOnly, &slot->src.xmr);
     if (err) return err;
   }
   bool late = false;
-  if (rndv && !slot->large && !slot->region) {
+  if (rndv && !slot->large && !slot->src.region) {
     // Allocated before the peer's hello said its eager size is smaller: a large buffer now
     // (msg->data moves there; back if the post fails).
     int err = IBMSG_OK;
@@ -116,10 +116,10 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
   }
   slot->has_imm = has_imm;
   slot->imm = imm;
-  slot->req_kind = uint8_t(as ? as->kind : MsgKind::Plain);
-  slot->req_retry = as && as->retry;
-  slot->req_id = as ? as->id : 0;
-  slot->req_floor = as ? as->floor : 0;
+  slot->req.kind = uint8_t(as ? as->kind : MsgKind::Plain);
+  slot->req.retry = as && as->retry;
+  slot->req.id = as ? as->id : 0;
+  slot->req.floor = as ? as->floor : 0;
   // A large buffer's message that fits the eager size goes eagerly, copied into the slot.
   if (!rndv && slot->large && msg->size) memcpy(slot->buf, slot->large->mem, msg->size);
   slot->work.rndv = rndv;
@@ -128,8 +128,8 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
     // a queued message fails to go out. The message stays the application's (no callback).
     int rc = send_now(s, slot);
     if (rc) {
-      if (slot->xmr) tp::mr_deregister(slot->xmr);
-      slot->xmr = nullptr;
+      if (slot->src.xmr) tp::mr_deregister(slot->src.xmr);
+      slot->src.xmr = nullptr;
       if (late) {
         large_put(slot->large);
         slot->large = nullptr;

@@ -208,8 +208,8 @@ void recv_lend(Socket *s, Slot *slot, uint8_t *data, size_t size, bool has_imm, 
   msg->user_data = nullptr;
   msg->flags = has_imm ? IBMSG_MSG_IMM : 0;
   msg->imm = imm;
-  slot->req_kind = uint8_t(MsgKind::Plain);
-  slot->req_answered = false;
+  slot->req.kind = uint8_t(MsgKind::Plain);
+  slot->req.answered = false;
 }
 
 void recv_back(Socket *s, Slot *slot) {
@@ -332,11 +332,11 @@ bool rndv_offered(const Socket *s) { return s->opts.max_msg_size > eager_recv_si
 
 
 void recv_mark_request(Socket *s, Slot *slot, bool request, const wire::ReqTrailer &tr) {
-  slot->req_kind = uint8_t(request ? MsgKind::Request : MsgKind::Reply);
-  slot->req_id = tr.id;
-  slot->req_retry = tr.retry;
-  slot->req_floor = tr.floor;
-  slot->req_session = s->reqs.peer_session;
+  slot->req.kind = uint8_t(request ? MsgKind::Request : MsgKind::Reply);
+  slot->req.id = tr.id;
+  slot->req.retry = tr.retry;
+  slot->req.floor = tr.floor;
+  slot->req.session = s->reqs.peer_session;
   if (request) slot->own.flags |= IBMSG_MSG_REQUEST;
 }
 

@@ -207,7 +207,7 @@ int req_post(Socket *s, ibmsg_buffer *msg, ibmsg_request *req, int timeout_ms, b
 }
 
 void req_on_reply(Socket *s, Slot *slot) {
-  Req *r = waiting_for_reply(s, slot->req_id);
+  Req *r = waiting_for_reply(s, slot->req.id);
   if (!r) {
     // Late (the request timed out), or a reply to a request of another connection: dropped.
     ++s->stats.replies_dropped;  // (not counted as received)

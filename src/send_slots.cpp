@@ -99,9 +99,9 @@ void send_put(Slot *slot) {
 
 void send_free(Slot *slot) {
   if (slot->large) large_put(slot->large);
-  if (slot->region) --slot->region->busy;  // the application's region, free again
+  if (slot->src.region) --slot->src.region->busy;  // the application's region, free again
   slot->large = nullptr;
-  slot->region = nullptr;
+  slot->src.region = nullptr;
   send_put(slot);
 }
 

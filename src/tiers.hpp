@@ -13,7 +13,7 @@
 // tier 3 engine: completion rdma inbound deliver requests dedup message incoming rndv datapath
 // tier 2 resources: device_release usage device cq memory send_slots recv region poll timer batch wake internal
 // tier 1 transport: transport/cm transport/device transport/qp transport/srq transport/transport transport/verbs
-// tier 0 pure: wire state credits shared_credits pool largebuf list qpmap deadlines errors log options rndv_memory hooks handles tiers
+// tier 0 pure: wire state credits shared_credits pool largebuf list qpmap deadlines errors log options rndv_memory hooks handles slot work tiers
 //
 // api         every extern "C" entry point: checks the handles and arguments, calls the core
 // loop        the libev loop: CM channel, idle work, foreign-loop fd and timeout; registers the hooks
@@ -49,5 +49,6 @@
 // internal    the shared handles: socket, loop, options set, connection request
 // pure: wire (the protocol's encodings), state (the socket state table), credits and
 // shared_credits (flow control), pool, largebuf, list, qpmap, deadlines, errors, log, options,
-// rndv_memory (the loop's cap on rendezvous buffers), hooks, handles, tiers (this map)
+// rndv_memory (the loop's cap on rendezvous buffers), hooks, handles, slot (a message buffer
+// slot, by concern), work (what a work request carries), tiers (this map)
 #pragma once
