@@ -3,6 +3,7 @@
 // going to the connection whose work request it names. Arming and busy polling are poll.cpp's.
 #include "cq.hpp"
 
+#include <memory>
 #include <new>
 
 #include "internal.hpp"
@@ -35,19 +36,12 @@ DevCq *device_cq_reserve(Device *dev, uint32_t need, int *err) {
     *err = IBMSG_EINVAL;  // more than the device's largest CQ for one connection
     return nullptr;
   }
-  DevCq *q = new (std::nothrow) DevCq();
-  if (!q) {
-    *err = IBMSG_ENOMEM;
-    return nullptr;
-  }
-  *err = tp::cq_create(dev->tp, uint32_t(size), dev, &q->cq);
-  if (*err) {
-    delete q;
-    return nullptr;
-  }
+  std::unique_ptr<DevCq> q(new (std::nothrow) DevCq());
+  *err = q ? tp::cq_create(dev->tp, uint32_t(size), dev, &q->cq) : IBMSG_ENOMEM;
+  if (*err) return nullptr;
   q->size = uint32_t(size);
-  dev->cqs.push_back(q);
-  return q;
+  dev->cqs.push_back(q.get());
+  return q.release();
 }
 
 void device_cqs_destroy(Device *dev) {

@@ -3,6 +3,7 @@
 // never keeps a removed device from going away.
 #include "device.hpp"
 
+#include <memory>
 #include <new>
 
 #include "internal.hpp"
@@ -27,23 +28,16 @@ Device *device_get(Loop *loop, tp::DeviceKey key, int *err) {
       return d;
     }
   }
-  Device *dev = new (std::nothrow) Device();
-  if (!dev) {
-    *err = IBMSG_ENOMEM;
-    return nullptr;
-  }
-  *err = tp::device_open(key, &dev->tp);
-  if (*err) {
-    delete dev;
-    return nullptr;
-  }
-  if (tp::device_info(dev->tp).iwarp) {
+  std::unique_ptr<Device> owned(new (std::nothrow) Device());
+  *err = owned ? tp::device_open(key, &owned->tp) : IBMSG_ENOMEM;
+  if (*err) return nullptr;
+  if (tp::device_info(owned->tp).iwarp) {
     // iWARP devices deliver no immediate data, and the credits ride on it (ibmsg(7)).
-    tp::device_close(dev->tp);
-    delete dev;
+    tp::device_close(owned->tp);
     *err = IBMSG_ENODEV;
     return nullptr;
   }
+  Device *dev = owned.release();
   dev->loop = loop;
   dev->key = key;
   dev->refs = 1;

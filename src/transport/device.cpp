@@ -116,22 +116,16 @@ int device_take_events(Device *d, void (*ready)(void *cq_user, void *arg), void 
 }
 
 int cq_create(Device *d, uint32_t depth, void *user, Cq **out) {
-  Cq *c = new (std::nothrow) Cq();
-  if (!c) return IBMSG_ENOMEM;
-  c->user = user;
-  c->cq = ibv_create_cq(d->ctx, int(depth), c, d->channel, 0);
-  if (!c->cq) {
-    int err = alloc_error();
-    delete c;
-    return err;
-  }
-  if (ibv_req_notify_cq(c->cq, 0)) {
-    ibv_destroy_cq(c->cq);
-    delete c;
-    return IBMSG_ESYS;
-  }
-  *out = c;
-  return IBMSG_OK;
+  return make_handle(out, [&](Cq *c) {
+    c->user = user;
+    c->cq = ibv_create_cq(d->ctx, int(depth), c, d->channel, 0);
+    if (!c->cq) return alloc_error();
+    if (ibv_req_notify_cq(c->cq, 0)) {
+      ibv_destroy_cq(c->cq);
+      return int(IBMSG_ESYS);
+    }
+    return int(IBMSG_OK);
+  });
 }
 
 int cq_resize(Cq *c, uint32_t depth) {
@@ -175,16 +169,10 @@ int mr_register(Device *d, void *addr, size_t len, unsigned access, Mr **out) {
   if (access & kRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE;
   if (access & kRemoteAtomic) flags |= IBV_ACCESS_REMOTE_ATOMIC;
   if (access & kMwBind) flags |= IBV_ACCESS_MW_BIND;
-  Mr *m = new (std::nothrow) Mr();
-  if (!m) return IBMSG_ENOMEM;
-  m->mr = ibv_reg_mr(d->pd, addr, len, flags);
-  if (!m->mr) {
-    int err = alloc_error();
-    delete m;
-    return err;
-  }
-  *out = m;
-  return IBMSG_OK;
+  return make_handle(out, [&](Mr *m) {
+    m->mr = ibv_reg_mr(d->pd, addr, len, flags);
+    return m->mr ? int(IBMSG_OK) : alloc_error();
+  });
 }
 
 void mr_deregister(Mr *m) {
@@ -197,16 +185,11 @@ uint32_t mr_lkey(const Mr *m) { return m->mr->lkey; }
 uint32_t mr_rkey(const Mr *m) { return m->mr->rkey; }
 
 int mw_alloc(Device *d, Mw **out) {
-  Mw *w = new (std::nothrow) Mw();
-  if (!w) return IBMSG_ENOMEM;
-  w->mw = ibv_alloc_mw(d->pd, IBV_MW_TYPE_2);
-  if (!w->mw) {
-    int err = errno == EOPNOTSUPP || errno == ENOSYS ? IBMSG_EOPNOTSUPP : alloc_error();
-    delete w;
-    return err;
-  }
-  *out = w;
-  return IBMSG_OK;
+  return make_handle(out, [&](Mw *w) {
+    w->mw = ibv_alloc_mw(d->pd, IBV_MW_TYPE_2);
+    if (w->mw) return int(IBMSG_OK);
+    return errno == EOPNOTSUPP || errno == ENOSYS ? int(IBMSG_EOPNOTSUPP) : alloc_error();
+  });
 }
 
 void mw_dealloc(Mw *w) {

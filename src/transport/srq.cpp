@@ -12,19 +12,13 @@ struct Srq {
 ibv_srq *srq_verbs(Srq *s) { return s->srq; }
 
 int srq_create(Device *dev, uint32_t max_wr, Srq **out) {
-  Srq *s = new (std::nothrow) Srq();
-  if (!s) return IBMSG_ENOMEM;
-  ibv_srq_init_attr attr{};
-  attr.attr.max_wr = max_wr;
-  attr.attr.max_sge = 1;
-  s->srq = ibv_create_srq(device_pd(dev), &attr);
-  if (!s->srq) {
-    int err = alloc_error();
-    delete s;
-    return err;
-  }
-  *out = s;
-  return IBMSG_OK;
+  return make_handle(out, [&](Srq *s) {
+    ibv_srq_init_attr attr{};
+    attr.attr.max_wr = max_wr;
+    attr.attr.max_sge = 1;
+    s->srq = ibv_create_srq(device_pd(dev), &attr);
+    return s->srq ? int(IBMSG_OK) : alloc_error();
+  });
 }
 
 void srq_destroy(Srq *s) {

@@ -2,6 +2,7 @@
 // objects behind the handles.
 #pragma once
 #include <cerrno>
+#include <new>
 
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
@@ -37,5 +38,20 @@ ibv_mw *mw_verbs(Mw *w);
 ibv_mr *mr_verbs(const Mr *m);
 
 inline int alloc_error() { return errno == ENOMEM ? IBMSG_ENOMEM : IBMSG_ESYS; }
+
+// A new handle H, its rdma-core object made by make(H *) (IBMSG_OK or a code: then the handle
+// goes), into *out: the one shape of every create of the transport.
+template <class H, class Make>
+int make_handle(H **out, Make make) {
+  H *h = new (std::nothrow) H();
+  if (!h) return IBMSG_ENOMEM;
+  const int err = make(h);
+  if (err) {
+    delete h;
+    return err;
+  }
+  *out = h;
+  return IBMSG_OK;
+}
 
 }  // namespace ibmsg::tp
