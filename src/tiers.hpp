@@ -47,6 +47,9 @@
 // batch       work requests posted now or at the end of the loop's round
 // wake        the loop's idle work and the fd set for foreign loops
 // internal    the shared handles: socket, loop, options set, connection request
+// transport/  the only code that calls rdma-core: transport.hpp (the interface), cm (librdmacm),
+//             device (protection domain, completion channel and queues, registrations, windows),
+//             qp (queue pairs and work requests), srq (shared receive queues), verbs (theirs)
 // pure: wire (the protocol's encodings), state (the socket state table), credits and
 // shared_credits (flow control), pool, largebuf, list, qpmap, deadlines, errors, log, options,
 // rndv_memory (the loop's cap on rendezvous buffers), hooks, handles, slot (a message buffer
