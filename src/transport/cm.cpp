@@ -2,6 +2,7 @@
 // disconnect, addresses.
 #include <fcntl.h>
 
+#include <cstdint>
 #include <cstring>
 #include <new>
 
@@ -69,8 +70,9 @@ int cm_get_event(CmChannel *ch, CmEvent *out) {
   out->listen_id = ev->listen_id ? wrap(ev->listen_id) : nullptr;
   out->plen = 0;
   if (ev->param.conn.private_data && ev->param.conn.private_data_len) {
-    out->plen = ev->param.conn.private_data_len < kPrivateDataMax ? ev->param.conn.private_data_len
-                                                                  : kPrivateDataMax;
+    // (a uint8_t: never more than kPrivateDataMax, the buffer's size)
+    static_assert(kPrivateDataMax > UINT8_MAX, "pdata holds any private data length");
+    out->plen = ev->param.conn.private_data_len;
     memcpy(out->pdata, ev->param.conn.private_data, out->plen);
   }
   rdma_ack_cm_event(ev);
