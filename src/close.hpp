@@ -2,7 +2,6 @@
 #pragma once
 #include "handles.hpp"
 
-
 namespace ibmsg {
 
 // The one close path, for every cause: records the first reason (a socket already closing keeps

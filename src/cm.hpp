@@ -3,7 +3,6 @@
 #include "handles.hpp"
 #include "transport/transport.hpp"
 
-
 namespace ibmsg {
 
 void on_cm_event(Loop *loop, const tp::CmEvent &ev);

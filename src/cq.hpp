@@ -4,7 +4,6 @@
 
 #include "handles.hpp"
 
-
 namespace ibmsg {
 
 // A CQ of the device with room for need more completions (grown, or a new one).

@@ -39,7 +39,6 @@ void rndv_read_done(Work *w, int status) {
   }
 }
 
-
 uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
   wire::Rts r;
   r.id = uint32_t(slot - slot->pool->slots);
@@ -59,7 +58,6 @@ uint32_t rndv_fill_rts(Socket *s, Slot *slot) {
   return uint32_t(wire::kRtsSize + wire::kReqTrailer);
 }
 
-
 bool rndv_on_done(Socket *s, uint32_t n) {
   if (n > s->rndv.wait.size()) return false;
   while (n--) rndv_read_done(&s->rndv.wait.pop_front()->work, IBMSG_OK);
@@ -67,13 +65,11 @@ bool rndv_on_done(Socket *s, uint32_t n) {
   return true;
 }
 
-
 uint32_t rndv_take_done(Socket *s) {
   uint32_t n = s->rndv.done_owed < wire::kMaxDonePerMsg ? s->rndv.done_owed : wire::kMaxDonePerMsg;
   s->rndv.done_owed -= n;
   return n;
 }
-
 
 // --- one-sided operations in the send queue (rdma.cpp checks and queues them) ---
 
@@ -89,7 +85,6 @@ ibmsg_op *op_release(Socket *s, Op *op, int status) {
   pub->status = status;
   return pub;
 }
-
 
 int op_send_now(Socket *s, Op *op) {
   CreditRollback undo(s->tx.credits, s->rndv.done_owed);
@@ -112,7 +107,6 @@ void op_finish(Socket *s, Op *op, int status) {
   ibmsg_op *pub = op_release(s, op, status);
   if (pub->done) pub->done(s->pub, pub, status);
 }
-
 
 namespace {
 

@@ -7,7 +7,6 @@
 #include "transport/transport.hpp"
 #include "wire.hpp"
 
-
 namespace ibmsg {
 
 void send_on_wc(Socket *s, Slot *slot, const tp::Completion &wc);  // a send's completion

@@ -3,7 +3,6 @@
 #include "handles.hpp"
 #include "ibmsg.h"
 
-
 namespace ibmsg {
 
 bool answer_on_request(Socket *s, Slot *slot);  // a Request is due: false if it is a copy

@@ -32,13 +32,11 @@ void deliver_ready(Socket *s) {
   }
 }
 
-
 void deliver_msg(Socket *s, Slot *slot) {
   slot->in.ready = true;
   s->deliver.push_back(slot);
   deliver_ready(s);
 }
-
 
 int msg_free(ibmsg_buffer *msg) {
   // A request it did not answer: its retries get no answer (before the buffer goes back).

@@ -20,7 +20,6 @@ namespace ibmsg {
 using Loop = ::ibmsg__loop;
 constexpr size_t kLargeCacheBytes = size_t(64) << 20;  // free large buffers kept per device
 
-
 // A device's shared receive buffers of one size (recv.cpp): a shared receive queue that the
 // queue pairs of its connections take their receives from, the slabs of registered buffers
 // posted to it, and the data credits they back (SharedCredits). Each connection reserves its
@@ -87,6 +86,5 @@ struct Device {
 };
 Device *device_get(Loop *loop, tp::DeviceKey key, int *err);  // takes a reference
 void device_put(Device *dev);
-
 
 }  // namespace ibmsg

@@ -2,7 +2,6 @@
 #pragma once
 #include "state.hpp"
 
-
 namespace ibmsg {
 
 // Counts transitions the state table refused: each one is a bug (tests check it stays 0).

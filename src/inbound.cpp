@@ -140,7 +140,6 @@ void on_rts(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
   if (declined && r.req == 2) req_on_declined(s, tr.id);
 }
 
-
 // A FIN: the peer declined the oldest of our RTSs it has not counted done.
 void on_fin(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   wire::Fin f;
@@ -158,7 +157,6 @@ void on_fin(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &im
   maybe_send_ctrl(s);
 }
 
-
 void on_rndv_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   wire::RndvKind kind;
   if (!(s->peer.features & wire::kFeatureRndv) || !wire::rndv_kind(slot->buf, wc.len, &kind)) {
@@ -168,7 +166,6 @@ void on_rndv_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   if (kind == wire::RndvKind::Rts) on_rts(s, slot, wc, imm);
   else on_fin(s, slot, wc, imm);
 }
-
 
 }  // namespace
 

@@ -3,7 +3,6 @@
 #include "handles.hpp"
 #include "transport/transport.hpp"
 
-
 namespace ibmsg {
 
 void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc);  // inbound.cpp

@@ -7,7 +7,6 @@
 #include "largebuf.hpp"
 #include "transport/transport.hpp"
 
-
 namespace ibmsg {
 
 // A slab: count slots of slot_size bytes (a receive pool if recv), registered on dev for local

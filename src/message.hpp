@@ -6,7 +6,6 @@
 #include "handles.hpp"
 #include "ibmsg.h"
 
-
 namespace ibmsg {
 
 int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size);

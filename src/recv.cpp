@@ -327,9 +327,7 @@ uint32_t eager_recv_size(const Socket *s) {
                                                                : s->opts.max_msg_size;
 }
 
-
 bool rndv_offered(const Socket *s) { return s->opts.max_msg_size > eager_recv_size(s); }
-
 
 void recv_mark_request(Socket *s, Slot *slot, bool request, const wire::ReqTrailer &tr) {
   slot->req.kind = uint8_t(request ? MsgKind::Request : MsgKind::Reply);
@@ -339,6 +337,5 @@ void recv_mark_request(Socket *s, Slot *slot, bool request, const wire::ReqTrail
   slot->req.session = s->reqs.peer_session;
   if (request) slot->own.flags |= IBMSG_MSG_REQUEST;
 }
-
 
 }  // namespace ibmsg

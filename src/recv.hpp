@@ -8,7 +8,6 @@
 #include "transport/transport.hpp"
 #include "wire.hpp"
 
-
 namespace ibmsg {
 
 constexpr uint32_t kShareBase = 2;  // data credits a connection on shared buffers always has

@@ -3,7 +3,6 @@
 #include "handles.hpp"
 #include "ibmsg.h"
 
-
 namespace ibmsg {
 
 int send_join(Socket *s);   // conn_open: the device's send buffers of its size

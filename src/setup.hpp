@@ -3,7 +3,6 @@
 #include "handles.hpp"
 #include "ibmsg.h"
 
-
 namespace ibmsg {
 
 int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port, int max_conn,

@@ -65,7 +65,6 @@ struct SlotSource {
   tp::Mr *xmr;
 };
 
-
 // A receive slot holding a rendezvous message (rndv.cpp): where its data is, and how far the
 // reads into the destination got.
 struct RndvIn {

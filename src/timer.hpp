@@ -5,7 +5,6 @@
 #include "handles.hpp"
 #include "list.hpp"
 
-
 namespace ibmsg {
 
 // A one-shot deadline on a loop; fn runs from the loop (with the re-entry guard held).

@@ -36,7 +36,6 @@ ibv_send_wr *chain_next(CmId *id, int *err) {
   return wr;
 }
 
-
 int flush_recvs(CmId *id, Chain *c) {
   if (c->rn == 0) return IBMSG_OK;
   for (int i = 0; i < c->rn; ++i) c->rwr[i].next = i + 1 < c->rn ? &c->rwr[i + 1] : nullptr;

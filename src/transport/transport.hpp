@@ -150,7 +150,6 @@ int mw_alloc(Device *dev, Mw **out);
 // its queue pair to the error state: wait for the bind's completion first.
 void mw_dealloc(Mw *mw);
 
-
 // --- connection manager ---------------------------------------------------------------------
 
 struct CmChannel;  // the event channel of one loop
