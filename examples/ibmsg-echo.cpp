@@ -8,7 +8,7 @@
 // client runs out of credits instead of the server running out of memory: flow control comes
 // from holding received messages.
 //
-// Any size works without options: ibmsg sends a message above the eager size (65536 bytes by
+// Any size works without options: ibmsg sends a message above the eager size (16384 bytes by
 // default) by rendezvous, the receiver reading it, and both sides' maximum is 2^32 - 1 bytes.
 // For such messages the client keeps fewer in flight (window_bytes), and the server's echo is
 // a new buffer of the received size.
@@ -83,7 +83,7 @@ void usage(FILE *out) {
                "  -s, --size SIZE       client: bytes per message, 0 to 4294967295\n"
                "                        (default 1024)\n"
                "  --eager-size BYTES    messages above BYTES go by rendezvous: the\n"
-               "                        receiver reads them (default: ibmsg's, 65536)\n"
+               "                        receiver reads them (default: ibmsg's, 16384)\n"
                "  -h, --help            show this help and exit\n"
                "\n"
                "SIZE and BYTES may end in K, M or G (times 1024, 1024^2, 1024^3).\n"

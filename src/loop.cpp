@@ -15,6 +15,7 @@
 #include "completion.hpp"
 #include "datapath.hpp"
 #include "device_release.hpp"
+#include "errors.hpp"
 #include "wake.hpp"
 
 namespace ibmsg {
@@ -90,8 +91,18 @@ int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev) {
     }
     loop->own_ev = true;
   }
+  log_init(loop);
   int err = tp::cm_channel_create(&loop->cm);
   if (err) {
+    // The application has had no chance to set a log callback yet: the line goes to stderr
+    // with IBMSG_DEBUG set.
+    if (err == IBMSG_ENODEV)
+      log_write(loop, nullptr, IBMSG_LOG_ERROR,
+                "no RDMA device: the RDMA connection manager (/dev/infiniband/rdma_cm) is not "
+                "there (no RDMA driver loaded, e.g. rdma_rxe for Soft-RoCE on an Ethernet port)");
+    else
+      log_write(loop, nullptr, IBMSG_LOG_ERROR,
+                "cannot open the RDMA connection manager: %s", error_text(err));
     if (loop->own_ev) ev_loop_destroy(loop->ev);
     delete loop;
     return err;
@@ -109,7 +120,6 @@ int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev) {
   poll_init(loop);
   loop->idle.data = loop;
   ev_timer_init(&loop->wakeup, on_wakeup, 0., 0.);
-  log_init(loop);
   requests_init(loop);
   pub->impl = loop;
   return IBMSG_OK;

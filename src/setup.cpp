@@ -14,6 +14,7 @@
 #include "internal.hpp"
 #include "cm.hpp"
 #include "conn.hpp"
+#include "errors.hpp"
 
 namespace ibmsg {
 namespace {
@@ -84,6 +85,10 @@ int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short 
   if (!err && tp::cm_device(s->id) && !device_matches(s)) err = IBMSG_ENODEV;
   if (!err) err = tp::cm_listen(s->id, max_conn);
   if (err) {
+    log_write(loop, nullptr, IBMSG_LOG_ERROR, "cannot listen on %s port %u: %s%s", ip ? ip : "every address", port,
+              error_text(err),
+              err == IBMSG_EADDRNOTAVAIL ? " (no RDMA device on this host has that address)"
+                                         : "");
     if (s->id) tp::cm_id_destroy(s->id);
     delete s;
     return err;
@@ -110,6 +115,8 @@ int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short
     err = tp::cm_resolve_addr(s->id, have_src ? reinterpret_cast<sockaddr *>(&src) : nullptr,
                               reinterpret_cast<sockaddr *>(&dst), s->opts.connect_timeout_ms);
   if (err) {
+    log_write(loop, nullptr, IBMSG_LOG_ERROR, "cannot connect to %s port %u: %s", ip ? ip : "(null)", port,
+              error_text(err));
     if (s->id) tp::cm_id_destroy(s->id);
     delete s;
     return err;

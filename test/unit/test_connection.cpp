@@ -2063,6 +2063,62 @@ void a_sender_stalled_on_credits_keeps_a_live_peer(void **state) {
   assert_int_equal(p.a->bad_order, 0);
 }
 
+// A listen or connect refused at once says why in an error line too (an application that logs
+// gets the address and the reason, not just a code).
+void a_refused_listen_or_connect_says_why_in_an_error_line(void **state) {
+  H *h = h_of(state);
+  log_lines.clear();
+  h->loop.log = collect_log;
+  Conn &l = new_conn(h, "listener");
+  fake::fail_call(fake::Call::CmBind, IBMSG_EADDRNOTAVAIL);
+  expect_code(ibmsg_listen(&h->loop, &l.s, "10.9.8.7", 4791, 4), IBMSG_EADDRNOTAVAIL);
+  Conn &c = new_conn(h, "client");
+  fake::fail_call(fake::Call::CmResolveAddr, IBMSG_EADDRNOTAVAIL);
+  expect_code(ibmsg_connect(&h->loop, &c.s, "10.9.8.6", 4792), IBMSG_EADDRNOTAVAIL);
+  int listen_lines = 0, connect_lines = 0;
+  for (auto &line : log_lines) {
+    if (line.first != IBMSG_LOG_ERROR) continue;
+    listen_lines += line.second.find("cannot listen on 10.9.8.7 port 4791") != std::string::npos &&
+                    line.second.find("no RDMA device on this host has that address") !=
+                        std::string::npos;
+    connect_lines += line.second.find("cannot connect to 10.9.8.6 port 4792") != std::string::npos;
+  }
+  assert_int_equal(listen_lines, 1);
+  assert_int_equal(connect_lines, 1);
+  h->loop.log = nullptr;
+}
+
+// Without an RDMA driver the loop cannot be made: IBMSG_ENODEV, and with IBMSG_DEBUG set a line
+// on stderr saying so (there is no loop yet whose log callback could hear it).
+void a_loop_without_rdma_device_fails_with_enodev_and_says_so_on_stderr(void **) {
+  char path[] = "/tmp/ibmsg-test-stderr-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  unlink(path);
+  fflush(stderr);
+  int saved = dup(2);
+  assert_true(saved >= 0);
+  assert_int_equal(dup2(fd, 2), 2);
+  const char *before = getenv("IBMSG_DEBUG");
+  std::string old = before ? before : "";
+  setenv("IBMSG_DEBUG", "1", 1);
+  fake::fail_call(fake::Call::CmChannelCreate, IBMSG_ENODEV);
+  ibmsg_event_loop loop;
+  int rc = ibmsg_init_event_loop(&loop);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  if (before) setenv("IBMSG_DEBUG", old.c_str(), 1);
+  else unsetenv("IBMSG_DEBUG");
+  expect_code(rc, IBMSG_ENODEV);
+  char text[1024] = {0};
+  ssize_t n = pread(fd, text, sizeof text - 1, 0);
+  close(fd);
+  assert_true(n > 0);
+  assert_non_null(strstr(text, "error: no RDMA device"));
+  assert_non_null(strstr(text, "/dev/infiniband/rdma_cm"));
+}
+
 void the_log_callback_hears_establishment_and_close_and_stats_last_into_closed(void **state) {
   H *h = h_of(state);
   log_lines.clear();
@@ -2107,6 +2163,8 @@ int main(void) {
       T(a_peer_without_the_feature_gets_no_probes_and_is_never_timed_out),
       T(a_probe_is_answered_at_once_returning_its_control_credit),
       T(a_sender_stalled_on_credits_keeps_a_live_peer),
+      T(a_refused_listen_or_connect_says_why_in_an_error_line),
+      T(a_loop_without_rdma_device_fails_with_enodev_and_says_so_on_stderr),
       T(the_log_callback_hears_establishment_and_close_and_stats_last_into_closed),
       // handshake
       T(connect_and_accept_establish_both_sides_once),
