@@ -130,6 +130,12 @@
 #ifndef IBMSG_HPP
 #define IBMSG_HPP
 
+/* One clear error, and nothing after it, for older C++ (doxygen, which defines no __cplusplus,
+ * reads on). */
+#if defined(__cplusplus) && __cplusplus < 201703L
+#error "ibmsg.hpp needs C++17 (-std=c++17 or later)"
+#else
+
 /** @file ibmsg.hpp
  *  Header-only C++17 wrapper of the ibmsg C API: move-only RAII classes, callbacks as lambdas,
  *  errors as ibmsg::error. See the comment at the top of this file. */
@@ -2027,4 +2033,5 @@ inline void loop::on_closed(ibmsg_socket *s, int reason) noexcept {
 
 }  // namespace ibmsg
 
+#endif /* C++17 */
 #endif /* IBMSG_HPP */
