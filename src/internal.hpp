@@ -1,6 +1,6 @@
 // The core's shared handles: the socket, the loop, the options set and a connection request, and
 // who owns what in them. The tiers of src/ and what each file is for: tiers.hpp (the one map,
-// checked by test/layers/check); the README's "Source layout" names the same files.
+// checked by test/layers/check); HACKING.md's "Source layout" names the same files.
 // Each file's functions are declared in its own header, which a .cpp includes for what it calls:
 // its include lines say what it may call.
 #pragma once

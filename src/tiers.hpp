@@ -4,7 +4,7 @@
 // 4 files, and at most 4 pairs of files that call each other (today: one, datapath <-> rndv: a
 // FIN goes in the turn of a control message, and the reads behind it follow). Where a lower tier
 // must tell a higher one something, it returns a status or calls through the hooks the loop
-// registers (hooks.hpp) -- never a higher function by name. The README's source layout names
+// registers (hooks.hpp) -- never a higher function by name. HACKING.md's source layout names
 // the same files.
 //
 // tier 6 api: api
