@@ -75,8 +75,11 @@ void on_poll(struct ev_loop *ev, ev_idle *w, int) {
     // another watcher: the lists may grow here (a callback connects or accepts), never shrink.
     for (Device *d = loop->devices.front(); d; d = loop->devices.next(d))
       if (d->polling > 0) drain_device(d);
-    for (Socket *s = loop->sockets.front(); s; s = loop->sockets.next(s)) {
-      if (!s->poll.active) continue;
+    // Only the polling connections: a spin costs nothing per idle connection. maybe_sleep may
+    // take s off the list: its successor is read first.
+    Socket *next = nullptr;
+    for (Socket *s = loop->pollers.front(); s; s = next) {
+      next = loop->pollers.next(s);
       if (s->poll.last_ns == kJustNow) {
         // Activity: an adaptive connection's quiet time starts now (one clock read per batch of
         // completions, none per message posted).

@@ -173,6 +173,7 @@ struct ibmsg__socket {
   ibmsg::ListNode ka_node;        // connections with keepalive (keepalive.cpp)
   ibmsg::ListNode rndv_mem_node;  // waiting for rendezvous memory (rndv_memory.cpp)
   ibmsg::ListNode close_node;     // due for teardown (close.cpp)
+  ibmsg::ListNode poll_node;      // busy polling now (poll.cpp): the poller walks only these
   int close_reason = IBMSG_OK;    // the first reason it closed for (close.cpp)
 };
 
@@ -188,13 +189,14 @@ struct ibmsg__loop {
   ev_idle idle;      // runs teardowns and releases devices
   ev_timer wakeup;   // bounds ibmsg_dispatch_event_loop_timeout
   ev_idle poller;    // busy polling: runs while polling > 0 (poll.cpp)
-  int polling = 0;   // sockets with poll_active
+  int polling = 0;   // sockets with poll.active: the length of pollers
   ibmsg::List<ibmsg::Device, &ibmsg::Device::node> devices;
   bool devices_dirty = false;  // a device reached zero references
   ibmsg::Timer rescan;         // after a removed device was released (device.cpp)
   int rescans_left = 0;
   ibmsg::List<Socket, &Socket::loop_node> sockets;       // open sockets
   ibmsg::List<Socket, &Socket::close_node> closing;      // due for teardown
+  ibmsg::List<Socket, &Socket::poll_node> pollers;       // busy polling now (poll.cpp)
   ibmsg::List<Socket, &Socket::post_node> unflushed;     // posts to flush (batch.cpp)
   ibmsg::List<ibmsg::Timer, &ibmsg::Timer::node> timers;  // running timers
   ibmsg::List<ibmsg__region, &ibmsg__region::loop_node> regions;  // registered regions

@@ -13,6 +13,7 @@ void poll_touch(Socket *s) {
   s->poll.last_ns = kJustNow;  // the poller reads the clock for it
   if (s->poll.active) return;
   s->poll.active = true;
+  s->loop->pollers.push_back(s);
   ++s->dev->polling;
   if (s->loop->polling++ == 0) ev_idle_start(s->loop->ev, &s->loop->poller);
 }
@@ -20,6 +21,7 @@ void poll_touch(Socket *s) {
 void poll_stop(Socket *s) {
   if (!s->poll.active) return;
   s->poll.active = false;
+  s->loop->pollers.remove(s);
   --s->loop->polling;
   // The last one: the CQ was left unarmed for the poller, and must be armed (and polled once
   // more) before the loop sleeps: by the poller at once, or, when a teardown stopped it, by the
