@@ -18,10 +18,21 @@ int posted(Socket *s, bool send_queue) {
   return IBMSG_OK;
 }
 
+void flush_later(Socket *s) {
+  if (!s->post_node.linked()) s->loop->unflushed.push_back(s);
+}
+
 void posts_flush(Loop *loop) {
   // A refused list closes its connection: what it carried is canceled with the rest.
-  while (Socket *s = loop->unflushed.pop_front())
+  while (Socket *s = loop->unflushed.pop_front()) {
+    if (s->tx.ctrl_check) {
+      // Credits that became due in the round and that no message of the round carried.
+      s->tx.ctrl_check = false;
+      loop->hooks->ctrl_send(s);
+      loop->unflushed.remove(s);  // (it may have queued itself again: flushed right here)
+    }
     if (s->res.has_qp && tp::post_flush(s->id)) socket_close(s, IBMSG_EIO);
+  }
 }
 
 }  // namespace ibmsg

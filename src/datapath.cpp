@@ -7,6 +7,7 @@
 #include <initializer_list>
 
 #include "internal.hpp"
+#include "batch.hpp"
 #include "memory.hpp"
 #include "rndv.hpp"
 #include "send_slots.hpp"
@@ -195,6 +196,15 @@ bool post_ctrl(Socket *s, uint32_t give_back, bool wants, wire::Opcode op) {
     return false;
   }
   return true;
+}
+
+void ctrl_due(Socket *s) {
+  if (s->loop->depth == 0) {
+    maybe_send_ctrl(s);
+    return;
+  }
+  s->tx.ctrl_check = true;
+  flush_later(s);
 }
 
 void maybe_send_ctrl(Socket *s) {

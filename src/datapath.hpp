@@ -19,6 +19,9 @@ void flush_sends(Socket *s);  // the queue's head to the QP while it can go; a r
 void work_done(Socket *s, Work *w, int status, int close_reason = IBMSG_OK);  // before w's)
 bool work_can_go(const Socket *s, const Work *w);  // whether the queue's head could go now
 void maybe_send_ctrl(Socket *s);  // a credit-only message, if owed and nothing carries them
+// Credits became due (hooks.hpp: ctrl_due): maybe_send_ctrl now outside callbacks, else at the
+// end of the round, so that a message the callbacks post (a reply) carries them instead.
+void ctrl_due(Socket *s);
 // Posts a credit-only message carrying what is owed (and whether data waits for credits), a
 // Return giving back data credits, or a Keepalive probe; false if it failed (the socket closes).
 bool post_ctrl(Socket *s, uint32_t give_back = 0, bool wants = false,

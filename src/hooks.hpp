@@ -14,8 +14,12 @@ struct Hooks {
   // failed): the one close path (close.cpp).
   void (*close)(::ibmsg__socket *s, int reason);
   // Data credits or done counts became due to a connection's peer, or room for a control
-  // message came: it sends a credit-only message if nothing else carries them (datapath.cpp).
+  // message came: it sends a credit-only message if nothing else carries them (datapath.cpp);
+  // inside the loop's callbacks, at the end of the round (ctrl_check), when a message the
+  // callbacks posted may have carried them already.
   void (*ctrl_due)(::ibmsg__socket *s);
+  // The end of the round for a connection with ctrl_check: a credit-only message if still due.
+  void (*ctrl_send)(::ibmsg__socket *s);
   // The accepting side's first message arrived before the CM's ESTABLISHED event: the
   // connection is up (cm.cpp).
   void (*data_established)(::ibmsg__socket *s);

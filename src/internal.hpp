@@ -56,6 +56,7 @@ struct SendPath {
   List<Work, &Work::link> queue;
   List<Work, &Work::link> flight;
   bool wants_told = false;  // a credit-only message told the peer that data waits for credits
+  bool ctrl_check = false;  // credits became due in a callback: decided at the round's end (batch.cpp)
   tp::WorkCtx ctrl_wr{tp::Op::Ctrl, 0, nullptr};
   // Credit-only messages posted and not yet completed here: the send queue has room for
   // kCtrlDepth of them. Control credits alone do not bound them: the peer returns a control

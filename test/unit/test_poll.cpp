@@ -4,7 +4,7 @@
 // CQ, polls once more (a completion that arrived just before the arming is found) and sleeps until
 // the fd wakes it; event mode arms after every wake-up, polling before it reads the event; ibmsg_event_loop_timeout() is 0 exactly
 // while something polls; a failing arm closes only its connection; closing stops the polling;
-// the option per socket; a credit-only message followed by a message in its round is unsignaled.
+// the option per socket; credits due in a callback ride on the message it posts.
 //
 // The fixture is test/fake/harness.hpp's, with replies sent from the callbacks and the CQ's arming
 // recorded there (rx_probe).
@@ -525,11 +525,11 @@ std::vector<ibmsg::tp::Op> posts_since(size_t from, unsigned short port) {
   return out;
 }
 
-// A credit-only message with a message posted after it in the same round goes out unsignaled:
-// the message's completion stands for it (no completion of its own), and its control slot comes
-// back, so that more rounds than there are control slots (kCtrlDepth) go on. With nothing posted
-// after it, a credit-only message is signaled.
-void credit_only_message_before_a_message_goes_unsignaled(void **state) {
+// Credits that become due in a callback are decided at the end of the round: a message the
+// callbacks posted (a reply) carries them and no credit-only message goes (a ping-pong sends one
+// message each way, not two); with nothing posted, a credit-only message goes, signaled, and its
+// control slot comes back, so that more rounds than there are control slots (kCtrlDepth) go on.
+void credits_due_in_a_callback_ride_on_the_message_it_posts(void **state) {
   H *h = h_of(state);
   using ibmsg::tp::Op;
   ibmsg_options *o = options(h, {{IBMSG_OPT_RECV_DEPTH, 8}});  // credits return after 4
@@ -543,8 +543,8 @@ void credit_only_message_before_a_message_goes_unsignaled(void **state) {
     uint64_t a0 = p.a->received, c0 = p.c->received;
     size_t posts0 = fake::posts().size();
     unsigned long ctrl0 = fake::stats().ctrl_cqes;
-    // Four messages land at once; the server frees them in message_received, which returns the
-    // credits of the fourth with a credit-only message, and then (two rounds in three) replies.
+    // Four messages land at once; the server frees them in message_received (the credits of the
+    // fourth are due) and then (two rounds in three) replies: the reply carries them.
     fake::pause_wire(true);
     for (int i = 0; i < 4; ++i) expect_code(send_msg(*p.c, 16), IBMSG_OK);
     p.a->on_rx = [&] {
@@ -554,9 +554,10 @@ void credit_only_message_before_a_message_goes_unsignaled(void **state) {
     RUN_UNTIL(h, p.a->received == a0 + 4 && p.c->received == c0 + (reply ? 1 : 0));
     settle(h);
     p.a->on_rx = nullptr;
-    std::vector<Op> want = reply ? std::vector<Op>{Op::Ctrl, Op::Send} : std::vector<Op>{Op::Ctrl};
+    std::vector<Op> want = reply ? std::vector<Op>{Op::Send} : std::vector<Op>{Op::Ctrl};
     if (posts_since(posts0, port) != want) fail_msg("round %d: unexpected posts", round);
     assert_int_equal(fake::stats().ctrl_cqes - ctrl0, reply ? 0 : 1);
+    assert_int_equal(p.a->s.impl->tx.credits.owed(), 0);
     assert_int_equal(p.a->s.impl->tx.ctrl_in_flight, 0);
   }
   assert_int_equal(p.a->reply_errors, 0);
@@ -820,7 +821,7 @@ int main(void) {
       T(event_mode_arms_after_every_wakeup_and_never_polls),
       T(event_mode_hands_out_a_completion_before_reading_its_event),
       T(event_mode_message_arriving_just_before_the_arming_is_not_lost),
-      T(credit_only_message_before_a_message_goes_unsignaled),
+      T(credits_due_in_a_callback_ride_on_the_message_it_posts),
       T(failing_arm_when_going_to_sleep_closes_the_connections_on_that_cq),
       T(failing_arm_after_a_wakeup_closes_that_connection_with_eio),
       T(disconnecting_polling_connections_stops_the_poller),
