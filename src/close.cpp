@@ -69,6 +69,7 @@ void teardown(Socket *s) {
   if (s->from_listener) s->from_listener->accepted.remove(s);
   if (s->dev) device_put(s->dev);
   loop->sockets.remove(s);
+  loop->unflushed.remove(s);  // (a completion handed out above may have queued it: batch.cpp)
   socket_unregister(s);
 
   ibmsg_socket *pub = s->pub;

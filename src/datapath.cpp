@@ -199,7 +199,9 @@ bool post_ctrl(Socket *s, uint32_t give_back, bool wants, wire::Opcode op) {
 }
 
 void ctrl_due(Socket *s) {
-  if (s->loop->depth == 0) {
+  // Outside callbacks, or a connection whose QP is gone (a teardown hands out the completions
+  // left in the CQ): nothing to wait for, and nothing may keep a torn-down socket on a list.
+  if (s->loop->depth == 0 || !s->res.has_qp) {
     maybe_send_ctrl(s);
     return;
   }
