@@ -1,0 +1,40 @@
+# Shared by test/perf/peers and test/perf/ab (sourced): one measurement is a server and a client
+# started for it alone; each key collects a number per round; a row shows the median. The caller
+# sets T (seconds a process may run).
+
+# pair SERVER_CMD -- CLIENT_CMD: starts the server, gives it a second, runs the client (its output
+# on stdout), stops the server. Each tool's server exits by itself after one client but ibmsg-perf's.
+pair() {
+  local srv=() cli=() s out
+  while [ "$1" != -- ]; do srv+=("$1"); shift; done
+  shift
+  cli=("$@")
+  timeout $T "${srv[@]}" >/dev/null 2>&1 & s=$!
+  sleep 1
+  out=$(timeout $T "${cli[@]}" 2>&1)
+  kill -TERM "$s" 2>/dev/null
+  wait "$s" 2>/dev/null
+  echo "$out"
+}
+declare -A V
+add() { [[ $2 =~ ^[0-9]+(\.[0-9]*)?$ ]] && V[$1]="${V[$1]:-} $2"; return 0; }
+median() {
+  echo "${V[$1]:-}" | awk '{ n = split($0, a, " "); if (!n) exit
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
+    print (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }'
+}
+
+# col N: column N of the first row that starts with a number (the result rows of perftest and
+# ibmsg-perf start with the size).
+col() { awk -v c="$1" '$1 ~ /^[0-9]+$/ && NF >= c { print $c; exit }'; }
+# m KEY PARSER SERVER_CMD -- CLIENT_CMD: one measurement, tried once more when it gave no number
+# (a client quicker than its server, say).
+m() {
+  local key=$1 parse=$2 v try
+  shift 2
+  for try in 1 2; do
+    v=$(pair "$@" | $parse)
+    [ -n "$v" ] && break
+  done
+  add "$key" "$v"
+}
