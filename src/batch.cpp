@@ -7,6 +7,10 @@
 
 namespace ibmsg {
 
+void flush_later(Socket *s) {
+  if (!s->post_node.linked()) s->loop->unflushed.push_back(s);
+}
+
 int posted(Socket *s, bool send_queue) {
   // Outside callbacks nothing would flush it soon; and a send to a connection with nothing in
   // flight goes at once, since batching only adds latency while the wire is idle (as TCP
@@ -14,12 +18,8 @@ int posted(Socket *s, bool send_queue) {
   if (s->loop->depth == 0 ||
       (send_queue && s->tx.flight.empty() && s->tx.ctrl_in_flight == 0))
     return tp::post_flush(s->id);
-  if (!s->post_node.linked()) s->loop->unflushed.push_back(s);
+  flush_later(s);
   return IBMSG_OK;
-}
-
-void flush_later(Socket *s) {
-  if (!s->post_node.linked()) s->loop->unflushed.push_back(s);
 }
 
 void posts_flush(Loop *loop) {

@@ -120,9 +120,9 @@ struct PeerTerms {
   uint32_t eager = 0;     // largest message sent through the pools (min of both sides')
 };
 
-// Busy polling (poll.cpp): the CQ is polled from the loop instead of armed while active.
+// Busy polling (poll.cpp): the CQ is polled from the loop instead of armed while the socket is
+// on the loop's pollers list (poll_node linked).
 struct PollState {
-  bool active = false;
   uint64_t last_ns = 0;  // the connection's last activity
 };
 
@@ -190,7 +190,7 @@ struct ibmsg__loop {
   ev_idle idle;      // runs teardowns and releases devices
   ev_timer wakeup;   // bounds ibmsg_dispatch_event_loop_timeout
   ev_idle poller;    // busy polling: runs while polling > 0 (poll.cpp)
-  int polling = 0;   // sockets with poll.active: the length of pollers
+  int polling = 0;   // the length of pollers
   ibmsg::List<ibmsg::Device, &ibmsg::Device::node> devices;
   bool devices_dirty = false;  // a device reached zero references
   ibmsg::Timer rescan;         // after a removed device was released (device.cpp)
