@@ -199,9 +199,10 @@ bool post_ctrl(Socket *s, uint32_t give_back, bool wants, wire::Opcode op) {
 }
 
 void ctrl_due(Socket *s) {
-  // Outside callbacks, or a connection whose QP is gone (a teardown hands out the completions
-  // left in the CQ): nothing to wait for, and nothing may keep a torn-down socket on a list.
-  if (s->loop->depth == 0 || !s->res.has_qp) {
+  // Outside callbacks nothing is posted before the end of the round: at once. (A teardown may
+  // queue its own socket here while it gives buffers back; it takes it off the list before
+  // freeing it, close.cpp.)
+  if (s->loop->depth == 0) {
     maybe_send_ctrl(s);
     return;
   }

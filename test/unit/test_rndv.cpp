@@ -505,6 +505,44 @@ void close_after_part_of_the_reads_from_either_side(void **state) {
   }
 }
 
+// The receiver closes while a rendezvous is being read and an eager message waits behind it. Its
+// teardown gives their receive buffers back: a credit of the shared pool goes to the closing
+// connection itself and becomes due (hooks.hpp: ctrl_due) inside the loop's callbacks, where it
+// is deferred to the end of the round. The teardown must not leave the freed socket on the
+// loop's list of connections to flush (5fad4d1 did: a use after free, seen by ASan on rxe).
+void receiver_closing_with_reads_in_flight_and_a_message_behind_them(void **state) {
+  H *h = h_of(state);
+  fake::set_max_msg_size(4096);
+  fake::set_max_srq_wr(16384);  // the device's connections share a receive queue
+  Pair p = connected(h);
+  Pair q = connected(h);  // another connection of the loop, posting after the teardown
+  const unsigned short rx = p.a->local_port;
+  const size_t before = reads_on(rx);
+  const unsigned long delivered = fake::stats().delivered;
+  fake::delay_send_completions(true, rx);
+  expect_code(send_msg(*p.c, kMiB), IBMSG_OK);
+  expect_code(send_msg(*p.c, 20), IBMSG_OK);
+  // The RTS and the small message arrived, and reads are in flight, none complete.
+  RUN_UNTIL(h, reads_on(rx) - before >= 8 && fake::stats().delivered - delivered >= 2);
+  settle(h, 5);
+  assert_int_equal(p.a->received, 0);
+  expect_code(ibmsg_disconnect(&p.a->s), IBMSG_OK);
+  RUN_UNTIL(h, p.c->closed && p.a->closed);
+  fake::delay_send_completions(false);
+  assert_int_equal(p.a->received, 0);
+  assert_string_equal(p.c->trace.c_str(), "msg0=ECANCELED msg1=ECANCELED closed=ECONNRESET");
+  // The loop goes on: the other connection's messages go both ways and round trips end.
+  for (int i = 0; i < 4; ++i) {
+    expect_code(send_msg(*q.c, 100), IBMSG_OK);
+    expect_code(send_msg(*q.a, 100), IBMSG_OK);
+  }
+  RUN_UNTIL(h, q.a->received == 4 && q.c->received == 4);
+  expect_code(ibmsg_disconnect(&q.c->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&p.l->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&q.l->s), IBMSG_OK);
+  RUN_UNTIL(h, q.a->closed && q.c->closed && p.l->closed && q.l->closed);
+}
+
 void receiver_closing_in_message_received_drops_the_rendezvous_behind(void **state) {
   H *h = h_of(state);
   Pair p = connected(h);
@@ -2393,6 +2431,7 @@ int main(void) {
       T(close_before_the_rts_arrives_cancels_it),
       T(close_while_reads_are_in_flight_from_either_side),
       T(close_after_part_of_the_reads_from_either_side),
+      T(receiver_closing_with_reads_in_flight_and_a_message_behind_them),
       T(receiver_closing_in_message_received_drops_the_rendezvous_behind),
       T(receiver_closing_after_its_last_rendezvous_confirms_it),
       T(disconnect_waiting_for_a_credit_closes_after_a_second),
