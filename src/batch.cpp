@@ -14,7 +14,8 @@ void flush_later(Socket *s) {
 int posted(Socket *s, bool send_queue) {
   // Outside callbacks nothing would flush it soon; and a send to a connection with nothing in
   // flight goes at once, since batching only adds latency while the wire is idle (as TCP
-  // autocorking holds back only while earlier packets wait to go out).
+  // autocorking holds back only while earlier packets wait to go out). What goes later may
+  // still take credits that become due after it (ctrl_round_end).
   if (s->loop->depth == 0 ||
       (send_queue && s->tx.flight.empty() && s->tx.ctrl_in_flight == 0))
     return tp::post_flush(s->id);

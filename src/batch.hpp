@@ -11,7 +11,8 @@ namespace ibmsg {
 // (one list per connection); an immediate error.
 int posted(::ibmsg__socket *s, bool send_queue);
 // What the round posted goes to the devices; a refused list closes its connection. A connection
-// marked ctrl_check first sends the credit-only message still due (hooks.hpp: ctrl_send).
+// marked ctrl_check first lets what became due ride on its last queued message, or sends the
+// credit-only message still due (hooks.hpp: ctrl_send).
 void posts_flush(::ibmsg__loop *loop);
 // s is to be looked at by posts_flush at the end of the round (it has ctrl_check).
 void flush_later(::ibmsg__socket *s);

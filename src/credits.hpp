@@ -63,6 +63,22 @@ class Credits {
     --data_;
     return take_owed(false);
   }
+  // What became owed since a data message took its credits (take_data) and before it went to the
+  // wire rides on it too: its data and control credit fields are filled up to their maxima.
+  void top_up(wire::Imm *imm) {
+    const uint32_t max = wire_shared_ ? wire::kMaxSharedCreditsPerMsg : wire::kMaxCreditsPerMsg;
+    const uint32_t room = imm->credits < max ? max - imm->credits : 0;
+    const uint32_t add = ow() > room ? room : ow();
+    const uint32_t croom = imm->ctrl_credits < wire::kMaxCtrlCreditsPerMsg
+                               ? wire::kMaxCtrlCreditsPerMsg - imm->ctrl_credits : 0;
+    const uint32_t cadd = owed_ctrl_ > croom ? croom : owed_ctrl_;
+    imm->credits += add;
+    imm->ctrl_credits += cadd;
+    ow() -= add;
+    owed_ctrl_ -= cadd;
+    gr() += add;
+    granted_ctrl_ += cadd;
+  }
   // With kFeatureShared: data credits held above the peer's base (give them back when nothing
   // waits for them), and the Return message that gives n of them back (a control credit).
   uint32_t surplus() const { return wire_shared_ && data_ > base_ ? data_ - base_ : 0; }
@@ -167,13 +183,7 @@ class Credits {
   wire::Imm take_owed(bool ctrl) {
     wire::Imm imm;
     imm.op = ctrl ? wire::Opcode::Credit : wire::Opcode::Data;
-    const uint32_t max = wire_shared_ ? wire::kMaxSharedCreditsPerMsg : wire::kMaxCreditsPerMsg;
-    imm.credits = ow() > max ? max : ow();
-    imm.ctrl_credits = owed_ctrl_ > wire::kMaxCtrlCreditsPerMsg ? wire::kMaxCtrlCreditsPerMsg : owed_ctrl_;
-    ow() -= imm.credits;
-    owed_ctrl_ -= imm.ctrl_credits;
-    gr() += imm.credits;
-    granted_ctrl_ += imm.ctrl_credits;
+    top_up(&imm);
     return imm;
   }
 

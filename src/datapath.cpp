@@ -210,6 +210,20 @@ void ctrl_due(Socket *s) {
   flush_later(s);
 }
 
+void ctrl_round_end(Socket *s) {
+  uint32_t v;
+  wire::Imm imm;
+  if (s->state == State::Connected && s->res.has_qp &&
+      (s->tx.credits.owed() || s->tx.credits.owed_ctrl()) && tp::pending_imm(s->id, &v) &&
+      wire::decode_imm(v, &imm)) {
+    // (a reply posted in message_received before the request was freed: its credit goes along)
+    if (s->tx.credits.shared_wire()) wire::split_wants(&imm);
+    s->tx.credits.top_up(&imm);
+    tp::set_pending_imm(s->id, wire::encode_imm(imm));
+  }
+  maybe_send_ctrl(s);
+}
+
 void maybe_send_ctrl(Socket *s) {
   if (s->state == State::Lingering) {  // closing once the done counts are out
     send_last_done(s);

@@ -22,6 +22,10 @@ void maybe_send_ctrl(Socket *s);  // a credit-only message, if owed and nothing 
 // Credits became due (hooks.hpp: ctrl_due): maybe_send_ctrl now outside callbacks, else at the
 // end of the round, so that a message the callbacks post (a reply) carries them instead.
 void ctrl_due(Socket *s);
+// The end of the round for a connection whose credits became due in it (hooks.hpp: ctrl_send):
+// they ride on the data message the round queued last, if it has not gone yet; what is still
+// due goes as maybe_send_ctrl decides.
+void ctrl_round_end(Socket *s);
 // Posts a credit-only message carrying what is owed (and whether data waits for credits), a
 // Return giving back data credits, or a Keepalive probe; false if it failed (the socket closes).
 bool post_ctrl(Socket *s, uint32_t give_back = 0, bool wants = false,

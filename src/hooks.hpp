@@ -18,7 +18,8 @@ struct Hooks {
   // inside the loop's callbacks, at the end of the round (ctrl_check), when a message the
   // callbacks posted may have carried them already.
   void (*ctrl_due)(::ibmsg__socket *s);
-  // The end of the round for a connection with ctrl_check: a credit-only message if still due.
+  // The end of the round for a connection with ctrl_check: what is due rides on the data message
+  // the round queued last, if any; a credit-only message if still due.
   void (*ctrl_send)(::ibmsg__socket *s);
   // The accepting side's first message arrived before the CM's ESTABLISHED event: the
   // connection is up (cm.cpp).

@@ -72,7 +72,9 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
             has_imm ? wire::decode_imm_trailer(t) : 0);
   if (request || imm.op == wire::Opcode::Reply) recv_mark_request(s, slot, request, tr);
   flush_sends(s);
-  maybe_send_ctrl(s);
+  // Whether credits go on their own is decided at the end of the round (in the loop's
+  // callbacks): the reply message_received may post carries them.
+  ctrl_due(s);
   deliver_msg(s, slot);
 }
 

@@ -46,7 +46,7 @@ void on_wakeup(struct ev_loop *, ev_timer *, int) {}
 void data_established(Socket *s) { establish(s, true); }
 
 // The upward calls of the lower tiers (hooks.hpp).
-constexpr Hooks kHooks = {close_begin, ctrl_due, maybe_send_ctrl, data_established, device_ready};
+constexpr Hooks kHooks = {close_begin, ctrl_due, ctrl_round_end, data_established, device_ready};
 
 }  // namespace
 

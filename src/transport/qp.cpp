@@ -178,6 +178,22 @@ int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const M
   return IBMSG_OK;
 }
 
+bool pending_imm(CmId *id, uint32_t *imm) {
+  const Chain *c = id->qp ? chain_of(id) : nullptr;
+  if (!c || c->n == 0) return false;
+  const ibv_send_wr &wr = c->wr[c->n - 1];
+  if (wr.opcode != IBV_WR_SEND_WITH_IMM ||
+      reinterpret_cast<const WorkCtx *>(wr.wr_id)->op != Op::Send)
+    return false;
+  *imm = ntohl(wr.imm_data);
+  return true;
+}
+
+void set_pending_imm(CmId *id, uint32_t imm) {
+  Chain *c = chain_of(id);
+  c->wr[c->n - 1].imm_data = htonl(imm);
+}
+
 int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
   int err = IBMSG_OK;
   if (ctx->op != Op::RdmaWrite && ctx->op != Op::WriteImm && ctx->op != Op::RdmaRead &&

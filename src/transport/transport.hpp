@@ -275,6 +275,11 @@ struct Segment {
 };
 int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr,
                   uint32_t imm, uint32_t max_inline, const Segment *tail = nullptr);
+// The immediate (host order) of the last work request queued on id and not flushed yet, if it is
+// a data message's SEND (Op::Send): what became due after its posting may still ride on it.
+// false otherwise (nothing queued, or the last is another kind). set_pending_imm replaces it.
+bool pending_imm(CmId *id, uint32_t *imm);
+void set_pending_imm(CmId *id, uint32_t imm);
 
 // A one-sided operation; ctx->op says which (RdmaWrite, RdmaRead or RndvRead, WriteImm, Atomic).
 struct RdmaWr {

@@ -1283,6 +1283,24 @@ int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const M
   return post_send(id, ctx, buf, len, mr, true, imm, max_inline, tail);
 }
 
+bool pending_imm(CmId *id, uint32_t *imm) {
+  const Qp *q = id->qp;
+  if (!q || q->pending.empty()) return false;
+  const SendWr &w = q->pending.back();
+  if (w.rdma || w.bind || !w.has_imm || w.ctx->op != Op::Send) return false;
+  *imm = w.imm;
+  return true;
+}
+
+void set_pending_imm(CmId *id, uint32_t imm) {
+  Qp *q = id->qp;
+  if (!q || q->pending.empty()) {
+    misuse("set_pending_imm without a queued work request");
+    return;
+  }
+  q->pending.back().imm = imm;
+}
+
 int post_rdma(CmId *id, WorkCtx *ctx, const RdmaWr &w, uint32_t max_inline) {
   if (int err = injected(fake::Call::PostRdma)) return err;
   Qp *q = id->qp;

@@ -232,6 +232,43 @@ void ibmsg_pair_agrees_and_streams_both_ways(void **state) {
   assert_int_equal(fake::open_objects().srqs, 1);
 }
 
+// Replies posted in message_received before each request is freed (as an echo server does), two
+// requests (the client's base of credits) landing at once: the first reply goes at once (the
+// wire was idle), the second waits for the end of the round, and what the frees made due after
+// it rides on it: no credit-only message goes (before, each freed request's credit went alone).
+void replies_queued_in_a_round_carry_the_credits_freed_after_them(void **state) {
+  H *h = h_of(state);
+  h->payload = Payload::Seq;  // each side's messages numbered, 16 bytes
+  Pair p = connected(h);
+  settle(h);
+  Conn *a = p.a;
+  a->on_msg = [a](ibmsg_buffer *) {
+    if (send_msg(*a, 16) != IBMSG_OK) ++a->reply_errors;
+  };
+  for (int round = 0; round < 5; ++round) {
+    const size_t posts0 = fake::posts().size();
+    const uint64_t a0 = a->received, c0 = p.c->received;
+    fake::pause_wire(true);
+    for (int i = 0; i < 2; ++i) expect_code(send_msg(*p.c, 16), IBMSG_OK);  // the client's base
+    fake::pause_wire(false);
+    RUN_UNTIL(h, a->received == a0 + 2 && p.c->received == c0 + 2);
+    settle(h);
+    size_t ctrl = 0, data = 0;
+    for (size_t i = posts0; i < fake::posts().size(); ++i) {
+      const fake::Post &x = fake::posts()[i];
+      if (x.port == a->local_port) (x.op == ibmsg::tp::Op::Ctrl ? ctrl : data) += 1;
+    }
+    if (data != 2 || ctrl != 0)
+      fail_msg("round %d: the server posted %zu data and %zu credit-only messages", round, data,
+               ctrl);
+  }
+  a->on_msg = nullptr;
+  assert_int_equal(a->reply_errors, 0);
+  settle(h);
+  for (Conn *c : {p.c, p.a}) assert_int_equal(core(*c)->tx.credits.data(), 2);  // each its base
+  expect_pool_balanced(h, *p.a, 0);
+}
+
 // === 2. a receiver holding messages ===========================================================
 
 void held_messages_stop_the_peer_at_the_cap(void **state) {
@@ -594,6 +631,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       T(hellos_offer_a_base_of_2_and_the_cap),
       T(ibmsg_pair_agrees_and_streams_both_ways),
+      T(replies_queued_in_a_round_carry_the_credits_freed_after_them),
       T(held_messages_stop_the_peer_at_the_cap),
       T(full_cap_freed_at_once_then_idle_again),
       T(busy_connection_of_20_gets_more_than_the_base_and_gives_it_back),
