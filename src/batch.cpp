@@ -14,26 +14,33 @@ void flush_later(Socket *s) {
 int posted(Socket *s, bool send_queue) {
   // Outside callbacks nothing would flush it soon; and a send to a connection with nothing in
   // flight goes at once, since batching only adds latency while the wire is idle (as TCP
-  // autocorking holds back only while earlier packets wait to go out). What goes later may
-  // still take credits that become due after it (ctrl_round_end).
-  if (s->loop->depth == 0 ||
-      (send_queue && s->tx.flight.empty() && s->tx.ctrl_in_flight == 0))
-    return tp::post_flush(s->id);
+  // autocorking holds back only while earlier packets wait to go out). Inside message_received
+  // it goes when the callback returns: the request the callback frees after posting its reply
+  // is back in the receive queue, and its credit in the reply, before the reply goes.
+  if (s->loop->depth == 0) return tp::post_flush(s->id);
+  if (send_queue && s->tx.flight.empty() && s->tx.ctrl_in_flight == 0) {
+    if (!s->tx.holding) return tp::post_flush(s->id);
+    s->tx.held = true;
+  }
   flush_later(s);
   return IBMSG_OK;
 }
 
-void posts_flush(Loop *loop) {
-  // A refused list closes its connection: what it carried is canceled with the rest.
-  while (Socket *s = loop->unflushed.pop_front()) {
-    if (s->tx.ctrl_check) {
-      // Credits that became due in the round and that no message of the round carried.
-      s->tx.ctrl_check = false;
-      loop->hooks->ctrl_send(s);
-      loop->unflushed.remove(s);  // (it may have queued itself again: flushed right here)
-    }
-    if (s->res.has_qp && tp::post_flush(s->id)) socket_close(s, IBMSG_EIO);
+void flush_now(Socket *s) {
+  Loop *loop = s->loop;
+  loop->unflushed.remove(s);
+  if (s->tx.ctrl_check) {
+    // Credits that became due in the round and that no message of the round carried.
+    s->tx.ctrl_check = false;
+    loop->hooks->ctrl_send(s);
+    loop->unflushed.remove(s);  // (it may have queued itself again: flushed right here)
   }
+  // A refused list closes its connection: what it carried is canceled with the rest.
+  if (s->res.has_qp && tp::post_flush(s->id)) socket_close(s, IBMSG_EIO);
+}
+
+void posts_flush(Loop *loop) {
+  while (Socket *s = loop->unflushed.front()) flush_now(s);
 }
 
 }  // namespace ibmsg

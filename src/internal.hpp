@@ -57,6 +57,8 @@ struct SendPath {
   List<Work, &Work::link> flight;
   bool wants_told = false;  // a credit-only message told the peer that data waits for credits
   bool ctrl_check = false;  // credits became due in a callback: decided at the round's end (batch.cpp)
+  bool holding = false;     // in message_received, busy polling: a post to an idle wire waits for its end
+  bool held = false;        // one did: what the callback queued goes when it returns
   tp::WorkCtx ctrl_wr{tp::Op::Ctrl, 0, nullptr};
   // Credit-only messages posted and not yet completed here: the send queue has room for
   // kCtrlDepth of them. Control credits alone do not bound them: the peer returns a control

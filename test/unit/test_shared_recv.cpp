@@ -269,6 +269,48 @@ void replies_queued_in_a_round_carry_the_credits_freed_after_them(void **state) 
   expect_pool_balanced(h, *p.a, 0);
 }
 
+// A busy-polled ping-pong whose server posts its reply in message_received before it frees the
+// request (as an echo server does) and whose client frees first, then posts: the reply to the
+// idle wire waits for the callback's end, so the request's buffer is back in the shared queue and its
+// credit rides on the reply: no credit-only message goes either way (before: one per round trip
+// from the server).
+void a_reply_posted_before_the_free_goes_when_the_callback_returns(void **state) {
+  H *h = h_of(state);
+  h->payload = Payload::Seq;  // each side's messages numbered, 16 bytes
+  ibmsg_options *o = options(h, {{IBMSG_OPT_BUSY_POLL, IBMSG_BUSY_POLL_ALWAYS}});
+  h->accept_opts = o;
+  Pair p = connected(h, o, o);
+  settle(h);
+  Conn *a = p.a;
+  unsigned long lists_in_callback = 0;
+  a->on_msg = [a, &lists_in_callback](ibmsg_buffer *) {
+    const unsigned long lists = fake::stats().post_lists;
+    if (send_msg(*a, 16) != IBMSG_OK) ++a->reply_errors;
+    lists_in_callback += fake::stats().post_lists - lists;  // held: nothing went yet
+  };
+  p.c->replies_left = 99;  // the client: free, then post the next
+  const size_t posts0 = fake::posts().size();
+  expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  RUN_UNTIL(h, a->received == 100 && p.c->received == 100);
+  settle(h);
+  a->on_msg = nullptr;
+  assert_int_equal(a->reply_errors + p.c->reply_errors, 0);
+  assert_int_equal(lists_in_callback, 0);
+  // The server's posts: its 100 replies, nothing else. The client's: its 100 messages, and after
+  // the last reply (which it frees, posting nothing) one credit-only message at most.
+  size_t ctrl[2] = {0, 0}, data[2] = {0, 0};
+  for (size_t i = posts0; i < fake::posts().size(); ++i) {
+    const fake::Post &x = fake::posts()[i];
+    const int server = x.port == a->local_port;
+    (x.op == ibmsg::tp::Op::Ctrl ? ctrl : data)[server] += 1;
+  }
+  if (data[1] != 100 || ctrl[1] != 0 || data[0] != 100 || ctrl[0] > 1)
+    fail_msg("server: %zu data messages, %zu credit-only; client: %zu, %zu", data[1], ctrl[1],
+             data[0], ctrl[0]);
+  for (Conn *c : {p.c, p.a}) assert_int_equal(core(*c)->tx.credits.data(), 2);  // each its base
+  expect_pool_balanced(h, *p.a, 0);
+}
+
 // === 2. a receiver holding messages ===========================================================
 
 void held_messages_stop_the_peer_at_the_cap(void **state) {
@@ -632,6 +674,7 @@ int main(void) {
       T(hellos_offer_a_base_of_2_and_the_cap),
       T(ibmsg_pair_agrees_and_streams_both_ways),
       T(replies_queued_in_a_round_carry_the_credits_freed_after_them),
+      T(a_reply_posted_before_the_free_goes_when_the_callback_returns),
       T(held_messages_stop_the_peer_at_the_cap),
       T(full_cap_freed_at_once_then_idle_again),
       T(busy_connection_of_20_gets_more_than_the_base_and_gives_it_back),
