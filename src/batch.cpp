@@ -1,6 +1,7 @@
 // Batching: the work requests a round of the loop posts on a connection go to its QP in one list
 // (one doorbell), at the end of the round (LoopEntered) or sooner; what is posted outside the
-// loop's callbacks, or to a connection with nothing in flight, goes at once.
+// loop's callbacks, or to a connection with nothing in flight, goes at once. The received
+// messages the round's callbacks freed go back at its end too, before its posts go.
 #include "batch.hpp"
 
 #include "internal.hpp"
@@ -14,17 +15,14 @@ void flush_later(Socket *s) {
 int posted(Socket *s, bool send_queue) {
   // Outside callbacks nothing would flush it soon; and a send to a connection with nothing in
   // flight goes at once, since batching only adds latency while the wire is idle (as TCP
-  // autocorking holds back only while earlier packets wait to go out). Inside message_received
-  // it goes when the callback returns: the request the callback frees after posting its reply
-  // is back in the receive queue, and its credit in the reply, before the reply goes.
-  if (s->loop->depth == 0) return tp::post_flush(s->id);
-  if (send_queue && s->tx.flight.empty() && s->tx.ctrl_in_flight == 0) {
-    if (!s->tx.holding) return tp::post_flush(s->id);
-    s->tx.held = true;
-  }
+  // autocorking holds back only while earlier packets wait to go out).
+  if (s->loop->depth == 0 || (send_queue && s->tx.flight.empty() && s->tx.ctrl_in_flight == 0))
+    return tp::post_flush(s->id);
   flush_later(s);
   return IBMSG_OK;
 }
+
+namespace {
 
 void flush_now(Socket *s) {
   Loop *loop = s->loop;
@@ -39,7 +37,12 @@ void flush_now(Socket *s) {
   if (s->res.has_qp && tp::post_flush(s->id)) socket_close(s, IBMSG_EIO);
 }
 
+}  // namespace
+
 void posts_flush(Loop *loop) {
+  // The received messages the round's callbacks freed go back first (the hook: message.cpp):
+  // their buffers into the receive queues, their credits onto what the round queued.
+  if (!loop->freed.empty()) loop->hooks->freed(loop);
   while (Socket *s = loop->unflushed.front()) flush_now(s);
 }
 

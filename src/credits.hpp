@@ -9,7 +9,7 @@
 //
 // When to send a control message (a credit update without payload): when the owed data credits
 // reach half the depth, or when the peer has none left (everything is held by the application or
-// owed), so a peer never waits for credits that exist. Such a message, or one carrying news (the
+// owed), so a peer never waits for credits that exist. (Shared buffers: ctrl_needed.) Such a message, or one carrying news (the
 // done counts of rendezvous messages), keeps the last control credit for returning control credits
 // (ctrl_due); a peer that waits for us returns the control credits it owes from half of them. Each
 // message of the peer returns all it owes, so a control message never waits long (kCtrlDepth 4).
@@ -142,11 +142,22 @@ class Credits {
   void on_ctrl_received() { ++owed_ctrl_; }  // control buffer re-posted at once
 
   // Whether to send a credit-only message now (when no data message can carry the credits).
-  // Shared buffers: when the peer holds no more than we owe it.
-  bool ctrl_needed() const {
+  // Shared buffers: when the peer holds no more than we owe it; on a busy-polling connection
+  // (polling) when it holds fewer, and so at the latest when it holds none: while it holds as
+  // many as we owe, it sends with those and gets ours on our next message (the reply of a
+  // ping-pong, whose request goes back after it: message.cpp), not in a message of their own.
+  // (With completion events the earlier message measured faster: PERFORMANCE.md.)
+  bool ctrl_needed(bool polling = false) const {
     if (owed() == 0) return false;
-    if (sc_) return owed() >= granted();
+    if (sc_) return polling ? owed() > granted() : owed() >= granted();
     return owed_ >= threshold_ || held_ + owed_ >= depth_;
+  }
+  // Whether n of the held buffers, given back after a message that carries what is owed now,
+  // would make a credit-only message due on a busy-polling connection (ctrl_needed then).
+  bool ctrl_needed_after_carry(uint32_t n) const {
+    if (n == 0) return false;
+    if (sc_) return n > granted() + owed();
+    return n >= threshold_ || held_ >= depth_;
   }
 
   // Whether to send a credit-only message now (when no data message can carry it): to return
@@ -155,7 +166,7 @@ class Credits {
   // ping-pong), or for owed data credits (ctrl_needed) or news (rendezvous done counts) while that
   // leaves a control credit for returning control credits. Without that reserve both sides could
   // spend all of theirs at once and then owe each other the control credits that neither can send.
-  bool ctrl_due(bool waiting, bool news) const {
+  bool ctrl_due(bool waiting, bool news, bool polling = false) const {
     if (ctrl_ == 0) return false;
     if (waiting && owed_ctrl_ >= kCtrlDepth / 2) return true;
     // Shared buffers: a peer that holds data credits above its base is down to the control
@@ -165,7 +176,7 @@ class Credits {
     if (sc_ && wire_shared_ && sc_->granted > depth_ && granted_ctrl_ <= 1 &&
         owed_ctrl_ >= kCtrlDepth / 2)
       return true;
-    return (ctrl_needed() || news) && (ctrl_ >= 2 || ctrl_limit_ < 2);
+    return (ctrl_needed(polling) || news) && (ctrl_ >= 2 || ctrl_limit_ < 2);
   }
 
   uint32_t data() const { return data_; }

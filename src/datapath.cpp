@@ -253,7 +253,9 @@ void maybe_send_ctrl(Socket *s) {
       if (!post_ctrl(s)) return;
       continue;
     }
-    if (!s->tx.credits.ctrl_due(waits, s->rndv.done_owed > 0 || fin || surplus || tell)) return;
+    if (!s->tx.credits.ctrl_due(waits, s->rndv.done_owed > 0 || fin || surplus || tell,
+                                s->poll_node.linked()))
+      return;
     if (fin) {  // a FIN (with the done counts before it) in the place of a credit-only message
       if (!rndv_send_fin(s)) return;
       continue;

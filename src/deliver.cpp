@@ -6,7 +6,6 @@
 #include "deliver.hpp"
 
 #include "internal.hpp"
-#include "batch.hpp"
 #include "dedup.hpp"
 #include "message.hpp"
 
@@ -29,16 +28,7 @@ void deliver_ready(Socket *s) {
     ++s->stats.msgs_received;
     s->stats.bytes_received += msg->size;
     if (auto cb = s->loop->pub->message_received) {
-      // A busy-polling connection's reply to an idle wire goes when the callback returns
-      // (batch.cpp). (With completion events, holding it measured slower: ibmsg-perf -t lat
-      // 105 -> 170 us on Soft-RoCE; not understood yet, so events keep posting at once.)
-      s->tx.holding = s->poll_node.linked();
       cb(s->pub, msg);
-      s->tx.holding = false;
-      if (s->tx.held) {
-        s->tx.held = false;
-        flush_now(s);
-      }
     } else {
       msg_free(msg);
     }
@@ -53,8 +43,9 @@ void deliver_msg(Socket *s, Slot *slot) {
 
 int msg_free(ibmsg_buffer *msg) {
   // A request it did not answer: its retries get no answer (before the buffer goes back).
-  if (msg_lent(msg)) answer_on_free(msg->impl);
-  return msg_release(msg);
+  if (!msg_lent(msg)) return msg_release(msg);  // a message to send, or an error
+  answer_on_free(msg->impl);
+  return msg_give_back(msg);
 }
 
 }  // namespace ibmsg

@@ -4,6 +4,7 @@
 #pragma once
 
 struct ibmsg__socket;
+struct ibmsg__loop;
 
 namespace ibmsg {
 
@@ -26,6 +27,9 @@ struct Hooks {
   void (*data_established)(::ibmsg__socket *s);
   // A device's completion channel is readable (completion.cpp).
   void (*device_ready)(Device *dev);
+  // The end of a round in which callbacks freed received messages (Loop::freed): their buffers
+  // go back, before the round's posts go (message.cpp).
+  void (*freed)(::ibmsg__loop *loop);
 };
 
 }  // namespace ibmsg

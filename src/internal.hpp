@@ -57,8 +57,6 @@ struct SendPath {
   List<Work, &Work::link> flight;
   bool wants_told = false;  // a credit-only message told the peer that data waits for credits
   bool ctrl_check = false;  // credits became due in a callback: decided at the round's end (batch.cpp)
-  bool holding = false;     // in message_received, busy polling: a post to an idle wire waits for its end
-  bool held = false;        // one did: what the callback queued goes when it returns
   tp::WorkCtx ctrl_wr{tp::Op::Ctrl, 0, nullptr};
   // Credit-only messages posted and not yet completed here: the send queue has room for
   // kCtrlDepth of them. Control credits alone do not bound them: the peer returns a control
@@ -74,6 +72,7 @@ struct RecvBuffers {
   ShareConn share;
   uint32_t qp_num = 0;     // its queue pair's (shared receives name it)
   uint32_t ctrl_lost = 0;  // its control buffers the shared queue refused back
+  uint32_t freed_later = 0;  // its messages freed in the round, waiting in Loop::freed
 };
 
 // Its send buffers (send_slots.cpp): the device's ones it takes its messages from, and how many
@@ -201,6 +200,7 @@ struct ibmsg__loop {
   ibmsg::List<Socket, &Socket::close_node> closing;      // due for teardown
   ibmsg::List<Socket, &Socket::poll_node> pollers;       // busy polling now (poll.cpp)
   ibmsg::List<Socket, &Socket::post_node> unflushed;     // posts to flush (batch.cpp)
+  ibmsg::List<ibmsg__slot, &ibmsg__slot::link> freed;    // received, freed in the round (message.cpp)
   ibmsg::List<ibmsg::Timer, &ibmsg::Timer::node> timers;  // running timers
   ibmsg::List<ibmsg__region, &ibmsg__region::loop_node> regions;  // registered regions
   int epfd = -1;     // for ibmsg_event_loop_fd
@@ -238,15 +238,18 @@ struct ibmsg__request {
 
 namespace ibmsg {
 
-// Held while a watcher callback runs: the loop's API refuses to re-enter (IBMSG_EBUSY). What the
-// callbacks posted goes to the QPs when it ends, if not before (posts_flush).
+// Held while a watcher callback runs: the loop's API refuses to re-enter (IBMSG_EBUSY). When it
+// ends, the received messages the callbacks freed go back, and what they posted goes to the QPs,
+// if not before (posts_flush).
 // Lower tiers ask for the close through the hook the loop registered (hooks.hpp).
 inline void socket_close(Socket *s, int reason) { s->loop->hooks->close(s, reason); }
 
 struct LoopEntered {
   explicit LoopEntered(Loop *l) : loop(l) { ++loop->depth; }
   ~LoopEntered() {
-    if (--loop->depth == 0 && !loop->unflushed.empty()) posts_flush(loop);
+    // (still inside: what the end of the round posts is batched with the rest)
+    if (loop->depth == 1 && (!loop->unflushed.empty() || !loop->freed.empty())) posts_flush(loop);
+    --loop->depth;
   }
   LoopEntered(const LoopEntered &) = delete;
   LoopEntered &operator=(const LoopEntered &) = delete;

@@ -16,6 +16,7 @@
 #include "datapath.hpp"
 #include "device_release.hpp"
 #include "errors.hpp"
+#include "message.hpp"
 #include "wake.hpp"
 
 namespace ibmsg {
@@ -46,7 +47,8 @@ void on_wakeup(struct ev_loop *, ev_timer *, int) {}
 void data_established(Socket *s) { establish(s, true); }
 
 // The upward calls of the lower tiers (hooks.hpp).
-constexpr Hooks kHooks = {close_begin, ctrl_due, ctrl_round_end, data_established, device_ready};
+constexpr Hooks kHooks = {close_begin,      ctrl_due,     ctrl_round_end,
+                          data_established, device_ready, msgs_freed_back};
 
 }  // namespace
 

@@ -123,6 +123,9 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
   // A large buffer's message that fits the eager size goes eagerly, copied into the slot.
   if (!rndv && slot->large && msg->size) memcpy(slot->buf, slot->large->mem, msg->size);
   slot->work.rndv = rndv;
+  // The messages of s freed in this round go back at its end, after this one. Unless their
+  // credits would then need a credit-only message: then first, and this one carries them.
+  if (now && s->tx.credits.ctrl_needed_after_carry(s->rx.freed_later)) msgs_freed_back(s->loop);
   if (now) {
     // A queue pair that refuses a work request is broken: the connection closes, as it does when
     // a queued message fails to go out. The message stays the application's (no callback).
@@ -169,9 +172,36 @@ int msg_release(ibmsg_buffer *msg) {
     return IBMSG_OK;
   }
   if (!msg_lent(msg)) return IBMSG_ENOTALLOC;  // not lent to the application (yet)
+  return msg_give_back(msg);
+}
+
+int msg_give_back(ibmsg_buffer *msg) {
+  Slot *slot = msg->impl;
+  Pool *p = slot->pool;
   msg->status = IBMSG_FREED;
-  rndv_drop(recv_owner(slot), slot);  // its destination, its region's hold, its buffer
+  // Freed in a callback of a busy-polling connection: it goes back at the end of the round
+  // (msgs_freed_back), so that a reply the callback posts to an idle wire goes first (msg_post)
+  // while the peer polls; its credit then rides on a later message. It stays lent until it goes
+  // back (not msg_lent: linked). (With completion events, work after the reply measured slower:
+  // PERFORMANCE.md.)
+  Loop *loop = p->dev->loop;
+  Socket *owner = recv_owner(slot);
+  if (loop->depth > 0 && owner && owner->poll_node.linked()) {
+    ++owner->rx.freed_later;
+    loop->freed.push_back(slot);
+    return IBMSG_OK;
+  }
+  rndv_drop(owner, slot);  // its destination, its region's hold, its buffer
   return IBMSG_OK;
+}
+
+void msgs_freed_back(Loop *loop) {
+  while (Slot *slot = loop->freed.pop_front()) {
+    // Its owner now: the connection may have closed since (then none, or one closing).
+    Socket *owner = recv_owner(slot);
+    if (owner && owner->rx.freed_later) --owner->rx.freed_later;
+    rndv_drop(owner, slot);
+  }
 }
 
 }  // namespace ibmsg

@@ -427,6 +427,37 @@ void ctrl_needed_at_half_the_depth(void **) {
   assert_true(c.ctrl_needed());  // 8 owed reaches the threshold 16 / 2
 }
 
+// Shared receive buffers: with completion events a credit-only message goes once the peer holds no
+// more than we owe it; on a busy-polling connection once it holds fewer (a ping-pong's request
+// goes back after its reply, and its credit rides on the next one). And the test for a message
+// about to carry what is owed: whether n buffers given back after it would need one.
+void shared_ctrl_needed_events_and_polling(void **) {
+  ibmsg::ShareConn share;
+  Credits c;
+  c.init(2, 4, 2, 32, &share, true);
+  share.granted = 1;
+  share.owed = 0;
+  for (bool polling : {false, true}) assert_false(c.ctrl_needed(polling));
+  share.owed = 1;  // the peer holds as many as we owe
+  assert_true(c.ctrl_needed(false));
+  assert_false(c.ctrl_needed(true));
+  share.owed = 2;  // fewer
+  for (bool polling : {false, true}) assert_true(c.ctrl_needed(polling));
+  share.granted = 0;
+  share.owed = 1;  // none
+  for (bool polling : {false, true}) assert_true(c.ctrl_needed(polling));
+  // Owing 1 to a peer holding none: a message carries it, then 1 more given back is as many
+  // as it holds, 2 more are more.
+  assert_false(c.ctrl_needed_after_carry(0));
+  assert_false(c.ctrl_needed_after_carry(1));
+  assert_true(c.ctrl_needed_after_carry(2));
+  // Buffers of its own: half the depth, with the owed ones carried first.
+  Credits own;
+  own.init(8, 4, 16);
+  assert_false(own.ctrl_needed_after_carry(7));
+  assert_true(own.ctrl_needed_after_carry(8));
+}
+
 void ctrl_threshold_rounds_half_an_odd_depth_down(void **) {
   Credits c;
   c.init(8, 4, 7);
@@ -1012,6 +1043,7 @@ int main(void) {
       cmocka_unit_test(ctrl_not_needed_for_owed_ctrl_credits_alone),
       cmocka_unit_test(ctrl_not_needed_below_half_the_depth),
       cmocka_unit_test(ctrl_needed_at_half_the_depth),
+      cmocka_unit_test(shared_ctrl_needed_events_and_polling),
       cmocka_unit_test(ctrl_threshold_rounds_half_an_odd_depth_down),
       cmocka_unit_test(ctrl_threshold_is_at_least_one_for_depth_one),
       cmocka_unit_test(ctrl_needed_when_the_peer_is_starved_below_the_threshold),

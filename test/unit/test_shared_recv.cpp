@@ -265,16 +265,18 @@ void replies_queued_in_a_round_carry_the_credits_freed_after_them(void **state) 
   a->on_msg = nullptr;
   assert_int_equal(a->reply_errors, 0);
   settle(h);
-  for (Conn *c : {p.c, p.a}) assert_int_equal(core(*c)->tx.credits.data(), 2);  // each its base
+  // Each holds its base, or all but the one its peer owes it.
+  assert_int_equal(core(*p.c)->tx.credits.data() + core(*p.a)->tx.credits.owed(), 2);
+  assert_int_equal(core(*p.a)->tx.credits.data() + core(*p.c)->tx.credits.owed(), 2);
   expect_pool_balanced(h, *p.a, 0);
 }
 
 // A busy-polled ping-pong whose server posts its reply in message_received before it frees the
-// request (as an echo server does) and whose client frees first, then posts: the reply to the
-// idle wire waits for the callback's end, so the request's buffer is back in the shared queue and its
-// credit rides on the reply: no credit-only message goes either way (before: one per round trip
-// from the server).
-void a_reply_posted_before_the_free_goes_when_the_callback_returns(void **state) {
+// request (as an echo server does) and whose client frees first, then posts: each side's post to
+// the idle wire goes at once, inside the callback, and the message it answers goes back to the
+// shared queue after it, at the end of the round; its credit rides on the next message. No
+// credit-only message goes either way (the peer holds as many credits as it is owed).
+void a_reply_goes_before_the_message_it_answers_goes_back(void **state) {
   H *h = h_of(state);
   h->payload = Payload::Seq;  // each side's messages numbered, 16 bytes
   ibmsg_options *o = options(h, {{IBMSG_OPT_BUSY_POLL, IBMSG_BUSY_POLL_ALWAYS}});
@@ -282,20 +284,28 @@ void a_reply_posted_before_the_free_goes_when_the_callback_returns(void **state)
   Pair p = connected(h, o, o);
   settle(h);
   Conn *a = p.a;
-  unsigned long lists_in_callback = 0;
+  unsigned long lists_in_callback = 0, back_later[2] = {0, 0};
   a->on_msg = [a, &lists_in_callback](ibmsg_buffer *) {
     const unsigned long lists = fake::stats().post_lists;
     if (send_msg(*a, 16) != IBMSG_OK) ++a->reply_errors;
-    lists_in_callback += fake::stats().post_lists - lists;  // held: nothing went yet
+    lists_in_callback += fake::stats().post_lists - lists;  // the reply: at once
   };
+  // After each callback (the harness freed the message, the client then posted): the message
+  // freed waits for the end of the round.
+  a->on_rx = [&] { back_later[1] += core(*a)->rx.freed_later == 1; };
+  p.c->on_rx = [&] { back_later[0] += core(*p.c)->rx.freed_later == 1; };
   p.c->replies_left = 99;  // the client: free, then post the next
   const size_t posts0 = fake::posts().size();
   expect_code(send_msg(*p.c, 16), IBMSG_OK);
   RUN_UNTIL(h, a->received == 100 && p.c->received == 100);
   settle(h);
   a->on_msg = nullptr;
+  a->on_rx = p.c->on_rx = nullptr;
   assert_int_equal(a->reply_errors + p.c->reply_errors, 0);
-  assert_int_equal(lists_in_callback, 0);
+  assert_int_equal(lists_in_callback, 100);
+  assert_int_equal(back_later[0], 100);
+  assert_int_equal(back_later[1], 100);
+  for (Conn *c : {p.c, p.a}) assert_int_equal(core(*c)->rx.freed_later, 0);
   // The server's posts: its 100 replies, nothing else. The client's: its 100 messages, and after
   // the last reply (which it frees, posting nothing) one credit-only message at most.
   size_t ctrl[2] = {0, 0}, data[2] = {0, 0};
@@ -307,7 +317,9 @@ void a_reply_posted_before_the_free_goes_when_the_callback_returns(void **state)
   if (data[1] != 100 || ctrl[1] != 0 || data[0] != 100 || ctrl[0] > 1)
     fail_msg("server: %zu data messages, %zu credit-only; client: %zu, %zu", data[1], ctrl[1],
              data[0], ctrl[0]);
-  for (Conn *c : {p.c, p.a}) assert_int_equal(core(*c)->tx.credits.data(), 2);  // each its base
+  // Each holds its base, or all but the one its peer owes it.
+  assert_int_equal(core(*p.c)->tx.credits.data() + core(*p.a)->tx.credits.owed(), 2);
+  assert_int_equal(core(*p.a)->tx.credits.data() + core(*p.c)->tx.credits.owed(), 2);
   expect_pool_balanced(h, *p.a, 0);
 }
 
@@ -375,8 +387,10 @@ void busy_connection_of_20_gets_more_than_the_base_and_gives_it_back(void **stat
   assert_true(most > kIdle);      // the pool gave it more than its base
   assert_true(most_credits > 2);  // and granted them
   assert_true(most <= (32 + 4) * kSlot);
-  // Its burst over, the surplus went back: every connection holds its base again.
-  assert_int_equal(core(*busy.c)->tx.credits.data(), 2);
+  // Its burst over, the surplus went back: every connection holds its base again (or all but
+  // one, owed to it: the receiver sends it on its next message, or once the sender holds none).
+  assert_int_equal(core(*busy.c)->tx.credits.data() + core(*busy.a)->tx.credits.owed(), 2);
+  assert_true(core(*busy.c)->tx.credits.data() >= 1);
   for (Pair &q : ps) {
     assert_int_equal(shared_mem(*q.a), kIdle);
     assert_int_equal(shared_mem(*q.c), kIdle);
@@ -594,7 +608,8 @@ void shared_recv_option_0_gives_buffers_of_its_own(void **state) {
       assert_null(core(its_own)->rx.shared);
       assert_int_equal(shared_mem(shared), kIdle);
       assert_int_equal(core(shared)->tx.credits.data(), 32);
-      assert_int_equal(core(its_own)->tx.credits.data(), 2);
+      // Its base, or all but the one the shared side owes it (it goes on the next message).
+      assert_int_equal(core(its_own)->tx.credits.data() + core(shared)->tx.credits.owed(), 2);
     }
   }
 }
@@ -613,7 +628,8 @@ void device_without_srq_gives_buffers_of_its_own(void **state) {
     assert_null(core(*p.c)->rx.shared);
     assert_int_equal(shared_mem(*p.a), kIdle);
     assert_int_equal(core(*p.a)->tx.credits.data(), 32);
-    assert_int_equal(core(*p.c)->tx.credits.data(), 2);
+    // Its base, or all but the one the shared side owes it (it goes on the next message).
+    assert_int_equal(core(*p.c)->tx.credits.data() + core(*p.a)->tx.credits.owed(), 2);
   }
   assert_int_equal(hello_of_client(h, nullptr, &h->loop2).recv_depth, 32);  // its 32 buffers at once
   stream(h, *first.c, *first.a, 50);
@@ -674,7 +690,7 @@ int main(void) {
       T(hellos_offer_a_base_of_2_and_the_cap),
       T(ibmsg_pair_agrees_and_streams_both_ways),
       T(replies_queued_in_a_round_carry_the_credits_freed_after_them),
-      T(a_reply_posted_before_the_free_goes_when_the_callback_returns),
+      T(a_reply_goes_before_the_message_it_answers_goes_back),
       T(held_messages_stop_the_peer_at_the_cap),
       T(full_cap_freed_at_once_then_idle_again),
       T(busy_connection_of_20_gets_more_than_the_base_and_gives_it_back),
