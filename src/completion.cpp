@@ -70,7 +70,7 @@ void on_poll(struct ev_loop *ev, ev_idle *w, int) {
   const uint64_t start = now_ns();
   uint64_t now = start;
   unsigned spins = 0;
-  while (loop->polling > 0 && now - start < kSliceNs) {
+  while (!loop->pollers.empty() && now - start < kSliceNs) {
     // Devices and sockets leave their lists only in teardowns and releases, which run from
     // another watcher: the lists may grow here (a callback connects or accepts), never shrink.
     for (Device *d = loop->devices.front(); d; d = loop->devices.next(d))
@@ -92,7 +92,7 @@ void on_poll(struct ev_loop *ev, ev_idle *w, int) {
     if (!loop->closing.empty()) break;
     if ((++spins & 63) == 0) now = now_ns();
   }
-  if (loop->polling == 0) ev_idle_stop(ev, w);
+  if (loop->pollers.empty()) ev_idle_stop(ev, w);
 }
 
 }  // namespace
@@ -159,8 +159,9 @@ int drain_device(Device *dev) {
       if (n < 32) break;
     }
   }
-  // What the callbacks posted goes out now, one list per connection.
-  posts_flush(dev->loop);
+  // What the callbacks posted goes out now, one list per connection (no completion, no
+  // callback: a spin of the poller that found nothing posted nothing).
+  if (total) posts_flush(dev->loop);
   return total;
 }
 

@@ -212,12 +212,10 @@ void ctrl_due(Socket *s) {
 
 void ctrl_round_end(Socket *s) {
   uint32_t v;
-  wire::Imm imm;
   if (s->state == State::Connected && s->res.has_qp &&
-      (s->tx.credits.owed() || s->tx.credits.owed_ctrl()) && tp::pending_imm(s->id, &v) &&
-      wire::decode_imm(v, &imm)) {
+      (s->tx.credits.owed() || s->tx.credits.owed_ctrl()) && tp::pending_imm(s->id, &v)) {
     // (a reply posted in message_received before the request was freed: its credit goes along)
-    if (s->tx.credits.shared_wire()) wire::split_wants(&imm);
+    wire::Imm imm = wire::decode_own_imm(v, s->tx.credits.shared_wire());
     s->tx.credits.top_up(&imm);
     tp::set_pending_imm(s->id, wire::encode_imm(imm));
   }

@@ -190,8 +190,7 @@ struct ibmsg__loop {
   ev_io cm_watcher;
   ev_idle idle;      // runs teardowns and releases devices
   ev_timer wakeup;   // bounds ibmsg_dispatch_event_loop_timeout
-  ev_idle poller;    // busy polling: runs while polling > 0 (poll.cpp)
-  int polling = 0;   // the length of pollers
+  ev_idle poller;    // busy polling: runs while pollers is not empty (poll.cpp)
   ibmsg::List<ibmsg::Device, &ibmsg::Device::node> devices;
   bool devices_dirty = false;  // a device reached zero references
   ibmsg::Timer rescan;         // after a removed device was released (device.cpp)

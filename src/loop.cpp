@@ -159,7 +159,7 @@ int loop_fd(Loop *loop) {
 }
 
 int loop_timeout_ms(Loop *loop) {
-  if (!loop->closing.empty() || loop->devices_dirty || loop->polling > 0) return 0;
+  if (!loop->closing.empty() || loop->devices_dirty || !loop->pollers.empty()) return 0;
   for (Device *d = loop->devices.front(); d; d = loop->devices.next(d))
     if (d->rearm || d->parked) return 0;  // CQs to arm or poll (poll_rearm, devices_unpark)
   double next = timers_next(loop);

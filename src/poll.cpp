@@ -12,15 +12,14 @@ void poll_touch(Socket *s) {
   if (s->opts.busy_poll_us == 0 || !s->res.cq || s->state == State::Closing) return;
   s->poll.last_ns = kJustNow;  // the poller reads the clock for it
   if (s->poll_node.linked()) return;
+  if (s->loop->pollers.empty()) ev_idle_start(s->loop->ev, &s->loop->poller);
   s->loop->pollers.push_back(s);
   ++s->dev->polling;
-  if (s->loop->polling++ == 0) ev_idle_start(s->loop->ev, &s->loop->poller);
 }
 
 void poll_stop(Socket *s) {
   if (!s->poll_node.linked()) return;
   s->loop->pollers.remove(s);
-  --s->loop->polling;
   // The last one: the CQ was left unarmed for the poller, and must be armed (and polled once
   // more) before the loop sleeps: by the poller at once, or, when a teardown stopped it, by the
   // idle watcher that runs the teardowns, right after them.

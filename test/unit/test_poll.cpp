@@ -44,7 +44,7 @@ void set_loop_busy_poll(H *h, int value) {
 ibmsg::tp::Cq *cq_of(const Conn &c) { return c.s.impl ? c.s.impl->res.cq : nullptr; }
 fake::CqInfo cq(const Conn &c) { return fake::cq_info(cq_of(c)); }
 bool polls(const Conn &c) { return c.s.impl && c.s.impl->poll_node.linked(); }
-int loop_polling(H *h) { return h->loop.impl->polling; }
+int loop_polling(H *h) { return int(h->loop.impl->pollers.size()); }
 bool poller_running(H *h) { return ev_is_active(&h->loop.impl->poller); }
 int loop_timeout(H *h) { return ibmsg_event_loop_timeout(&h->loop); }
 
