@@ -323,6 +323,52 @@ void a_reply_goes_before_the_message_it_answers_goes_back(void **state) {
   expect_pool_balanced(h, *p.a, 0);
 }
 
+// Busy polling, messages freed in the round in which their connection closes: the server frees
+// each message in its message_received (it goes back at the end of the round), disconnects in
+// the callback of the fifth, and holds the sixth to the eighth until its closed callback, where it
+// frees them (the connection is gone: they go back at once). Every buffer is back in the pool,
+// nothing is lent, and another connection on the pool still streams.
+void busy_polled_messages_freed_as_their_connection_closes_go_back(void **state) {
+  H *h = h_of(state);
+  h->payload = Payload::Seq;  // numbered, 16 bytes
+  ibmsg_options *o = options(h, {{IBMSG_OPT_BUSY_POLL, IBMSG_BUSY_POLL_ALWAYS}});
+  h->accept_opts = o;
+  Conn &l = listener(h);
+  Pair other = connect_to(h, l, o);
+  Pair p = connect_to(h, l, o);
+  settle(h);
+  ibmsg::SharedRecv *r = core(*p.a)->rx.shared;
+  Conn *a = p.a;
+  unsigned long waiting_at_close = 0, disconnects = 0;
+  a->on_msg = [a, &disconnects](ibmsg_buffer *) {
+    if (a->received == 5) {
+      disconnects += ibmsg_disconnect(&a->s) == IBMSG_OK;
+      a->hold = true;  // the rest is kept until the closed callback
+    }
+  };
+  a->on_rx = [&] {
+    if (a->received == 5) waiting_at_close = core(*a)->rx.freed_later;
+  };
+  a->when_closed = [a] { free_held(*a); };
+  fake::pause_wire(true);
+  for (int i = 0; i < 8; ++i) expect_code(send_msg(*p.c, 16), IBMSG_OK);
+  fake::pause_wire(false);
+  RUN_UNTIL(h, a->closed && p.c->closed);
+  settle(h);
+  assert_int_equal(disconnects, 1);
+  assert_true(waiting_at_close >= 1);  // the fifth, freed in its callback, waited for the round's end
+  assert_true(a->received >= 5);
+  assert_true(a->held.empty());
+  assert_int_equal(a->bad_order, 0);
+  assert_int_equal(r->lent, 0);
+  expect_pool_balanced(h, *other.a, 0);
+  h->payload = Payload::Pattern;  // (what stream sends and checks)
+  stream(h, *other.c, *other.a, 50);
+  settle(h);
+  assert_int_equal(other.a->bad_payload + other.a->bad_order, 0);
+  expect_pool_balanced(h, *other.a, 0);
+}
+
 // === 2. a receiver holding messages ===========================================================
 
 void held_messages_stop_the_peer_at_the_cap(void **state) {
@@ -691,6 +737,7 @@ int main(void) {
       T(ibmsg_pair_agrees_and_streams_both_ways),
       T(replies_queued_in_a_round_carry_the_credits_freed_after_them),
       T(a_reply_goes_before_the_message_it_answers_goes_back),
+      T(busy_polled_messages_freed_as_their_connection_closes_go_back),
       T(held_messages_stop_the_peer_at_the_cap),
       T(full_cap_freed_at_once_then_idle_again),
       T(busy_connection_of_20_gets_more_than_the_base_and_gives_it_back),
