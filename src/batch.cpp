@@ -22,28 +22,20 @@ int posted(Socket *s, bool send_queue) {
   return IBMSG_OK;
 }
 
-namespace {
-
-void flush_now(Socket *s) {
-  Loop *loop = s->loop;
-  loop->unflushed.remove(s);
-  if (s->tx.ctrl_check) {
-    // Credits that became due in the round and that no message of the round carried.
-    s->tx.ctrl_check = false;
-    loop->hooks->ctrl_send(s);
-    loop->unflushed.remove(s);  // (it may have queued itself again: flushed right here)
-  }
-  // A refused list closes its connection: what it carried is canceled with the rest.
-  if (s->res.has_qp && tp::post_flush(s->id)) socket_close(s, IBMSG_EIO);
-}
-
-}  // namespace
-
 void posts_flush(Loop *loop) {
   // The received messages the round's callbacks freed go back first (the hook: message.cpp):
   // their buffers into the receive queues, their credits onto what the round queued.
   if (!loop->freed.empty()) loop->hooks->freed(loop);
-  while (Socket *s = loop->unflushed.front()) flush_now(s);
+  // A refused list closes its connection: what it carried is canceled with the rest.
+  while (Socket *s = loop->unflushed.pop_front()) {
+    if (s->tx.ctrl_check) {
+      // Credits that became due in the round and that no message of the round carried.
+      s->tx.ctrl_check = false;
+      loop->hooks->ctrl_send(s);
+      loop->unflushed.remove(s);  // (it may have queued itself again: flushed right here)
+    }
+    if (s->res.has_qp && tp::post_flush(s->id)) socket_close(s, IBMSG_EIO);
+  }
 }
 
 }  // namespace ibmsg

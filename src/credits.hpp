@@ -9,10 +9,11 @@
 //
 // When to send a control message (a credit update without payload): when the owed data credits
 // reach half the depth, or when the peer has none left (everything is held by the application or
-// owed), so a peer never waits for credits that exist. (Shared buffers: ctrl_needed.) Such a message, or one carrying news (the
-// done counts of rendezvous messages), keeps the last control credit for returning control credits
-// (ctrl_due); a peer that waits for us returns the control credits it owes from half of them. Each
-// message of the peer returns all it owes, so a control message never waits long (kCtrlDepth 4).
+// owed), so a peer never waits for credits that exist (shared buffers: ctrl_needed). Such a
+// message, or one carrying news (the done counts of rendezvous messages), keeps the last control
+// credit for returning control credits (ctrl_due); a peer that waits for us returns the control
+// credits it owes from half of them. Each message of the peer returns all it owes, so a control
+// message never waits long (kCtrlDepth 4).
 //
 // Shared receive buffers (kFeatureShared, src/shared_credits.hpp): a receiver whose buffers are
 // shared by its device's connections starts its peer with a small base (the hello's recv_depth)

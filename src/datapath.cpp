@@ -215,7 +215,7 @@ void ctrl_round_end(Socket *s) {
   if (s->state == State::Connected && s->res.has_qp &&
       (s->tx.credits.owed() || s->tx.credits.owed_ctrl()) && tp::pending_imm(s->id, &v)) {
     // (a reply posted in message_received before the request was freed: its credit goes along)
-    wire::Imm imm = wire::decode_own_imm(v, s->tx.credits.shared_wire());
+    wire::Imm imm = wire::imm_of(v, s->tx.credits.shared_wire());
     s->tx.credits.top_up(&imm);
     tp::set_pending_imm(s->id, wire::encode_imm(imm));
   }

@@ -27,11 +27,8 @@ void deliver_ready(Socket *s) {
       continue;  // a copy of one delivered before: answered with the kept reply, if any
     ++s->stats.msgs_received;
     s->stats.bytes_received += msg->size;
-    if (auto cb = s->loop->pub->message_received) {
-      cb(s->pub, msg);
-    } else {
-      msg_free(msg);
-    }
+    if (auto cb = s->loop->pub->message_received) cb(s->pub, msg);
+    else msg_free(msg);
   }
 }
 

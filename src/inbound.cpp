@@ -181,12 +181,11 @@ void on_recv_wc(Socket *s, Slot *slot, const tp::Completion &wc) {
     on_write_imm(s, slot, wc);
     return;
   }
-  wire::Imm imm;
-  if (!wc.has_imm || !wire::decode_imm(wc.imm, &imm)) {
+  if (!wc.has_imm) {
     recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
-  if (s->peer.features & wire::kFeatureShared) wire::split_wants(&imm);
+  const wire::Imm imm = wire::imm_of(wc.imm, s->peer.features & wire::kFeatureShared);
   // The peer read rendezvous messages of ours: they are done (message_sent, in order).
   if (imm.done && (!(s->peer.features & wire::kFeatureRndv) || !rndv_on_done(s, imm.done))) {
     recv_drop(s, slot, IBMSG_EPROTO);

@@ -74,9 +74,9 @@ uint32_t encode_imm(const Imm &imm);
 // Every value decodes: whether an opcode or a done count is allowed on a connection depends on
 // the features both sides agreed on.
 bool decode_imm(uint32_t value, Imm *out);
-// An immediate this side encoded (encode_imm) as it was before: with kFeatureShared (shared),
-// its wants bit out of the credits field.
-inline Imm decode_own_imm(uint32_t value, bool shared) {
+// decode_imm, and with kFeatureShared agreed (shared) the wants bit out of the credits field:
+// a received immediate, or one this side encoded and has not posted yet.
+inline Imm imm_of(uint32_t value, bool shared) {
   Imm imm;
   decode_imm(value, &imm);
   if (shared) split_wants(&imm);
