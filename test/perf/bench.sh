@@ -24,6 +24,17 @@ median() {
     print (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }'
 }
 
+# paired KEY REF_KEY: the median of the rounds' own ratios KEY / REF_KEY (each round's two
+# measurements ran a few seconds apart, so a host that slows down for a while moves both), or
+# nothing when a round lacks either number.
+paired() {
+  awk -v a="${V[$1]:-}" -v b="${V[$2]:-}" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ")
+    if (!n || n != m) exit
+    for (i = 1; i <= n; i++) { if (y[i] + 0 <= 0) exit; r[i] = x[i] / y[i] }
+    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (r[j] < r[i]) { t = r[i]; r[i] = r[j]; r[j] = t }
+    printf "%.2f\n", (n % 2) ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2 }'
+}
+
 # col N: column N of the first row that starts with a number (the result rows of perftest and
 # ibmsg-perf start with the size).
 col() { awk -v c="$1" '$1 ~ /^[0-9]+$/ && NF >= c { print $c; exit }'; }
