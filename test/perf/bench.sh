@@ -18,21 +18,25 @@ pair() {
 }
 declare -A V
 add() { [[ $2 =~ ^[0-9]+(\.[0-9]*)?$ ]] && V[$1]="${V[$1]:-} $2"; return 0; }
-median() {
-  echo "${V[$1]:-}" | awk '{ n = split($0, a, " "); if (!n) exit
+# med: the median of the numbers on stdin (space- or line-separated), nothing for none.
+med() {
+  awk '{ for (i = 1; i <= NF; i++) a[++n] = $i } END { if (!n) exit
     for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] + 0 < a[i] + 0) { t = a[i]; a[i] = a[j]; a[j] = t }
     print (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2 }'
 }
+median() { echo "${V[$1]:-}" | med; }
 
 # paired KEY REF_KEY: the median of the rounds' own ratios KEY / REF_KEY (each round's two
 # measurements ran a few seconds apart, so a host that slows down for a while moves both), or
 # nothing when a round lacks either number.
 paired() {
-  awk -v a="${V[$1]:-}" -v b="${V[$2]:-}" 'BEGIN { n = split(a, x, " "); m = split(b, y, " ")
-    if (!n || n != m) exit
-    for (i = 1; i <= n; i++) { if (y[i] + 0 <= 0) exit; r[i] = x[i] / y[i] }
-    for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (r[j] < r[i]) { t = r[i]; r[i] = r[j]; r[j] = t }
-    printf "%.2f\n", (n % 2) ? r[(n + 1) / 2] : (r[n / 2] + r[n / 2 + 1]) / 2 }'
+  local r
+  r=$(awk -v a="${V[$1]:-}" -v b="${V[$2]:-}" 'BEGIN { n = split(a, x, " ")
+    if (!n || n != split(b, y, " ")) exit
+    for (i = 1; i <= n; i++) if (y[i] + 0 <= 0) exit
+    for (i = 1; i <= n; i++) print x[i] / y[i] }')
+  [ -n "$r" ] && printf '%.2f\n' "$(echo "$r" | med)"
+  return 0
 }
 
 # col N: column N of the first row that starts with a number (the result rows of perftest and
