@@ -11,6 +11,27 @@
 
 namespace ibmsg {
 
+namespace {
+
+// One complete message, out of the queue (or never in it): to the application.
+void deliver_one(Socket *s, Slot *slot) {
+  ibmsg_buffer *msg = &slot->own;
+  if (slot->req.kind != uint8_t(MsgKind::Plain)) {
+    if (slot->req.kind == uint8_t(MsgKind::Reply)) {
+      req_on_reply(s, slot);  // to its request's done (or dropped: late)
+      return;
+    }
+    if (slot->req.kind == uint8_t(MsgKind::Request) && !answer_on_request(s, slot))
+      return;  // a copy of one delivered before: answered with the kept reply, if any
+  }
+  ++s->stats.msgs_received;
+  s->stats.bytes_received += msg->size;
+  if (auto cb = s->loop->pub->message_received) cb(s->pub, msg);
+  else msg_free(msg);
+}
+
+}  // namespace
+
 // Hands the messages at the front of the delivery queue to the application while they are
 // complete. A callback may close the connection: what is complete is still delivered (as
 // messages that arrive while it closes), the rest goes at the teardown.
@@ -18,21 +39,16 @@ void deliver_ready(Socket *s) {
   for (Slot *slot = s->deliver.front(); slot && slot->in.ready; slot = s->deliver.front()) {
     s->deliver.pop_front();
     slot->in.ready = false;
-    ibmsg_buffer *msg = &slot->own;
-    if (slot->req.kind == uint8_t(MsgKind::Reply)) {
-      req_on_reply(s, slot);  // to its request's done (or dropped: late)
-      continue;
-    }
-    if (slot->req.kind == uint8_t(MsgKind::Request) && !answer_on_request(s, slot))
-      continue;  // a copy of one delivered before: answered with the kept reply, if any
-    ++s->stats.msgs_received;
-    s->stats.bytes_received += msg->size;
-    if (auto cb = s->loop->pub->message_received) cb(s->pub, msg);
-    else msg_free(msg);
+    deliver_one(s, slot);
   }
 }
 
 void deliver_msg(Socket *s, Slot *slot) {
+  // Nothing before it (no rendezvous being read): it goes at once, without the queue.
+  if (s->deliver.empty()) {
+    deliver_one(s, slot);
+    return;
+  }
   slot->in.ready = true;
   s->deliver.push_back(slot);
   deliver_ready(s);

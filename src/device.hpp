@@ -38,6 +38,10 @@ struct SharedRecv {
   uint32_t lent = 0;     // buffers holding a message (not posted)
   SharedCredits credits;
   QpMap<::ibmsg__socket> by_qp;  // its connections by queue pair number
+  // The connection the last receive went to (a stream or a ping-pong: the next one goes there
+  // too): by_qp is asked only when another QP's message comes. Cleared when it leaves.
+  uint32_t last_qp = 0;
+  ::ibmsg__socket *last_sock = nullptr;
   List<Pool, &Pool::dev_node> slabs;
   ListNode node;  // in the device's list
 };

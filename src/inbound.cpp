@@ -43,22 +43,24 @@ void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, wire::Imm im
 
 void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   uint32_t len = wc.len;
-  bool has_imm = imm.op == wire::Opcode::DataImm;
-  if (has_imm) {
-    if (!(s->peer.features & wire::kFeatureImm) || len < wire::kImmTrailer) {
-      recv_drop(s, slot, IBMSG_EPROTO);  // not agreed on, or no room for the immediate
-      return;
-    }
-    len -= wire::kImmTrailer;
-  }
+  const bool has_imm = imm.op == wire::Opcode::DataImm;
   const bool request = imm.op == wire::Opcode::Request;
+  const bool trailer = request || imm.op == wire::Opcode::Reply;
   wire::ReqTrailer tr;
-  if (request || imm.op == wire::Opcode::Reply) {
-    if (!wire::req_trailer_ok(s->peer.features, slot->buf, len, request, &tr)) {
-      recv_drop(s, slot, IBMSG_EPROTO);
-      return;
+  if (imm.op != wire::Opcode::Data) {  // what follows the payload
+    if (has_imm) {
+      if (!(s->peer.features & wire::kFeatureImm) || len < wire::kImmTrailer) {
+        recv_drop(s, slot, IBMSG_EPROTO);  // not agreed on, or no room for the immediate
+        return;
+      }
+      len -= wire::kImmTrailer;
+    } else if (trailer) {
+      if (!wire::req_trailer_ok(s->peer.features, slot->buf, len, request, &tr)) {
+        recv_drop(s, slot, IBMSG_EPROTO);
+        return;
+      }
+      len -= uint32_t(wire::kReqTrailer);
     }
-    len -= uint32_t(wire::kReqTrailer);
   }
   if (len > eager_recv_size(s) || !recv_arrived(s, slot, imm.wants) ||
       !s->tx.credits.on_returned(imm)) {
@@ -67,11 +69,11 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
     recv_drop(s, slot, IBMSG_EPROTO);
     return;
   }
-  const uint8_t *t = slot->buf + len;
   recv_lend(s, slot, slot->buf, len, has_imm,
-            has_imm ? wire::decode_imm_trailer(t) : 0);
-  if (request || imm.op == wire::Opcode::Reply) recv_mark_request(s, slot, request, tr);
-  flush_sends(s);
+            has_imm ? wire::decode_imm_trailer(slot->buf + len) : 0);
+  if (trailer) recv_mark_request(s, slot, request, tr);
+  // Credits it returned may let waiting messages go.
+  if (!s->tx.queue.empty()) flush_sends(s);
   // Whether credits go on their own is decided at the end of the round (in the loop's
   // callbacks): the reply message_received may post carries them.
   ctrl_due(s);

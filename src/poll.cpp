@@ -9,9 +9,12 @@
 namespace ibmsg {
 
 void poll_touch(Socket *s) {
+  if (s->poll_node.linked()) {  // polling already (so with the option and a CQ)
+    if (s->state != State::Closing) s->poll.last_ns = kJustNow;  // the poller reads the clock
+    return;
+  }
   if (s->opts.busy_poll_us == 0 || !s->res.cq || s->state == State::Closing) return;
-  s->poll.last_ns = kJustNow;  // the poller reads the clock for it
-  if (s->poll_node.linked()) return;
+  s->poll.last_ns = kJustNow;
   if (s->loop->pollers.empty()) ev_idle_start(s->loop->ev, &s->loop->poller);
   s->loop->pollers.push_back(s);
   ++s->dev->polling;

@@ -134,6 +134,7 @@ void recv_join(Socket *s, tp::QpCaps *caps) {
 int recv_open(Socket *s) {
   if (SharedRecv *r = s->rx.shared) {
     s->rx.qp_num = tp::qp_num(s->id);
+    if (r->last_qp == s->rx.qp_num) r->last_sock = nullptr;  // (a number used again)
     return r->by_qp.put(s->rx.qp_num, s) ? IBMSG_OK : IBMSG_ENOMEM;
   }
   int err = IBMSG_OK;
@@ -159,6 +160,7 @@ void recv_leave(Socket *s) {
   // pair that never connected (a failed accept) took none: destroying it flushes nothing of the
   // shared queue.
   if (s->rx.qp_num && r->by_qp.get(s->rx.qp_num) == s) r->by_qp.erase(s->rx.qp_num);
+  if (r->last_sock == s) r->last_sock = nullptr;
   r->credits.leave(&s->rx.share);
   r->credits.add_buffers(kCtrlDepth - (s->rx.ctrl_lost < kCtrlDepth ? s->rx.ctrl_lost : kCtrlDepth));
   // Messages of it the application still holds: their buffers go to the pool when freed.
@@ -176,8 +178,14 @@ Socket *recv_owner(const Slot *slot) { return slot->pool->shared ? slot->sock : 
 Socket *recv_route(Slot *slot, uint32_t qp_num) {
   SharedRecv *r = slot->pool->shared;
   if (!r) return slot->pool->user;
+  if (qp_num == r->last_qp && r->last_sock) return slot->sock = r->last_sock;
   slot->sock = r->by_qp.get(qp_num);
-  if (!slot->sock) shared_post(r, slot);  // its connection is gone: back into the queue
+  if (!slot->sock) {
+    shared_post(r, slot);  // its connection is gone: back into the queue
+    return nullptr;
+  }
+  r->last_qp = qp_num;
+  r->last_sock = slot->sock;
   return slot->sock;
 }
 
@@ -185,7 +193,7 @@ bool recv_arrived(Socket *s, Slot *slot, bool wants) {
   SharedRecv *r = s->rx.shared;
   if (!r) return s->tx.credits.on_data_arrived();
   if (!r->credits.on_arrival(&s->rx.share, wants)) return false;
-  if (!wants) shared_serve(r);  // what it was owed above its base goes to those waiting
+  if (!wants && r->credits.waiting()) shared_serve(r);  // what it was owed above its base goes to those waiting
   slot->credited = true;
   s->tx.credits.data_lent();
   // It waits for more: a slab more, if the pool may grow (its turn comes in shared_serve).
