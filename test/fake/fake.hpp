@@ -211,6 +211,17 @@ void delay_send_completions(bool delay, unsigned short port = 0);
 void hold_established(bool hold);
 void release_established();
 
+// The data path, watched (test/perf/cost --critical): recv_polled runs when cq_poll hands out a
+// receive completion, flush when post_flush is called; with one_per_poll cq_poll hands out at
+// most one completion per call, so that the handling of one receive is not mixed with that of
+// the completions polled with it. reset() drops it.
+struct PathWatch {
+  void (*recv_polled)() = nullptr;
+  void (*flush)() = nullptr;
+  bool one_per_poll = false;
+};
+void watch_path(const PathWatch &w);
+
 // --- a raw peer -----------------------------------------------------------------------------
 
 struct RawMsg {

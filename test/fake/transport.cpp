@@ -219,6 +219,7 @@ struct Fabric {
   std::map<uint32_t, Mw *> windows;  // every live window by its index (key >> 8)
   uint32_t next_mw = 0x800000;       // window indexes: apart from registration keys
   bool mw_type2 = true;              // devices opened from now on have type-2 windows
+  fake::PathWatch watch;             // fake::watch_path
   std::vector<fake::Post> posts;   // the core's posts to send queues, in order
   std::vector<std::pair<CmId *, CmEvent>> held;  // Established events held back
   Injection inj[kCalls];
@@ -781,6 +782,7 @@ void cq_destroy(Cq *c) {
 
 int cq_poll(Cq *c, Completion *out, int max) {
   if (injected(fake::Call::CqPoll)) return -1;
+  if (g.watch.one_per_poll && max > 1) max = 1;
   int n = 0;
   while (n < max && !c->q.empty()) {
     Cqe e = c->q.front();
@@ -795,6 +797,9 @@ int cq_poll(Cq *c, Completion *out, int max) {
     }
     out[n++] = e.wc;
   }
+  if (g.watch.recv_polled)
+    for (int i = 0; i < n; ++i)
+      if (out[i].ctx->op == Op::Recv) g.watch.recv_polled();
   return n;
 }
 
@@ -1426,6 +1431,7 @@ int post_bind(CmId *id, WorkCtx *ctx, Mw *mw, const Mr *mr, void *addr, size_t l
 bool qp_failed(CmId *id) { return id->qp && id->qp->error && id->qp->refused; }
 
 int post_flush(CmId *id) {
+  if (g.watch.flush) g.watch.flush();
   Qp *q = id->qp;
   if (!q) {
     misuse("post_flush on an id without a QP");
@@ -1492,7 +1498,10 @@ namespace ibmsg::fake {
 
 using namespace ibmsg::tp;
 
+void watch_path(const PathWatch &w) { tp::g.watch = w; }
+
 void reset() {
+  tp::g.watch = PathWatch{};
   tp::g.stats = Stats{};
   tp::g.counts = Counts{};
   tp::g.iwarp = false;

@@ -24,7 +24,14 @@
 // or with -DCOST_NO_CALLGRIND, it has no client requests (--markers says "none") and
 // test/perf/cost-run refuses to count.
 //
-// Usage: cost [ROUND_TRIPS [WARMUP]]   (default 10000 and 1000)
+// With --critical (test/perf/cost-run --critical, which runs callgrind with
+// --collect-atstart=no) only the critical part of each message's path is collected: from the
+// fake handing out its receive completion (one completion per poll) to the post_flush of the
+// answer message_received posts -- what stands between a message's arrival and the answer's
+// doorbell. The send completions, message_sent, the frees of sent messages and what the end of
+// the poller's round does come after the doorbell and are not counted.
+//
+// Usage: cost [--critical] [ROUND_TRIPS [WARMUP]]   (default 10000 and 1000)
 //        cost --markers                 "callgrind" or "none"
 //        cost --compiler                the compiler that built it, e.g. "g++ 12.2.0"
 #include <time.h>
@@ -52,6 +59,7 @@
 #define CALLGRIND_STOP_INSTRUMENTATION do {} while (0)
 #define CALLGRIND_ZERO_STATS do {} while (0)
 #define CALLGRIND_DUMP_STATS_AT(what) do { (void)(what); } while (0)
+#define CALLGRIND_TOGGLE_COLLECT do {} while (0)
 #endif
 
 namespace fake = ibmsg::fake;
@@ -211,6 +219,20 @@ void on_closed(ibmsg_socket *s, int reason) {
     fail("%s closed before the end: %s", x->name, ibmsg_err_name(reason));
 }
 
+// --critical: collection on from a receive completion to the next post_flush, while measuring
+// (callgrind toggles only while it instruments: the window around the start is left out).
+bool g_window = false;
+void window_open() {
+  if (g_window || !g_run->measuring) return;
+  g_window = true;
+  CALLGRIND_TOGGLE_COLLECT;
+}
+void window_close() {
+  if (!g_window) return;
+  g_window = false;
+  CALLGRIND_TOGGLE_COLLECT;
+}
+
 double now_s() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -229,7 +251,8 @@ bool run_until(Run *r, F cond, double limit_s) {
 }
 
 int usage() {
-  fprintf(stderr, "usage: cost [ROUND_TRIPS [WARMUP]]   (ROUND_TRIPS >= 1, WARMUP >= 1)\n"
+  fprintf(stderr, "usage: cost [--critical] [ROUND_TRIPS [WARMUP]]   "
+                  "(ROUND_TRIPS >= 1, WARMUP >= 1)\n"
                   "       cost --markers | --compiler\n");
   return 2;
 }
@@ -262,12 +285,24 @@ int main(int argc, char **argv) {
   }
   Run run;
   g_run = &run;
+  const bool critical = argc > 1 && strcmp(argv[1], "--critical") == 0;
+  if (critical) {
+    --argc;
+    ++argv;
+  }
   if (argc > 3 || (argc > 1 && !parse_count(argv[1], &run.measured)) ||
       (argc > 2 && !parse_count(argv[2], &run.warmup)))
     return usage();
 
   fake::reset();
   fake::set_max_srq_wr(16384);  // a device with shared receive queues (Soft-RoCE's maximum)
+  if (critical) {
+    fake::PathWatch w;
+    w.recv_polled = window_open;
+    w.flush = window_close;
+    w.one_per_poll = true;
+    fake::watch_path(w);
+  }
   for (Side *x : {&run.client, &run.server}) {
     for (int i = 0; i < kBufs; ++i) x->free_bufs[i] = kBufs - 1 - i;
     x->nfree = kBufs;
