@@ -30,8 +30,16 @@
  *     ibmsg_accept() set up successfully, after all its message_sent and done callbacks. After it returns
  *     the library never touches that ibmsg_socket again: the application may free or reuse it.
  *
- * Threading: an ibmsg_event_loop and everything created on it belong to one thread at a time.
- * Different loops may run in different threads.
+ * Threading: an ibmsg_event_loop and everything created on it belong to one thread at a time:
+ * the thread that runs the loop (ibmsg_dispatch_event_loop(), ibmsg_event_loop_process(), or
+ * the application's ev_run()) is the only one that may call ibmsg functions on the loop, its
+ * sockets, messages, regions and operations. The one exception is ibmsg_event_loop_call(),
+ * which any thread may call (not a signal handler): it hands the loop's thread a function to
+ * run at its next iteration, which is how other threads get work done on a loop. Different
+ * loops may run in different threads. A loop may move to another thread when the application
+ * makes sure that the old one is done with it (for example joins it). With IBMSG_DEBUG set in
+ * the environment, a call from another thread while the loop's thread is inside the loop fails
+ * and says so on stderr.
  *
  * ABI: every caller-allocated struct ends in reserved room (`reserved`), so that later minor
  * versions add fields there without changing the struct's size; programs compiled against 1.x
@@ -63,7 +71,7 @@ extern "C" {
  * ------------------------------------------------------------------------------------------ */
 
 #define IBMSG_VERSION_MAJOR 1 /**< major version: changes break compatibility */
-#define IBMSG_VERSION_MINOR 6 /**< minor version: compatible additions */
+#define IBMSG_VERSION_MINOR 7 /**< minor version: compatible additions */
 #define IBMSG_VERSION_PATCH 0 /**< patch level: fixes only */
 /** The version as one number, for compile-time checks: 10000 * major + 100 * minor + patch. */
 #define IBMSG_VERSION (IBMSG_VERSION_MAJOR * 10000 + IBMSG_VERSION_MINOR * 100 + IBMSG_VERSION_PATCH)
@@ -309,8 +317,9 @@ IBMSG_EXPORT int ibmsg_init_event_loop(ibmsg_event_loop *loop);
  *  runs `ev` itself (ev_run) and keeps it alive until ibmsg_destroy_event_loop(). */
 IBMSG_EXPORT int ibmsg_init_event_loop_ev(ibmsg_event_loop *loop, struct ev_loop *ev);
 /** Frees the loop. Fails with IBMSG_EBUSY while a socket is open (not yet closed), a message
- *  is still allocated or lent, a region is registered, or when called from one of the loop's callbacks; then nothing is
- *  freed. */
+ *  is still allocated or lent, a region is registered, a call posted with
+ *  ibmsg_event_loop_call() has not run yet, or when called from one of the loop's callbacks;
+ *  then nothing is freed. */
 IBMSG_EXPORT int ibmsg_destroy_event_loop(ibmsg_event_loop *loop);
 /** Waits for at least one event, processes all that are ready (running callbacks), returns.
  *  IBMSG_EBUSY when called from one of the loop's own callbacks (the loop does not nest). */
@@ -322,6 +331,17 @@ IBMSG_EXPORT int ibmsg_dispatch_event_loop_timeout(ibmsg_event_loop *loop, int t
  *  Watch it for input and call ibmsg_event_loop_process() when it is readable, and also after
  *  ibmsg_event_loop_timeout() milliseconds. Returns the fd, or -1 if loop is invalid. */
 IBMSG_EXPORT int ibmsg_event_loop_fd(ibmsg_event_loop *loop);
+/** A function ibmsg_event_loop_call() hands to a loop's thread. */
+typedef void (*ibmsg_call_fn)(void *arg);
+/** Runs fn(arg) on the loop's thread at the loop's next iteration (since 1.7). The one ibmsg
+ *  function that any thread may call, also the loop's own thread and its callbacks (not a
+ *  signal handler). Calls run in the order they were posted, each once, like a callback: fn may
+ *  call any ibmsg function on the loop (but not dispatch or destroy it); a call fn posts runs at
+ *  the next iteration. A sleeping loop wakes up for it, also one driven through
+ *  ibmsg_event_loop_fd(). IBMSG_EINVAL if loop is not initialized or fn is NULL, IBMSG_ENOMEM.
+ *  ibmsg_destroy_event_loop() fails with IBMSG_EBUSY while calls wait: stop the other threads
+ *  posting, dispatch once more, then destroy; posting to a destroyed loop is undefined. */
+IBMSG_EXPORT int ibmsg_event_loop_call(ibmsg_event_loop *loop, ibmsg_call_fn fn, void *arg);
 /** Processes everything that is ready without waiting (running callbacks). */
 IBMSG_EXPORT int ibmsg_event_loop_process(ibmsg_event_loop *loop);
 /** Milliseconds until ibmsg_event_loop_process() must run again even if the fd stays quiet

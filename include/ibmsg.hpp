@@ -1300,8 +1300,10 @@ class loop {
    * Destroys the C loop (ibmsg_destroy_event_loop()). Never throws. The callbacks are dropped
    * first, so that none runs from here. While sockets, messages or regions whose wrappers have
    * died are still closing (a region: while it is still busy), a loop with its own
-   * libev loop is dispatched for up to close_wait_ms until they are done. If anything is still open or allocated after that, the C loop is leaked on
-   * purpose rather than freed under the library's feet.
+   * libev loop is dispatched for up to close_wait_ms until they are done. Calls posted with
+   * call() that have not run yet run here (with the loop's own libev loop), after the
+   * callbacks are dropped. If anything is still open or allocated after that, the C loop is
+   * leaked on purpose rather than freed under the library's feet.
    */
   ~loop() { reset(); }
 
@@ -1395,6 +1397,19 @@ class loop {
   /** Milliseconds until process() must run even if fd() stays quiet (0: at once; -1: not
    *  until fd() is readable). */
   int timeout() noexcept { return ibmsg_event_loop_timeout(l_); }
+
+  /** Runs fn on the loop's thread at the loop's next iteration (ibmsg_event_loop_call(); since
+   *  1.7): the one member any thread may call, as long as the loop object is neither moved nor
+   *  destroyed meanwhile. Calls run in the order posted, each once, as callbacks do; what fn
+   *  throws is rethrown by the dispatch() or process() that ran it. Throws ibmsg::error
+   *  (IBMSG_EINVAL for an empty fn, IBMSG_ENOMEM) or std::bad_alloc; then fn never runs. The
+   *  destructor runs calls still waiting (see ~loop()). */
+  void call(std::function<void()> fn) {
+    if (!fn) throw error(IBMSG_EINVAL);
+    std::unique_ptr<call_box> box(new call_box{l_, std::move(fn)});
+    detail::check(ibmsg_event_loop_call(l_, on_call, box.get()));
+    box.release();  // on_call frees it
+  }
 
   /** Sets an int option (IBMSG_OPT_RECV_DEPTH, ...) for sockets set up afterwards. Throws
    *  ibmsg::error: IBMSG_EINVAL for an unknown option or a value out of range. */
@@ -1540,6 +1555,19 @@ class loop {
   static void on_closed(ibmsg_socket *s, int reason) noexcept;
   static void on_write(ibmsg_socket *s, std::uint32_t imm, std::size_t length) noexcept;
   static void on_incoming(ibmsg_socket *s, ibmsg_incoming *in) noexcept;
+  /* A call() on its way to the loop's thread. */
+  struct call_box {
+    ibmsg_event_loop *l;
+    std::function<void()> fn;
+  };
+  static void on_call(void *arg) noexcept {
+    std::unique_ptr<call_box> box(static_cast<call_box *>(arg));
+    try {
+      box->fn();
+    } catch (...) {
+      hold(box->l);
+    }
+  }
 
   ibmsg_event_loop *l_ = nullptr;
   bool own_ev_ = true;          // false: runs on the application's libev loop
@@ -1665,6 +1693,11 @@ inline void loop::reset() noexcept {
   drop_callbacks();
   release_regions();
   int rc = ibmsg_destroy_event_loop(l_);
+  if (rc == IBMSG_EBUSY && own_ev_) {
+    // Calls posted with call() that have not run yet run now, once (they would be lost).
+    (void)ibmsg_event_loop_process(l_);
+    rc = ibmsg_destroy_event_loop(l_);
+  }
   if (rc == IBMSG_EBUSY && own_ev_) {
     auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(close_wait_ms);
     while (rc == IBMSG_EBUSY && closing_ > 0 && std::chrono::steady_clock::now() < deadline) {

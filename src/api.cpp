@@ -10,6 +10,7 @@
 #include "dedup.hpp"
 #include "deliver.hpp"
 #include "errors.hpp"
+#include "handover.hpp"
 #include "incoming.hpp"
 #include "loop.hpp"
 #include "message.hpp"
@@ -77,6 +78,13 @@ int ibmsg_dispatch_event_loop_timeout(ibmsg_event_loop *pub, int timeout_ms) {
 }
 
 int ibmsg_event_loop_fd(ibmsg_event_loop *pub) { return loop_of(pub) ? loop_fd(loop_of(pub)) : -1; }
+
+int ibmsg_event_loop_call(ibmsg_event_loop *pub, ibmsg_call_fn fn, void *arg) {
+  // The one entry point for any thread: it reads only what ibmsg_init_event_loop set.
+  Loop *loop = loop_of_any_thread(pub);
+  if (!loop || !fn) return IBMSG_EINVAL;
+  return handover_post(loop, fn, arg);
+}
 
 int ibmsg_event_loop_process(ibmsg_event_loop *pub) {
   Loop *loop = loop_of(pub);

@@ -5,7 +5,9 @@
 // its include lines say what it may call.
 #pragma once
 #include <ev.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -41,6 +43,7 @@ using Loop = ::ibmsg__loop;
 #include "timer.hpp"
 #include "keepalive.hpp"  // Liveness
 #include "requests.hpp"   // requests and replies
+#include "handover.hpp"   // calls from other threads
 #include "violations.hpp"  // remote access violations
 
 namespace ibmsg {
@@ -194,6 +197,7 @@ struct ibmsg__loop {
   ibmsg::List<ibmsg::Device, &ibmsg::Device::node> devices;
   bool devices_dirty = false;  // a device reached zero references
   ibmsg::Timer rescan;         // after a removed device was released (device.cpp)
+  ibmsg::Handover handover;    // calls other threads hand it (handover.cpp)
   int rescans_left = 0;
   ibmsg::List<Socket, &Socket::loop_node> sockets;       // open sockets
   ibmsg::List<Socket, &Socket::close_node> closing;      // due for teardown
@@ -209,6 +213,9 @@ struct ibmsg__loop {
   double ka_tick = 0;
   double ka_last = 0;  // loop time of the last tick
   int debug = 0;  // IBMSG_DEBUG: the level up to which log lines go to stderr (log.cpp)
+  // With IBMSG_DEBUG: the thread in the loop now (dispatching it or in one of its callbacks),
+  // 0 outside; a call from another thread meanwhile is refused (loop.hpp, from_other_thread).
+  std::atomic<long> runner{0};
   // While a closed callback runs: the socket and its last counters (ibmsg_socket_stats).
   const ibmsg_socket *closed_pub = nullptr;
   ibmsg_stats closed_stats{};
@@ -243,8 +250,28 @@ namespace ibmsg {
 // Lower tiers ask for the close through the hook the loop registered (hooks.hpp).
 inline void socket_close(Socket *s, int reason) { s->loop->hooks->close(s, reason); }
 
+// The calling thread's id (gettid(2), read once per thread).
+inline long current_tid() {
+  static thread_local const long tid = long(gettid());
+  return tid;
+}
+
+// Marks the calling thread as the one in the loop while it lives (with IBMSG_DEBUG only).
+struct LoopThread {
+  explicit LoopThread(Loop *l) : loop(l) {
+    if (loop->debug) prev = loop->runner.exchange(current_tid(), std::memory_order_relaxed);
+  }
+  ~LoopThread() {
+    if (loop->debug) loop->runner.store(prev, std::memory_order_relaxed);
+  }
+  LoopThread(const LoopThread &) = delete;
+  LoopThread &operator=(const LoopThread &) = delete;
+  Loop *loop;
+  long prev = 0;
+};
+
 struct LoopEntered {
-  explicit LoopEntered(Loop *l) : loop(l) { ++loop->depth; }
+  explicit LoopEntered(Loop *l) : loop(l), thread(l) { ++loop->depth; }
   ~LoopEntered() {
     // (still inside: what the end of the round posts is batched with the rest)
     if (loop->depth == 1 && (!loop->unflushed.empty() || !loop->freed.empty())) posts_flush(loop);
@@ -253,6 +280,7 @@ struct LoopEntered {
   LoopEntered(const LoopEntered &) = delete;
   LoopEntered &operator=(const LoopEntered &) = delete;
   Loop *loop;
+  LoopThread thread;
 };
 
 }  // namespace ibmsg

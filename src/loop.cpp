@@ -6,6 +6,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <new>
 
@@ -16,6 +17,7 @@
 #include "datapath.hpp"
 #include "device_release.hpp"
 #include "errors.hpp"
+#include "handover.hpp"
 #include "message.hpp"
 #include "wake.hpp"
 
@@ -52,21 +54,25 @@ constexpr Hooks kHooks = {close_begin,      ctrl_due,     ctrl_round_end,
 
 }  // namespace
 
-Socket *socket_of(const ibmsg_socket *pub) {
-  if (!pub || !pub->impl) return nullptr;
-  Socket *s = pub->impl;
-  return s->magic == kSocketMagic && s->pub == pub ? s : nullptr;
-}
-
-Loop *loop_of(ibmsg_event_loop *l) {
-  if (!l || !l->impl || l->impl->magic != kLoopMagic || l->impl->pub != l) return nullptr;
-  return l->impl;
+// A call from another thread while this one runs the loop is a data race: refused (loop.hpp),
+// and said on stderr, not through the log callback, which is the loop thread's.
+bool other_thread_runs(Loop *loop) {
+  const long runner = loop->runner.load(std::memory_order_relaxed);
+  const long me = current_tid();
+  if (runner == 0 || runner == me) return false;
+  fprintf(stderr,
+          "ibmsg: error: an ibmsg function was called from thread %ld while thread %ld runs "
+          "the loop; only ibmsg_event_loop_call() may be called from other threads (the call "
+          "fails)\n",
+          me, runner);
+  return true;
 }
 
 int loop_run(Loop *loop, int flags, double timeout_s) {
   // Running the loop from inside one of its callbacks would tear sockets down under the feet of
   // the callback's caller.
   if (loop->depth) return IBMSG_EBUSY;
+  LoopThread thread(loop);
   if (timeout_s > 0) {
     ev_timer_set(&loop->wakeup, timeout_s, 0.);
     ev_timer_start(loop->ev, &loop->wakeup);
@@ -114,6 +120,14 @@ int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev) {
   // Connection events before completions and timers of the same round: after a stall (a
   // process stopped and resumed), a peer's disconnect is seen before the posts it makes fail.
   ev_set_priority(&loop->cm_watcher, 1);
+  if ((err = handover_init(loop))) {
+    log_write(loop, nullptr, IBMSG_LOG_ERROR, "cannot create the loop's eventfd: %s",
+              error_text(err));
+    tp::cm_channel_destroy(loop->cm);
+    if (loop->own_ev) ev_loop_destroy(loop->ev);
+    delete loop;
+    return err;
+  }
   ev_io_start(loop->ev, &loop->cm_watcher);
   ev_idle_init(&loop->idle, on_idle);
   // libev runs an idle watcher only when nothing of its priority or higher is pending: at the
@@ -128,7 +142,8 @@ int loop_init(ibmsg_event_loop *pub, struct ev_loop *ev) {
 }
 
 int loop_destroy(Loop *loop) {
-  if (loop->depth || !loop->sockets.empty() || !loop->closing.empty() || !loop->regions.empty())
+  if (loop->depth || !loop->sockets.empty() || !loop->closing.empty() || !loop->regions.empty() ||
+      handover_pending(loop))
     return IBMSG_EBUSY;
   devices_collect(loop);
   if (!loop->devices.empty()) return IBMSG_EBUSY;  // the application still holds messages
@@ -137,6 +152,7 @@ int loop_destroy(Loop *loop) {
   ev_idle_stop(loop->ev, &loop->idle);
   ev_idle_stop(loop->ev, &loop->poller);
   ev_timer_stop(loop->ev, &loop->wakeup);
+  handover_destroy(loop);
   tp::cm_channel_destroy(loop->cm);
   if (loop->epfd >= 0) close(loop->epfd);
   if (loop->own_ev) ev_loop_destroy(loop->ev);
@@ -152,6 +168,7 @@ int loop_fd(Loop *loop) {
     loop->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (loop->epfd < 0) return -1;
     loop_watch_fd(loop, tp::cm_channel_fd(loop->cm));
+    loop_watch_fd(loop, handover_fd(loop));
     for (Device *d = loop->devices.front(); d; d = loop->devices.next(d))
       if (ev_is_active(&d->watcher)) loop_watch_fd(loop, tp::device_fd(d->tp));  // not a failed one
   }

@@ -8,7 +8,7 @@
 // the same files.
 //
 // tier 6 api: api
-// tier 5 loop: loop
+// tier 5 loop: loop handover
 // tier 4 lifecycle: setup cm keepalive close violations conn
 // tier 3 engine: completion rdma inbound deliver requests dedup message incoming rndv datapath
 // tier 2 resources: device_release usage device cq memory send_slots recv region poll timer batch wake internal
@@ -17,6 +17,7 @@
 //
 // api         every extern "C" entry point: checks the handles and arguments, calls the core
 // loop        the libev loop: CM channel, idle work, foreign-loop fd and timeout; registers the hooks
+// handover    calls other threads hand the loop (ibmsg_event_loop_call): a locked list, an eventfd
 // setup       listen / connect / accept / reject (the application's side of set-up)
 // cm          connection-manager events, the hello, establishment, connect timeouts
 // keepalive   probes of a silent peer, and closing a dead one
