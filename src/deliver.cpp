@@ -16,14 +16,12 @@ namespace {
 // One complete message, out of the queue (or never in it): to the application.
 void deliver_one(Socket *s, Slot *slot) {
   ibmsg_buffer *msg = &slot->own;
-  if (slot->req.kind != uint8_t(MsgKind::Plain)) {
-    if (slot->req.kind == uint8_t(MsgKind::Reply)) {
-      req_on_reply(s, slot);  // to its request's done (or dropped: late)
-      return;
-    }
-    if (slot->req.kind == uint8_t(MsgKind::Request) && !answer_on_request(s, slot))
-      return;  // a copy of one delivered before: answered with the kept reply, if any
+  if (slot->req.kind == uint8_t(MsgKind::Reply)) {
+    req_on_reply(s, slot);  // to its request's done (or dropped: late)
+    return;
   }
+  if (slot->req.kind == uint8_t(MsgKind::Request) && !answer_on_request(s, slot))
+    return;  // a copy of one delivered before: answered with the kept reply, if any
   ++s->stats.msgs_received;
   s->stats.bytes_received += msg->size;
   if (auto cb = s->loop->pub->message_received) cb(s->pub, msg);

@@ -55,8 +55,7 @@ int handover_init(Loop *loop) {
   if (h.fd < 0) return IBMSG_ESYS;
   ev_io_init(&h.watcher, on_handover, h.fd, EV_READ);
   h.watcher.data = loop;
-  ev_io_start(loop->ev, &h.watcher);
-  loop_watch_fd(loop, h.fd);
+  ev_io_start(loop->ev, &h.watcher);  // (ibmsg_event_loop_fd's set, made later, adds the fd)
   return IBMSG_OK;
 }
 

@@ -73,6 +73,7 @@ bool shared_grow(SharedRecv *r) {
 
 // The connections waiting for credits get what the pool has free, in turn.
 void shared_serve(SharedRecv *r) {
+  if (!r->credits.waiting()) return;  // (the common case, on every arrival: no call further)
   while (ShareConn *w = r->credits.serve_waiting()) {
     Socket *c = static_cast<Socket *>(w->user);
     c->loop->hooks->ctrl_due(c);  // it tells its peer (datapath.cpp)
@@ -193,7 +194,7 @@ bool recv_arrived(Socket *s, Slot *slot, bool wants) {
   SharedRecv *r = s->rx.shared;
   if (!r) return s->tx.credits.on_data_arrived();
   if (!r->credits.on_arrival(&s->rx.share, wants)) return false;
-  if (!wants && r->credits.waiting()) shared_serve(r);  // what it was owed above its base goes to those waiting
+  if (!wants) shared_serve(r);  // what it was owed above its base goes to those waiting
   slot->credited = true;
   s->tx.credits.data_lent();
   // It waits for more: a slab more, if the pool may grow (its turn comes in shared_serve).
