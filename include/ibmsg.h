@@ -482,6 +482,27 @@ IBMSG_EXPORT int ibmsg_accept(ibmsg_connection_request *request, ibmsg_socket *s
 /** ibmsg_accept() with the options in opts (NULL: the listener's) for the new connection. */
 IBMSG_EXPORT int ibmsg_accept_opts(ibmsg_connection_request *request, ibmsg_socket *socket,
                                    const ibmsg_options *opts);
+/** Accepts a request inside the connection_request callback onto another loop (since 1.7), whose
+ *  thread may be another thread: the connection then lives entirely on that loop (its CM events,
+ *  completions, timers and callbacks are that loop's) and socket belongs to that loop's thread
+ *  from the call on. The accept itself (queue pair, buffers, the answer to the peer) is done by
+ *  that loop at its next iteration, through ibmsg_event_loop_call(); a failure there reaches that
+ *  loop's connection_closed with the reason, as a failed ibmsg_connect() does. With loop NULL or
+ *  the listener's own loop it is ibmsg_accept_opts(). Connections accepted onto other loops count
+ *  towards the listener's max_connections. opts NULL: the listener's options. IBMSG_EINVAL for an
+ *  invalid loop; IBMSG_ESTATE as ibmsg_accept(); IBMSG_ENOMEM or IBMSG_ESYS if the request could
+ *  not be handed over (the request stays undecided: it may still be accepted here or rejected). */
+IBMSG_EXPORT int ibmsg_accept_on(ibmsg_connection_request *request, ibmsg_event_loop *loop,
+                                 ibmsg_socket *socket, const ibmsg_options *opts);
+/** Spreads a listener's connections over loops (since 1.7): from now on ibmsg_accept() and
+ *  ibmsg_accept_opts() on its requests accept each onto the next of the count loops in turn
+ *  (round robin), as ibmsg_accept_on() would; the listener's own loop may be one of them.
+ *  ibmsg_accept_on() still accepts where it says. The array is copied; count 0 (loops NULL) ends
+ *  the spreading. The loops must outlive the listener's connections on them. Call it on the
+ *  listener's thread. IBMSG_EINVAL for a socket that is not a listener, a negative count or
+ *  count above 64, or an invalid loop; IBMSG_ENOMEM. */
+IBMSG_EXPORT int ibmsg_listen_spread(ibmsg_socket *listener, ibmsg_event_loop *const *loops,
+                                     int count);
 /** Rejects a request inside the connection_request callback. The peer's socket closes with
  *  IBMSG_EREJECTED and reason (at most 128 bytes, may be NULL) in its reject_reason field. */
 IBMSG_EXPORT int ibmsg_reject(ibmsg_connection_request *request, const char *reason);

@@ -95,6 +95,10 @@ void cm_id_destroy(CmId *id) {
 void *cm_id_user(const CmId *id) { return id->context; }
 void cm_id_set_user(CmId *id, void *user) { id->context = user; }
 
+int cm_migrate(CmId *id, CmChannel *to) {
+  return rdma_migrate_id(raw(id), to) ? from_errno(errno) : IBMSG_OK;
+}
+
 int cm_bind(CmId *id, const sockaddr *addr) {
   if (rdma_bind_addr(raw(id), const_cast<sockaddr *>(addr)))
     return errno == EADDRINUSE ? IBMSG_EADDRINUSE : IBMSG_EADDRNOTAVAIL;

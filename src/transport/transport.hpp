@@ -202,6 +202,10 @@ int cm_id_create(CmChannel *ch, void *user, CmId **out);
 void cm_id_destroy(CmId *id);  // destroys its QP too, if any
 void *cm_id_user(const CmId *id);
 void cm_id_set_user(CmId *id, void *user);
+// Moves the id's events to another channel (another loop's): its later events come there. Any
+// thread; the id must have no event waiting for an acknowledgement (cm_get_event acknowledges each
+// one before it returns). IBMSG_ESYS if the CM refuses.
+int cm_migrate(CmId *id, CmChannel *to);
 
 int cm_bind(CmId *id, const sockaddr *addr);
 int cm_listen(CmId *id, int backlog);

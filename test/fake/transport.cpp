@@ -981,6 +981,13 @@ void cm_id_destroy(CmId *id) {
 void *cm_id_user(const CmId *id) { return id->user; }
 void cm_id_set_user(CmId *id, void *user) { id->user = user; }
 
+int cm_migrate(CmId *id, CmChannel *to) {
+  --id->ch->ids;
+  id->ch = to;
+  ++to->ids;
+  return IBMSG_OK;
+}
+
 int cm_bind(CmId *id, const sockaddr *addr) {
   if (int err = injected(fake::Call::CmBind)) return err;
   if (id->state != IdState::Idle) return IBMSG_EINVAL;
