@@ -1,9 +1,13 @@
 // ibmsg-echo - echo messages over RDMA: a small complete program using only the C++ wrapper.
 //
-//   ibmsg-echo --server IP [PORT]               echo every message back on its connection
+//   ibmsg-echo --server IP [PORT] [--threads N] echo every message back on its connection
 //   ibmsg-echo IP [PORT] [-n COUNT] [-s SIZE]   send COUNT messages, check every echo
 //
-// The server accepts any number of connections. A message it cannot echo at once (all send
+// The server accepts any number of connections. With --threads N it runs N loops on N threads
+// (one loop per thread, as ibmsg wants): the listener on the first, and ibmsg_listen_spread()
+// spreading its connections over all N in turn; each loop's callbacks serve its own
+// connections, and the only call between the threads is loop::call() (ibmsg_event_loop_call()),
+// with which the main thread tells the others to close everything on a signal. A message it cannot echo at once (all send
 // buffers busy, or the send queue full) waits in the connection's backlog, still unfreed, so the
 // client runs out of credits instead of the server running out of memory: flow control comes
 // from holding received messages.
@@ -16,6 +20,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cerrno>
 #include <cinttypes>
@@ -26,8 +31,12 @@
 #include <deque>
 #include <list>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "ibmsg.hpp"
 
@@ -39,6 +48,7 @@ constexpr int tick_ms = 200;         // how long one dispatch waits: signals are
 constexpr double idle_limit_s = 10;  // a client with no progress for this long gives up ...
 constexpr double idle_bytes_per_s = 16 << 20;  // ... plus the time for a message at this rate
 constexpr double close_limit_s = 5;  // how long closing may take on the way out
+constexpr int max_threads = 64;      // --threads: ibmsg_listen_spread() takes up to 64 loops
 constexpr std::uint64_t max_size = 4294967295u;  // ibmsg's largest message, 2^32 - 1
 constexpr std::uint64_t max_eager_size = 1u << 30;  // the largest IBMSG_OPT_EAGER_SIZE
 // Default COUNT: 1000 messages, or of large ones as many as make 1 GiB (at least 1).
@@ -73,11 +83,15 @@ std::string doing;
 
 void usage(FILE *out) {
   std::fprintf(out,
-               "Usage: %s --server IP [PORT] [--eager-size BYTES]\n"
+               "Usage: %s --server IP [PORT] [--threads N] [--eager-size BYTES]\n"
                "       %s IP [PORT] [-n COUNT] [-s SIZE] [--eager-size BYTES]\n"
                "Echo messages over RDMA with ibmsg (an example of the C++ wrapper ibmsg.hpp).\n"
                "\n"
                "  --server              listen on IP and PORT and echo every message back\n"
+               "  --threads N           server: serve with N event loops on N threads,\n"
+               "                        the connections spread over them in turn, and\n"
+               "                        print each thread's counts at exit (1..64,\n"
+               "                        default 1)\n"
                "  -n, --count COUNT     client: messages to send (default 1000, fewer\n"
                "                        above 1 MiB: as many as make 1 GiB, at least 1)\n"
                "  -s, --size SIZE       client: bytes per message, 0 to 4294967295\n"
@@ -250,6 +264,9 @@ int run_client(const char *ip, unsigned short port, std::uint64_t count, std::si
 
 // --- server ---------------------------------------------------------------------------------
 
+// Set by a loop's thread that ended early on an error: the main thread then shuts down.
+std::atomic<bool> thread_failed{false};
+
 struct connection {
   ibmsg::socket sock;
   std::string peer;                     // "ADDRESS port PORT", for the messages
@@ -271,13 +288,72 @@ void echo(connection &c) {
   }
 }
 
-int run_server(const char *ip, unsigned short port, int eager_size) {
-  ibmsg::loop loop;  // first: it must outlive the sockets and the messages
-  ibmsg::socket listener;
-  std::map<ibmsg_socket *, connection> conns;  // handle() stays the same when a socket moves
+// Connections accepted on the listener's thread and not yet taken by the thread of the loop
+// they went to. With --threads N the listener spreads its connections over N loops
+// (ibmsg_listen_spread): the connection then belongs to that loop's thread, which takes it from
+// here at its first callback for it (established, or closed if the accept failed). A connection
+// lives on the heap, so its socket stays where it is while it changes hands.
+class arrivals {
+ public:
+  // Accepts req into a new connection and keeps it here. The lock spans the accept, so that
+  // the loop the connection goes to cannot look for it before it is here.
+  void accept(ibmsg::connection_request &req) {
+    auto c = std::make_unique<connection>();
+    c->peer = std::string(req.peer_address()) + " port " + std::to_string(req.peer_port());
+    std::lock_guard<std::mutex> lock(m_);
+    try {
+      req.accept(c->sock);
+    } catch (const ibmsg::error &e) {
+      std::fprintf(stderr, "%s: cannot accept %s: %s\n", prog, c->peer.c_str(), e.what());
+      return;
+    }
+    ibmsg_socket *key = c->sock.handle();
+    waiting_.emplace(key, std::move(c));
+  }
+  // The connection of socket s, if it waits here.
+  std::unique_ptr<connection> take(ibmsg_socket *s) {
+    std::lock_guard<std::mutex> lock(m_);
+    auto it = waiting_.find(s);
+    if (it == waiting_.end()) return nullptr;
+    std::unique_ptr<connection> c = std::move(it->second);
+    waiting_.erase(it);
+    return c;
+  }
+  bool empty() {
+    std::lock_guard<std::mutex> lock(m_);
+    return waiting_.empty();
+  }
+  // After every thread has ended: the connections nobody took (they disconnect as they die).
+  void clear() { waiting_.clear(); }
 
-  if (eager_size) loop.set_option(IBMSG_OPT_EAGER_SIZE, eager_size);
+ private:
+  std::mutex m_;
+  std::map<ibmsg_socket *, std::unique_ptr<connection>> waiting_;
+};
 
+// One loop and its connections; with --threads N there are N, each run by a thread of its own
+// (the first by the main thread, with the listener). Everything in it but the loop's call() is
+// touched only by its own thread.
+struct server_loop {
+  int index = 0;       // 1..N, for the messages
+  bool named = false;  // --threads above 1: the messages say which thread
+  ibmsg::loop loop;    // first: it must outlive the sockets and the messages
+  std::map<ibmsg_socket *, std::unique_ptr<connection>> conns;
+  bool stopping = false;  // told to close everything (by a call() from the main thread)
+  double deadline = 0;    // when stopping: how long closing may take
+  std::uint64_t connections = 0, echoed = 0;  // established here, echoes confirmed here
+  std::string error;  // what ended the thread early ("": nothing)
+  std::thread thread;
+};
+
+// Disconnects every connection of the loop; the closed callbacks follow.
+void close_all(server_loop &sl) {
+  for (auto &entry : sl.conns)
+    if (entry.second->sock.status() == IBMSG_CONNECTED) entry.second->sock.disconnect();
+}
+
+// The callbacks of one loop: each handles the connections of its own loop.
+void serve(server_loop &sl, arrivals &incoming) {
   // Per-connection trouble closes that connection, not the server.
   auto guarded = [&](connection &c, auto &&body) {
     try {
@@ -287,61 +363,157 @@ int run_server(const char *ip, unsigned short port, int eager_size) {
       if (c.sock.status() == IBMSG_CONNECTED) c.sock.disconnect();
     }
   };
+  // The connection of socket s: this loop's, or one that has just come to it.
+  auto find = [&](ibmsg::socket &s) -> connection * {
+    auto it = sl.conns.find(s.handle());
+    if (it != sl.conns.end()) return it->second.get();
+    std::unique_ptr<connection> c = incoming.take(s.handle());
+    if (!c) return nullptr;  // the listener
+    connection *p = c.get();
+    sl.conns.emplace(s.handle(), std::move(c));
+    return p;
+  };
+  std::string on_thread = sl.named ? " on thread " + std::to_string(sl.index) : std::string();
 
-  loop.on_connection_request([&](ibmsg::connection_request &req) {
-    connection c;
-    c.peer = std::string(req.peer_address()) + " port " + std::to_string(req.peer_port());
-    try {
-      req.accept(c.sock);
-    } catch (const ibmsg::error &e) {
-      std::fprintf(stderr, "%s: cannot accept %s: %s\n", prog, c.peer.c_str(), e.what());
-      return;
-    }
-    ibmsg_socket *key = c.sock.handle();
-    conns.emplace(key, std::move(c));  // the socket moves: callbacks follow it
-  });
-  loop.on_connection_established([&](ibmsg::socket &s) {
-    std::printf("%s: connection from %s\n", prog, conns.at(s.handle()).peer.c_str());
+  sl.loop.on_connection_established([&sl, find, on_thread](ibmsg::socket &s) {
+    connection *c = find(s);
+    if (!c) return;
+    ++sl.connections;
+    std::printf("%s: connection from %s%s\n", prog, c->peer.c_str(), on_thread.c_str());
     std::fflush(stdout);
+    if (sl.stopping) s.disconnect();  // it came while the server shuts down
   });
-  loop.on_message_received([&](ibmsg::socket &s, ibmsg::message m) {
-    connection &c = conns.at(s.handle());
+  sl.loop.on_message_received([&sl, guarded](ibmsg::socket &s, ibmsg::message m) {
+    connection &c = *sl.conns.at(s.handle());
     c.backlog.push_back(std::move(m));
     guarded(c, [&] { echo(c); });
   });
-  loop.on_message_sent([&](ibmsg::socket &s, ibmsg::message &m, int status) {
-    connection &c = conns.at(s.handle());
-    if (status != IBMSG_OK && status != IBMSG_ECANCELED)
+  sl.loop.on_message_sent([&sl, guarded](ibmsg::socket &s, ibmsg::message &m, int status) {
+    connection &c = *sl.conns.at(s.handle());
+    if (status == IBMSG_OK)
+      ++sl.echoed;
+    else if (status != IBMSG_ECANCELED)
       std::fprintf(stderr, "%s: connection from %s: echo lost: %s\n", prog, c.peer.c_str(),
                    ibmsg_strerror(status));
     c.in_flight.remove_if([&](const ibmsg::message &x) { return &x == &m; });
     guarded(c, [&] { echo(c); });
   });
-  loop.on_connection_closed([&](ibmsg::socket &s, int reason) {
-    auto it = conns.find(s.handle());
-    if (it == conns.end()) return;  // the listener
-    std::printf("%s: connection from %s closed: %s\n", prog, it->second.peer.c_str(),
+  sl.loop.on_connection_closed([&sl, find](ibmsg::socket &s, int reason) {
+    connection *c = find(s);
+    if (!c) return;  // the listener
+    std::printf("%s: connection from %s closed: %s\n", prog, c->peer.c_str(),
                 reason == IBMSG_OK ? "by this side" : ibmsg_strerror(reason));
     std::fflush(stdout);
-    conns.erase(it);  // frees the socket and any backlog
+    sl.conns.erase(s.handle());  // frees the socket and any backlog
   });
+}
+
+// Runs a loop that is not the listener's until the main thread tells it to stop (stop_loop())
+// and its connections have closed, on a thread of its own.
+void run_loop(server_loop &sl, arrivals &incoming) {
+  try {
+    while (!sl.stopping || ((!sl.conns.empty() || !incoming.empty()) && now() < sl.deadline))
+      sl.loop.dispatch(tick_ms);
+  } catch (const ibmsg::error &e) {
+    sl.error = std::string(e.what()) + " (" + e.name() + ")";
+    thread_failed = true;
+  } catch (const std::exception &e) {
+    sl.error = e.what();
+    thread_failed = true;
+  }
+  sl.conns.clear();  // what did not close in time disconnects here, on the loop's thread
+}
+
+// On the loop's own thread: close everything and let run_loop() end.
+void stop_loop(server_loop &sl) {
+  if (sl.stopping) return;
+  sl.stopping = true;
+  sl.deadline = now() + close_limit_s;
+  close_all(sl);
+}
+
+int run_server(const char *ip, unsigned short port, int eager_size, int threads) {
+  std::vector<std::unique_ptr<server_loop>> loops;  // first: they outlive every socket
+  arrivals incoming;       // emptied after the threads ended, before the loops go
+  ibmsg::socket listener;  // closed before the loops go
+  std::vector<ibmsg_event_loop *> handles;
+
+  for (int i = 0; i < threads; ++i) {
+    loops.push_back(std::make_unique<server_loop>());
+    server_loop &sl = *loops.back();
+    sl.index = i + 1;
+    sl.named = threads > 1;
+    if (eager_size) sl.loop.set_option(IBMSG_OPT_EAGER_SIZE, eager_size);
+    serve(sl, incoming);
+    handles.push_back(sl.loop.handle());
+  }
+  server_loop &first = *loops[0];
+  first.loop.on_connection_request([&](ibmsg::connection_request &req) { incoming.accept(req); });
 
   doing = std::string("listen on ") + ip + " port " + std::to_string(port);
-  listener.listen(loop, ip, port, 64);
-  std::printf("%s: listening on %s port %u\n", prog, ip, listener.local_port());
+  listener.listen(first.loop, ip, port, 64 * threads);
+  if (threads > 1) {
+    // ibmsg_accept() (connection_request::accept()) now accepts onto the N loops in turn.
+    int rc = ibmsg_listen_spread(listener.handle(), handles.data(), threads);
+    if (rc != IBMSG_OK) throw ibmsg::error(rc);
+    std::printf("%s: listening on %s port %u, %d threads\n", prog, ip, listener.local_port(),
+                threads);
+  } else {
+    std::printf("%s: listening on %s port %u\n", prog, ip, listener.local_port());
+  }
   std::fflush(stdout);
   doing = "serve";
 
-  while (!stop_requested && listener.is_open()) loop.dispatch(tick_ms);
+  // The other loops run on threads of their own from here on: this thread touches them only
+  // through call() (ibmsg_event_loop_call()), until it has joined their threads.
+  for (int i = 1; i < threads; ++i) {
+    server_loop &sl = *loops[i];
+    sl.thread = std::thread([&sl, &incoming] { run_loop(sl, incoming); });
+  }
+  auto stop_all = [&] {
+    for (int i = 1; i < threads; ++i) {
+      server_loop &sl = *loops[i];
+      sl.loop.call([&sl] { stop_loop(sl); });
+    }
+  };
+  auto join_all = [&] {
+    for (int i = 1; i < threads; ++i)
+      if (loops[i]->thread.joinable()) loops[i]->thread.join();
+  };
 
-  // Orderly shutdown: close everything and let the closed callbacks run.
-  doing = "shut down";
-  if (listener.is_open()) listener.disconnect();
-  for (auto &entry : conns)
-    if (entry.second.sock.status() == IBMSG_CONNECTED) entry.second.sock.disconnect();
-  double deadline = now() + close_limit_s;
-  while ((listener.is_open() || !conns.empty()) && now() < deadline) loop.dispatch(tick_ms);
-  return exit_ok;
+  try {
+    while (!stop_requested && !thread_failed && listener.is_open()) first.loop.dispatch(tick_ms);
+
+    // Orderly shutdown: close everything and let the closed callbacks run. The listener goes
+    // first: any accept it handed to another loop runs there before that loop's stop call.
+    doing = "shut down";
+    if (listener.is_open()) listener.disconnect();
+    stop_all();
+    stop_loop(first);
+    while ((listener.is_open() || !first.conns.empty() || !incoming.empty()) &&
+           now() < first.deadline)
+      first.loop.dispatch(tick_ms);
+    first.conns.clear();
+  } catch (...) {
+    stop_all();  // the other threads end too before the loops go
+    join_all();
+    throw;
+  }
+  join_all();
+
+  int status = exit_ok;
+  if (threads > 1) {
+    for (auto &sl : loops) {
+      std::printf("%s: thread %d: %" PRIu64 " connections, %" PRIu64 " messages echoed\n", prog,
+                  sl->index, sl->connections, sl->echoed);
+      if (!sl->error.empty()) {
+        std::fprintf(stderr, "%s: error: thread %d: %s\n", prog, sl->index, sl->error.c_str());
+        status = exit_failure;
+      }
+    }
+    std::fflush(stdout);
+  }
+  return status;
 }
 
 }  // namespace
@@ -352,13 +524,15 @@ int main(int argc, char **argv) {
       {"count", required_argument, nullptr, 'n'},
       {"size", required_argument, nullptr, 's'},
       {"eager-size", required_argument, nullptr, 'E'},
+      {"threads", required_argument, nullptr, 'T'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
   bool server = false, client_options = false, count_given = false;
   std::uint64_t count = default_count;
   std::size_t size = 1024;
-  int eager_size = 0, c;  // 0: ibmsg's default
+  int eager_size = 0, threads = 1, c;  // eager_size 0: ibmsg's default
+  bool threads_given = false;
   opterr = 0;
   while ((c = getopt_long(argc, argv, ":n:s:h", options, nullptr)) != -1) {
     switch (c) {
@@ -376,6 +550,10 @@ int main(int argc, char **argv) {
       case 'E':
         eager_size = int(parse_number("eager size", optarg, 1, max_eager_size, true));
         break;
+      case 'T':
+        threads = int(parse_number("thread count", optarg, 1, max_threads));
+        threads_given = true;
+        break;
       case 'h':
         usage(stdout);
         return exit_ok;
@@ -389,6 +567,7 @@ int main(int argc, char **argv) {
   if (rest < 1) usage_error("the IP address is missing");
   if (rest > 2) usage_error(std::string("unexpected argument '") + argv[optind + 2] + "'");
   if (server && client_options) usage_error("-n and -s are for the client, not --server");
+  if (!server && threads_given) usage_error("--threads is for --server");
   if (!count_given && size > default_bytes / default_count)
     count = size >= default_bytes ? 1 : default_bytes / size;
   const char *ip = argv[optind];
@@ -400,7 +579,7 @@ int main(int argc, char **argv) {
   catch_signals();
   doing = "set up the event loop";
   try {
-    return server ? run_server(ip, port, eager_size)
+    return server ? run_server(ip, port, eager_size, threads)
                   : run_client(ip, port, count, size, eager_size);
   } catch (const ibmsg::error &e) {
     std::fprintf(stderr, "%s: error: %s: %s (%s)\n", prog, doing.c_str(), e.what(), e.name());

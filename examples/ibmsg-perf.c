@@ -57,6 +57,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -109,6 +110,9 @@ static const char usage_text[] =
     "  -c, --connections N   connections of the bw test, all on the client's one\n"
     "                        loop; it reports their aggregate rate (1..16,\n"
     "                        default 1)\n"
+    "  -T, --threads N       server: N event loops on N threads, the connections\n"
+    "                        spread over them in turn (ibmsg_accept_on); prints\n"
+    "                        each thread's connections at exit (1..16, default 1)\n"
     "      --busy-poll       poll the completion queues and never sleep\n"
     "                        (IBMSG_OPT_BUSY_POLL always); the server polls only\n"
     "                        if it is given this option too\n"
@@ -146,6 +150,8 @@ static const char usage_text[] =
 #define CLOSE_TIMEOUT_S 5.0
 /* Connections a server serves at once, and so the most a client opens for one test (-c). */
 #define MAX_CONNS 16
+/* The server's loops (--threads), each on a thread of its own. */
+#define MAX_THREADS 16
 /* The bandwidth test's window without -W: ibmsg's default send depth, which is left as it is,
  * but for messages so large that fewer of them hold MSG_WINDOW_BYTES (each one in flight has a
  * registered buffer of its size on either side), and at least MIN_MSG_WINDOW: 4 of 64 MiB. */
@@ -259,6 +265,10 @@ struct endpoint {
   int open; /* set up, and its connection_closed has not come */
 
   /* ROLE_SESSION: the server's side of one test. */
+  struct perf_loop *home; /* the loop it was accepted onto, whose thread serves it */
+  int started;            /* session_start() ran on that thread */
+  int closed_early;       /* its connection_closed came before session_start() */
+  int early_reason;
   struct endpoint *next;
   char peer[64];
   unsigned short peer_port;
@@ -293,6 +303,7 @@ struct conn {
   int hello_sent;
   uint64_t posted, sent, received;
   uint64_t server_count; /* bandwidth: from DONE */
+  double t_done;         /* bandwidth: its last message_sent */
 };
 
 /* The client's connection of an endpoint whose role is ROLE_CLIENT. */
@@ -350,6 +361,7 @@ struct bw_result {
   int test;
   uint64_t size, iters, window, conns; /* iterations per connection */
   double seconds, mbps, mibps, mpps;    /* all connections together */
+  double conn_mps[MAX_CONNS];          /* bw: each connection's messages per second */
 };
 
 struct rpc_result {
@@ -367,7 +379,7 @@ static struct {
   int tests; /* enum test flags */
   uint64_t sizes[MAX_SIZES];
   int nsizes;
-  uint64_t iters, warmup, max_size, eager_size, window, msg_window, conns, outstanding;
+  uint64_t iters, warmup, max_size, eager_size, window, msg_window, conns, outstanding, threads_arg;
   int max_size_given, eager_size_given, window_given;
   int busy_poll; /* IBMSG_OPT_BUSY_POLL: 0, microseconds, or IBMSG_BUSY_POLL_ALWAYS */
   int busy_poll_given;
@@ -375,7 +387,9 @@ static struct {
 
   ibmsg_event_loop loop;
   struct endpoint listener;
-  struct endpoint *sessions; /* open server-side connections */
+  int threads;              /* --threads: the server's loops */
+  unsigned next_loop;       /* the loop the next connection goes to (round robin) */
+  int loop_failed;          /* a loop's thread stopped on an error */
   int server_quiet;          /* no line per session (--loopback: the client reports) */
   char device[64];
 
@@ -388,6 +402,27 @@ static struct {
   int nlat, nbw, nrpc;
   int header_test; /* the test whose table is being printed */
 } g;
+
+/* ---- the server's loops ---------------------------------------------------------------------- */
+
+/* One of the server's loops: the first is g.loop, run by the main thread with the listener;
+ * with --threads N the others run on threads of their own, each serving the sessions accepted
+ * onto it (ibmsg_accept_on()). The only calls between the threads go through
+ * ibmsg_event_loop_call(): a session handed to its loop (session_start), the stop, and a
+ * failure reported to the main thread. Everything else in it belongs to its own thread. */
+struct perf_loop {
+  ibmsg_event_loop *loop;
+  ibmsg_event_loop own; /* the loop of the others */
+  int index;            /* 1..N, for the messages */
+  struct endpoint *sessions; /* open server-side connections */
+  uint64_t established;      /* connections established on it */
+  int stop;                  /* told to close its sessions and end */
+  pthread_t thread;
+  int running;          /* the thread was started and not yet joined */
+  int failed;           /* its thread ended on an error */
+};
+
+static struct perf_loop loops[MAX_THREADS];
 
 /* ---- the server side ------------------------------------------------------------------------- */
 
@@ -546,7 +581,7 @@ static int session_setup_rdma(struct endpoint *s) {
   uint64_t bytes = rdma_bytes(s->test, s->size);
   unsigned access =
       IBMSG_ACCESS_REMOTE_READ | IBMSG_ACCESS_REMOTE_WRITE | IBMSG_ACCESS_REMOTE_ATOMIC;
-  int rc = ibmsg_alloc_region(&g.loop, &s->region, (size_t)bytes, access);
+  int rc = ibmsg_alloc_region(s->home->loop, &s->region, (size_t)bytes, access);
   if (rc != IBMSG_OK) {
     session_fail(s, "cannot allocate the region for the test", rc);
     return -1;
@@ -597,8 +632,11 @@ static void session_hello(struct endpoint *s, const ibmsg_buffer *msg) {
     const char *what = s->test == TEST_RPC ? "requests" : "operations";
     if (s->test & TESTS_SEND)
       what = "messages";
-    tool_info(g.quiet, "client %s port %u: %s test, %" PRIu64 " bytes, %" PRIu64 " %s", s->peer,
-              s->peer_port, info_of(s->test)->name, s->size, s->count, what);
+    char thread[32] = "";
+    if (g.threads > 1)
+      snprintf(thread, sizeof thread, " (thread %d)", s->home->index);
+    tool_info(g.quiet, "client %s port %u: %s test, %" PRIu64 " bytes, %" PRIu64 " %s%s",
+              s->peer, s->peer_port, info_of(s->test)->name, s->size, s->count, what, thread);
   }
   if ((s->test & TESTS_RDMA) && session_setup_rdma(s) != 0)
     return;
@@ -655,6 +693,34 @@ static void session_op_done(ibmsg_socket *socket, ibmsg_op *op, int status) {
     session_fail(s, "an RDMA write failed", status);
 }
 
+static void session_closed(struct endpoint *s, int reason);
+
+/* On the session's own loop's thread, before any other callback of its connection but perhaps
+ * its connection_closed: the session joins its loop's list and gets its send buffer list. */
+static void session_start(struct endpoint *s) {
+  int rc;
+
+  s->started = 1;
+  s->next = s->home->sessions;
+  s->home->sessions = s;
+  rc = tool_sendpool_init(&s->pool, &s->socket, s->home->loop);
+  if (rc != IBMSG_OK)
+    s->pool.released = 1;
+  if (s->closed_early) {
+    session_closed(s, s->early_reason);
+    return;
+  }
+  s->open = 1;
+  if (rc != IBMSG_OK)
+    session_fail(s, "cannot make the send buffer list", rc);
+}
+
+static void session_start_call(void *arg) { session_start(arg); }
+
+/* A connection request on the listener's loop: accepted onto the next loop in turn. The session
+ * is set up before the accept; once a connection is accepted onto another loop, it belongs to
+ * that loop's thread, and session_start() runs there (ibmsg_event_loop_call() runs the calls in
+ * the order they were posted: after the accept the library posted). */
 static void on_request(ibmsg_connection_request *request) {
   struct endpoint *s = calloc(1, sizeof *s);
   int rc;
@@ -665,23 +731,24 @@ static void on_request(ibmsg_connection_request *request) {
   }
   snprintf(s->peer, sizeof s->peer, "%s", request->peer_address);
   s->peer_port = request->peer_port;
-  rc = ibmsg_accept(request, &s->socket);
+  s->socket.user_data = s;
+  s->role = ROLE_SESSION;
+  s->home = &loops[g.threads > 1 ? g.next_loop++ % (unsigned)g.threads : 0];
+  if (s->home->loop == &g.loop)
+    rc = ibmsg_accept(request, &s->socket);
+  else
+    rc = ibmsg_accept_on(request, s->home->loop, &s->socket, NULL);
   if (rc != IBMSG_OK) {
     tool_error("cannot accept the connection from %s port %u: %s", s->peer, s->peer_port,
                ibmsg_strerror(rc));
     free(s);
     return;
   }
-  s->socket.user_data = s;
-  s->role = ROLE_SESSION;
-  s->open = 1;
-  s->next = g.sessions;
-  g.sessions = s;
-  rc = tool_sendpool_init(&s->pool, &s->socket, &g.loop);
-  if (rc != IBMSG_OK) {
-    s->pool.released = 1;
-    session_fail(s, "cannot make the send buffer list", rc);
-  }
+  if (s->home->loop == &g.loop)
+    session_start(s);
+  else if ((rc = ibmsg_event_loop_call(s->home->loop, session_start_call, s)) != IBMSG_OK)
+    tool_error("cannot hand the connection from %s port %u to thread %d: %s", s->peer,
+               s->peer_port, s->home->index, ibmsg_strerror(rc)); /* it stays there, unserved */
 }
 
 static void session_closed(struct endpoint *s, int reason) {
@@ -698,7 +765,7 @@ static void session_closed(struct endpoint *s, int reason) {
   if (s->have_region && (rc = ibmsg_deregister_region(&s->region)) != IBMSG_OK)
     tool_error("client %s port %u: cannot deregister the region: %s", s->peer, s->peer_port,
                ibmsg_strerror(rc));
-  for (struct endpoint **p = &g.sessions; *p != NULL; p = &(*p)->next) {
+  for (struct endpoint **p = &s->home->sessions; *p != NULL; p = &(*p)->next) {
     if (*p == s) {
       *p = s->next;
       break;
@@ -1028,8 +1095,10 @@ static void client_sent(struct conn *c, ibmsg_buffer *msg, int status) {
     cl.hellos_sent++;
   } else {
     c->sent++;
+    if (c->sent == cl.total && cl.test == TEST_BW)
+      c->t_done = tool_now();
     if (++cl.sent_all == (uint64_t)cl.nconns * cl.total && cl.test == TEST_BW)
-      cl.t_end = tool_now();
+      cl.t_end = c->t_done;
   }
   client_pump(c);
   client_check_finished();
@@ -1180,6 +1249,8 @@ static void on_established(ibmsg_socket *socket) {
   if (e->role == ROLE_CLIENT) {
     cl.activity++;
     client_established(conn_of(e));
+  } else if (e->role == ROLE_SESSION) {
+    e->home->established++;
   }
 }
 
@@ -1225,6 +1296,10 @@ static void on_closed(ibmsg_socket *socket, int reason) {
     c->closed = 1;
     c->close_reason = reason;
     tool_sendpool_release(&c->ep.pool);
+  } else if (e->role == ROLE_SESSION && !e->started) {
+    /* Accepted onto another loop, and closed before session_start() came there: it ends it. */
+    e->closed_early = 1;
+    e->early_reason = reason;
   } else if (e->role == ROLE_SESSION) {
     session_closed(e, reason);
   } else if (reason != IBMSG_OK) {
@@ -1294,7 +1369,7 @@ static int client_open(void) {
 /* Dispatches until no socket is open or the time is up. */
 static int wait_all_closed(void) {
   double deadline = tool_now() + CLOSE_TIMEOUT_S;
-  while (client_open() > 0 || g.listener.open || g.sessions != NULL) {
+  while (client_open() > 0 || g.listener.open || loops[0].sessions != NULL) {
     if (tool_now() > deadline) {
       tool_error("sockets did not close within %.0f s", CLOSE_TIMEOUT_S);
       return -1;
@@ -1449,10 +1524,16 @@ static void json_bw(const struct bw_result *r, int first) {
   printf("%s\n    {\"bytes\": %" PRIu64 ", \"iterations\": %" PRIu64 ", \"seconds\": %.6f, "
          "\"bw_mb_per_s\": %.3f, \"msg_rate_mpps\": %.6f",
          first ? "" : ",", r->size, r->iters, r->seconds, r->mbps, r->mpps);
-  if (r->test == TEST_BW)
+  if (r->test == TEST_BW) {
     printf(", \"window\": %" PRIu64 ", \"connections\": %" PRIu64 ", \"msg_per_s\": %.1f",
            r->window, r->conns, r->mpps * 1e6);
-  else
+    /* Each connection's timed messages over the time from the common start to its last
+     * message_sent; msg_per_s is all of them over the time to the last of all. */
+    printf(", \"connection_msg_per_s\": [");
+    for (uint64_t i = 0; i < r->conns; i++)
+      printf("%s%.1f", i ? ", " : "", r->conn_mps[i]);
+    putchar(']');
+  } else
     printf(", \"window\": %" PRIu64 ", \"bw_mib_per_s\": %.3f, \"ops_per_s\": %.1f", r->window,
            r->mibps, r->mpps * 1e6);
   putchar('}');
@@ -1672,6 +1753,10 @@ static int run_test(int test, uint64_t size) {
     r->mbps = r->seconds > 0 ? (double)(size * n) / r->seconds / 1e6 : 0;
     r->mibps = r->seconds > 0 ? (double)(size * n) / r->seconds / 1048576.0 : 0;
     r->mpps = r->seconds > 0 ? (double)n / r->seconds / 1e6 : 0;
+    for (int i = 0; i < cl.nconns && test == TEST_BW; i++) {
+      double t = cl.conns[i].t_done - cl.t_start;
+      r->conn_mps[i] = t > 0 ? (double)g.iters / t : 0;
+    }
     report_bw(r);
   }
   return client_free();
@@ -1760,6 +1845,7 @@ static int parse_args(int argc, char **argv) {
       {"warmup", required_argument, NULL, 'w'},
       {"window", required_argument, NULL, 'W'},
       {"connections", required_argument, NULL, 'c'},
+      {"threads", required_argument, NULL, 'T'},
       {"outstanding", required_argument, NULL, 'o'},
       {"busy-poll", no_argument, NULL, OPT_BUSY_POLL},
       {"poll-us", required_argument, NULL, OPT_POLL_US},
@@ -1783,9 +1869,10 @@ static int parse_args(int argc, char **argv) {
   g.warmup = 32;
   g.window = 128;
   g.conns = 1;
+  g.threads_arg = 1;
   g.outstanding = 1;
   opterr = 0; /* we print our own one-line errors */
-  while ((opt = getopt_long(argc, argv, ":p:t:s:n:w:W:c:o:qh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":p:t:s:n:w:W:c:T:o:qh", options, NULL)) != -1) {
     switch (opt) {
     case OPT_SERVER: g.server = 1; break;
     case OPT_LOOPBACK: g.loopback = 1; break;
@@ -1818,6 +1905,10 @@ static int parse_args(int argc, char **argv) {
       break;
     case 'c':
       if (tool_parse_uint("-c", optarg, 1, MAX_CONNS, &g.conns) != 0)
+        return -1;
+      break;
+    case 'T':
+      if (tool_parse_uint("-T", optarg, 1, MAX_THREADS, &g.threads_arg) != 0)
         return -1;
       break;
     case 'o':
@@ -1863,6 +1954,11 @@ static int parse_args(int argc, char **argv) {
     tool_usage_error("--server and --loopback exclude each other");
     return -1;
   }
+  if (g.threads_arg > 1 && !g.server) {
+    tool_usage_error("--threads is for --server");
+    return -1;
+  }
+  g.threads = (int)g.threads_arg;
   if (optind < argc)
     g.ip = argv[optind++];
   if (optind < argc) {
@@ -1896,13 +1992,13 @@ static int parse_args(int argc, char **argv) {
 /* ---- main ------------------------------------------------------------------------------------ */
 
 /* IBMSG_OPT_MAX_MSG_SIZE: an int up to INT_MAX, a uint64_t (told apart by its length) above. */
-static int set_max_size(uint64_t size) {
+static int set_max_size(ibmsg_event_loop *loop, uint64_t size) {
   int rc;
   if (size <= INT_MAX) {
     int v = (int)size;
-    rc = ibmsg_setopt(&g.loop, IBMSG_OPT_MAX_MSG_SIZE, &v, sizeof v);
+    rc = ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &v, sizeof v);
   } else {
-    rc = ibmsg_setopt(&g.loop, IBMSG_OPT_MAX_MSG_SIZE, &size, sizeof size);
+    rc = ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &size, sizeof size);
   }
   if (rc != IBMSG_OK) {
     tool_error("cannot set the maximum message size to %" PRIu64 ": %s", size,
@@ -1928,19 +2024,164 @@ static int start_listener(void) {
     g.port = port; /* the port picked, when it was 0 */
   else
     snprintf(addr, sizeof addr, "%s", g.ip ? g.ip : "*");
-  if (g.server)
+  if (g.server && g.threads > 1)
+    tool_info(g.quiet, "listening on %s port %u (completions: %s), %d threads", addr, g.port,
+              poll_mode(mode, sizeof mode), g.threads);
+  else if (g.server)
     tool_info(g.quiet, "listening on %s port %u (completions: %s)", addr, g.port,
               poll_mode(mode, sizeof mode));
   return 0;
 }
 
-static void stop_server_side(void) {
-  if (g.listener.open)
-    ibmsg_disconnect(&g.listener.socket);
-  for (struct endpoint *s = g.sessions; s != NULL; s = s->next) {
+/* Closes the sessions of one loop, on its own thread. */
+static void stop_sessions(struct perf_loop *pl) {
+  for (struct endpoint *s = pl->sessions; s != NULL; s = s->next) {
     tool_sendpool_release(&s->pool);
     ibmsg_disconnect(&s->socket);
   }
+}
+
+/* The listener first: a session it handed to another loop is started there before the stop
+ * posted after it. */
+static void stop_server_side(void) {
+  if (g.listener.open)
+    ibmsg_disconnect(&g.listener.socket);
+  stop_sessions(&loops[0]);
+}
+
+/* ---- the other loops' threads ---------------------------------------------------------------- */
+
+/* On the main thread: a loop's thread ended on an error. */
+static void loop_failed_call(void *arg) {
+  (void)arg;
+  g.loop_failed = 1;
+}
+
+/* On a loop's own thread: close its sessions and end. */
+static void loop_stop_call(void *arg) {
+  struct perf_loop *pl = arg;
+  pl->stop = 1;
+  stop_sessions(pl);
+}
+
+/* The thread of one of the other loops: serves its sessions until told to stop, waits for them
+ * to close, and destroys the loop. */
+static void *loop_thread(void *arg) {
+  struct perf_loop *pl = arg;
+  double deadline = 0;
+  int rc;
+
+  for (;;) {
+    if (pl->stop) {
+      if (deadline == 0)
+        deadline = tool_now() + CLOSE_TIMEOUT_S;
+      if (pl->sessions == NULL || tool_now() > deadline)
+        break;
+    }
+    rc = ibmsg_dispatch_event_loop_timeout(pl->loop, TOOL_TICK_MS);
+    if (rc != IBMSG_OK) {
+      tool_error("thread %d: event loop failed: %s", pl->index, ibmsg_strerror(rc));
+      pl->failed = 1;
+      ibmsg_event_loop_call(&g.loop, loop_failed_call, pl);
+      return NULL; /* the main thread destroys the loop once it has joined this thread */
+    }
+  }
+  if (pl->sessions != NULL) {
+    tool_error("thread %d: sockets did not close within %.0f s", pl->index, CLOSE_TIMEOUT_S);
+    pl->failed = 1;
+  }
+  return NULL;
+}
+
+static int configure_loop(ibmsg_event_loop *loop, uint64_t send_depth);
+
+/* --threads N: the other N - 1 loops, with the main loop's callbacks and options, each on a
+ * thread of its own. */
+static int start_loops(uint64_t send_depth) {
+  loops[0].loop = &g.loop;
+  loops[0].index = 1;
+  for (int i = 1; i < g.threads; i++) {
+    struct perf_loop *pl = &loops[i];
+    int rc = ibmsg_init_event_loop(&pl->own);
+    pl->index = i + 1;
+    if (rc != IBMSG_OK) {
+      tool_error("cannot create the event loop of thread %d: %s", pl->index, ibmsg_strerror(rc));
+      return -1;
+    }
+    pl->loop = &pl->own;
+    pl->own.connection_established = g.loop.connection_established;
+    pl->own.message_received = g.loop.message_received;
+    pl->own.message_sent = g.loop.message_sent;
+    pl->own.connection_closed = g.loop.connection_closed;
+    pl->own.write_received = g.loop.write_received;
+    if (configure_loop(pl->loop, send_depth) != 0)
+      return -1;
+    rc = pthread_create(&pl->thread, NULL, loop_thread, pl);
+    if (rc != 0) {
+      tool_error("cannot start thread %d: %s", pl->index, strerror(rc));
+      return -1;
+    }
+    pl->running = 1;
+  }
+  return 0;
+}
+
+/* Stops the other loops' threads, joins them and destroys their loops; their counts. -1 if one
+ * failed. */
+static int stop_loops(void) {
+  int failed = 0, rc;
+  for (int i = 1; i < g.threads; i++) {
+    struct perf_loop *pl = &loops[i];
+    if (pl->running && ibmsg_event_loop_call(pl->loop, loop_stop_call, pl) != IBMSG_OK)
+      pl->stop = 1; /* cannot happen but for lack of memory: the thread then ends at a tick */
+  }
+  for (int i = 1; i < g.threads; i++) {
+    struct perf_loop *pl = &loops[i];
+    if (pl->running) {
+      pthread_join(pl->thread, NULL);
+      pl->running = 0;
+    }
+    failed |= pl->failed;
+    /* The thread is done with the loop: this one may destroy it (calls posted to it meanwhile,
+     * such as its stop when the thread ended early, run first). */
+    if (pl->loop != NULL) {
+      ibmsg_event_loop_process(pl->loop);
+      rc = ibmsg_destroy_event_loop(pl->loop);
+      if (rc != IBMSG_OK) {
+        tool_error("cannot destroy the event loop of thread %d: %s", pl->index,
+                   ibmsg_strerror(rc));
+        failed = 1;
+      }
+      pl->loop = NULL;
+    }
+  }
+  return failed ? -1 : 0;
+}
+
+/* At the server's exit with --threads above 1: how the connections were spread. */
+static void print_loop_counts(void) {
+  for (int i = 0; i < g.threads; i++)
+    tool_info(0, "thread %d: %" PRIu64 " connection%s", loops[i].index, loops[i].established,
+              TOOL_S(loops[i].established));
+}
+
+/* The options of a loop (each of the server's loops gets the same). */
+static int configure_loop(ibmsg_event_loop *loop, uint64_t send_depth) {
+  if ((g.max_size_given && set_max_size(loop, g.max_size) != 0) ||
+      (g.eager_size_given && tool_setopt_int(loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
+                                             (int)g.eager_size) != 0) ||
+      tool_setopt_int(loop, IBMSG_OPT_BUSY_POLL, "busy polling", g.busy_poll) != 0 ||
+      (!g.server && (g.tests & TESTS_RDMA) &&
+       tool_setopt_int(loop, IBMSG_OPT_RDMA_DEPTH, "the RDMA operations in flight",
+                       (int)g.window) != 0) ||
+      (send_depth > 0 &&
+       (tool_setopt_int(loop, IBMSG_OPT_SEND_DEPTH, "the send buffers per connection",
+                        (int)send_depth) != 0 ||
+        (send_depth > DEFAULT_MSG_WINDOW &&
+         tool_setopt_int(loop, IBMSG_OPT_SEND_QUEUE, "the send queue",
+                         (int)send_depth) != 0))))
+    return -1;
+  return 0;
 }
 
 int main(int argc, char **argv) {
@@ -1973,31 +2214,27 @@ int main(int argc, char **argv) {
   if (!g.server && (g.tests & TEST_RPC) &&
       g.outstanding > (send_depth > 0 ? send_depth : DEFAULT_MSG_WINDOW))
     send_depth = g.outstanding;
-  if ((g.max_size_given && set_max_size(g.max_size) != 0) ||
-      (g.eager_size_given && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
-                                             (int)g.eager_size) != 0) ||
-      tool_setopt_int(&g.loop, IBMSG_OPT_BUSY_POLL, "busy polling", g.busy_poll) != 0 ||
-      (!g.server && (g.tests & TESTS_RDMA) &&
-       tool_setopt_int(&g.loop, IBMSG_OPT_RDMA_DEPTH, "the RDMA operations in flight",
-                       (int)g.window) != 0) ||
-      (send_depth > 0 &&
-       (tool_setopt_int(&g.loop, IBMSG_OPT_SEND_DEPTH, "the send buffers per connection",
-                        (int)send_depth) != 0 ||
-        (send_depth > DEFAULT_MSG_WINDOW &&
-         tool_setopt_int(&g.loop, IBMSG_OPT_SEND_QUEUE, "the send queue",
-                         (int)send_depth) != 0)))) {
+  if (configure_loop(&g.loop, send_depth) != 0) {
     ibmsg_destroy_event_loop(&g.loop);
     return TOOL_EXIT_FAILURE;
   }
   g.server_quiet = g.loopback;
+  loops[0].loop = &g.loop;
+  loops[0].index = 1;
+  if (g.threads > 1 && start_loops(send_depth) != 0) {
+    stop_loops();
+    ibmsg_destroy_event_loop(&g.loop);
+    return TOOL_EXIT_FAILURE;
+  }
   if ((g.server || g.loopback) && start_listener() != 0) {
+    stop_loops();
     ibmsg_destroy_event_loop(&g.loop);
     return TOOL_EXIT_FAILURE;
   }
 
   if (g.server) {
     /* Everything happens in the callbacks; a signal ends the service. */
-    while (!tool_stop && g.listener.open) {
+    while (!tool_stop && !g.loop_failed && g.listener.open) {
       rc = ibmsg_dispatch_event_loop_timeout(&g.loop, TOOL_TICK_MS);
       if (rc != IBMSG_OK) {
         tool_error("event loop failed: %s", ibmsg_strerror(rc));
@@ -2006,7 +2243,7 @@ int main(int argc, char **argv) {
       }
     }
     if (!tool_stop && !failed)
-      failed = 1; /* the listener closed by itself: reported by on_closed */
+      failed = 1; /* the listener closed by itself (reported by on_closed), or a thread failed */
   } else {
     for (int t = 0; t < NTESTS && !failed; t++) {
       int test = test_infos[t].test;
@@ -2027,6 +2264,10 @@ int main(int argc, char **argv) {
   }
 
   stop_server_side();
+  if (stop_loops() != 0)
+    failed = 1;
+  if (g.server && g.threads > 1)
+    print_loop_counts();
   if (wait_all_closed() == 0) {
     rc = ibmsg_destroy_event_loop(&g.loop);
     if (rc != IBMSG_OK) {

@@ -28,8 +28,12 @@ static void clear_progress(void) {
 
 /* ---- messages to the user ------------------------------------------------------------------ */
 
+/* The lines below are written whole: flockfile() keeps the threads of a tool that has several
+ * (ibmsg-perf --server --threads) from mixing their pieces. */
 void tool_error(const char *fmt, ...) {
   va_list ap;
+  flockfile(stdout);
+  flockfile(stderr);
   clear_progress();
   fflush(stdout); /* keep the order of stdout and stderr when both go to one place */
   fprintf(stderr, "%s: error: ", tool_name);
@@ -37,6 +41,8 @@ void tool_error(const char *fmt, ...) {
   vfprintf(stderr, fmt, ap);
   va_end(ap);
   fputc('\n', stderr);
+  funlockfile(stderr);
+  funlockfile(stdout);
 }
 
 void tool_usage_error(const char *fmt, ...) {
@@ -52,12 +58,14 @@ void tool_info(int quiet, const char *fmt, ...) {
   va_list ap;
   if (quiet)
     return;
+  flockfile(stdout);
   clear_progress();
   printf("%s: ", tool_name);
   va_start(ap, fmt);
   vprintf(fmt, ap);
   va_end(ap);
   putchar('\n');
+  funlockfile(stdout);
 }
 
 void tool_print_version(void) {
