@@ -15,6 +15,7 @@
 #include "loop.hpp"
 #include "message.hpp"
 #include "setup.hpp"
+#include "spread.hpp"
 #include "usage.hpp"
 
 using namespace ibmsg;
@@ -173,6 +174,27 @@ int ibmsg_accept_opts(ibmsg_connection_request *request, ibmsg_socket *socket,
 
 int ibmsg_accept(ibmsg_connection_request *request, ibmsg_socket *socket) {
   return ibmsg_accept_opts(request, socket, nullptr);
+}
+
+int ibmsg_accept_on(ibmsg_connection_request *request, ibmsg_event_loop *loop,
+                    ibmsg_socket *socket, const ibmsg_options *opts) {
+  bool bad;
+  const Options *o = options_of(opts, &bad);
+  // The other loop runs on another thread: only what ibmsg_init_event_loop set is read of it.
+  Loop *to = loop ? loop_of_any_thread(loop) : nullptr;
+  if (!valid_request(request) || !socket || bad || (loop && !to)) return IBMSG_EINVAL;
+  if (!to || to == request->impl->listener->loop) return accept_here(request, socket, o);
+  return accept_on(request, to, socket, o);
+}
+
+int ibmsg_listen_spread(ibmsg_socket *listener, ibmsg_event_loop *const *loops, int count) {
+  Socket *l = socket_of(listener);
+  if (!l || !l->listener || count < 0 || (count > 0 && !loops)) return IBMSG_EINVAL;
+  Loop *impls[64];
+  if (count > 64) return IBMSG_EINVAL;
+  for (int i = 0; i < count; ++i)
+    if (!(impls[i] = loop_of_any_thread(loops[i]))) return IBMSG_EINVAL;
+  return listen_spread(l, impls, count);
 }
 
 int ibmsg_reject(ibmsg_connection_request *request, const char *reason) {

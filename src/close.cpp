@@ -13,6 +13,7 @@
 #include "dedup.hpp"
 #include "errors.hpp"
 #include "recv.hpp"
+#include "spread.hpp"
 #include "wake.hpp"
 
 namespace ibmsg {
@@ -67,6 +68,7 @@ void teardown(Socket *s) {
   s->id = nullptr;
   while (Socket *c = s->accepted.pop_front()) c->from_listener = nullptr;
   if (s->from_listener) s->from_listener->accepted.remove(s);
+  away_closed(s);
   if (s->dev) device_put(s->dev);
   loop->sockets.remove(s);
   loop->unflushed.remove(s);  // (a completion handed out above may have queued it: batch.cpp)
@@ -80,6 +82,12 @@ void teardown(Socket *s) {
   pub->impl = nullptr;
   s->magic = 0;
   delete s;
+  closed_callback(loop, pub, reason, stats);
+}
+
+}  // namespace
+
+void closed_callback(Loop *loop, ibmsg_socket *pub, int reason, const ibmsg_stats &stats) {
   // Last: after the callback the application may free pub; nothing here touches it again. During
   // it, ibmsg_socket_stats still reads the connection's counters.
   if (auto cb = loop->pub->connection_closed) {
@@ -92,8 +100,6 @@ void teardown(Socket *s) {
     loop->closed_stats = outer_stats;
   }
 }
-
-}  // namespace
 
 void close_begin(Socket *s, int reason) {
   if (s->state == State::Closing || s->state == State::Closed) return;

@@ -1,6 +1,7 @@
 // The one close path and the teardown (close.cpp).
 #pragma once
 #include "handles.hpp"
+#include "ibmsg.h"
 
 namespace ibmsg {
 
@@ -11,6 +12,10 @@ constexpr double kLingerS = 1.0;  // how long a disconnect waits to send the don
 void on_linger_end(Timer *t);
 // Runs due teardowns: releases everything and calls each closed callback.
 void run_teardowns(Loop *loop);
+
+// The loop's connection_closed for pub (its counters readable meanwhile with
+// ibmsg_socket_stats): the teardown's last step, and a failed accept on another loop's.
+void closed_callback(Loop *loop, ibmsg_socket *pub, int reason, const ibmsg_stats &stats);
 
 void cancel_sends(Socket *s);  // closing: flight and queue complete (ECANCELED unless done)
 

@@ -14,6 +14,7 @@
 #include "datapath.hpp"
 #include "poll.hpp"
 #include "rndv.hpp"
+#include "spread.hpp"
 
 namespace ibmsg {
 namespace {
@@ -109,7 +110,7 @@ void on_connect_request(Loop *loop, const tp::CmEvent &ev) {
     reject_id(ev.id, "not listening on this device");
     return;
   }
-  if (l->accepted.size() >= size_t(l->max_connections)) {
+  if (l->accepted.size() + size_t(away_open(l)) >= size_t(l->max_connections)) {
     reject_id(ev.id, "too many connections");
     return;
   }

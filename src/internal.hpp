@@ -32,6 +32,8 @@ constexpr uint32_t kSocketMagic = 0x1b550c4e;
 constexpr uint32_t kOptionsMagic = 0x1b5007a5;
 
 using Loop = ::ibmsg__loop;
+struct AwayCount;  // spread.cpp
+struct Spread;
 
 // --- options.cpp: Options (options.hpp) ---
 
@@ -156,6 +158,10 @@ struct ibmsg__socket {
   // listener: its accepted connections that are still open
   int max_connections = 0;
   ibmsg::List<Socket, &Socket::listener_node> accepted;
+  // Connections accepted onto other loops (spread.cpp): a listener's count of them, shared with
+  // each (it lives while any of them or the listener does); the loops its accepts go to in turn.
+  ibmsg::AwayCount *away = nullptr;
+  ibmsg::Spread *spread = nullptr;
 
   // A connection's parts, by the file that owns each.
   ibmsg::ConnResources res;    // conn.cpp

@@ -15,6 +15,7 @@
 #include "cm.hpp"
 #include "conn.hpp"
 #include "errors.hpp"
+#include "spread.hpp"
 
 namespace ibmsg {
 namespace {
@@ -42,7 +43,8 @@ int resolve(const char *host, unsigned short port, bool passive, sockaddr_storag
   return IBMSG_OK;
 }
 
-// A new socket for pub on loop (not yet open: nothing to tear down if set-up fails).
+}  // namespace
+
 Socket *new_socket(Loop *loop, ibmsg_socket *pub, const Options *opts) {
   Socket *s = new (std::nothrow) Socket();
   if (!s) return nullptr;
@@ -69,8 +71,6 @@ void open_socket(Socket *s, Event ev) {
   set_state(s, ev);
   s->pub->impl = s;
 }
-
-}  // namespace
 
 int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
                   int max_conn, const Options *opts) {
@@ -126,7 +126,34 @@ int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short
   return IBMSG_OK;
 }
 
+int accept_id(Socket *s, const wire::Hello &hello) {
+  int err = device_matches(s) ? IBMSG_OK : IBMSG_ENODEV;
+  if (!err) s->dev = device_get(s->loop, tp::cm_device(s->id), &err);
+  if (!err) err = conn_open(s);
+  if (err) return err;
+  set_peer(s, hello);
+  tp::cm_id_set_user(s->id, s);
+  tp::ConnParam param;
+  uint8_t data[wire::kHelloSize];
+  fill_conn_param(s, &param, data);
+  if (s->res.responder_resources || s->res.initiator_depth) {  // one-sided RDMA or rendezvous
+    // Accepting: no more than the connecting side offered either (the transport takes the
+    // smaller of its request and the device's limits).
+    param.responder_resources = tp::kMaxRdAtomic;
+    param.initiator_depth = tp::kMaxRdAtomic;
+  }
+  err = tp::cm_accept(s->id, param);
+  // The peer went away during the handshake (its request is void), or the device failed.
+  // librdmacm moved the QP to the error state: its receives complete as flushed.
+  if (err) conn_release(s, false, true);
+  return err;
+}
+
 int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts) {
+  return req->impl->listener->spread ? accept_spread(req, pub, opts) : accept_here(req, pub, opts);
+}
+
+int accept_here(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts) {
   ibmsg__request *r = req->impl;
   if (req->status != IBMSG_UNDECIDED) return IBMSG_ESTATE;
   if (socket_is_open(pub)) return IBMSG_ESTATE;
@@ -134,28 +161,7 @@ int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Option
   Socket *s = new_socket(l->loop, pub, opts ? opts : &l->opts);
   if (!s) return IBMSG_ENOMEM;
   s->id = r->id;
-  int err = device_matches(s) ? IBMSG_OK : IBMSG_ENODEV;
-  if (!err) s->dev = device_get(l->loop, tp::cm_device(s->id), &err);
-  if (!err) err = conn_open(s);
-  if (!err) {
-    set_peer(s, r->hello);
-    tp::cm_id_set_user(s->id, s);
-    tp::ConnParam param;
-    uint8_t hello[wire::kHelloSize];
-    fill_conn_param(s, &param, hello);
-    if (s->res.responder_resources || s->res.initiator_depth) {  // one-sided RDMA or rendezvous
-      // Accepting: no more than the connecting side offered either (the transport takes the
-      // smaller of its request and the device's limits).
-      param.responder_resources = tp::kMaxRdAtomic;
-      param.initiator_depth = tp::kMaxRdAtomic;
-    }
-    err = tp::cm_accept(s->id, param);
-    if (err) {
-      // The peer went away during the handshake (its request is void), or the device failed.
-      // librdmacm moved the QP to the error state: its receives complete as flushed.
-      conn_release(s, false, true);
-    }
-  }
+  int err = accept_id(s, r->hello);
   if (err) {
     if (s->dev) device_put(s->dev);
     req->status = IBMSG_REJECTED;

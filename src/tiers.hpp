@@ -8,17 +8,17 @@
 // the same files.
 //
 // tier 6 api: api
-// tier 5 loop: loop handover
-// tier 4 lifecycle: setup cm keepalive close violations conn
+// tier 5 loop: loop
+// tier 4 lifecycle: setup spread cm keepalive close violations conn
 // tier 3 engine: completion rdma inbound deliver requests dedup message incoming rndv datapath
-// tier 2 resources: device_release usage device cq memory send_slots recv region poll timer batch wake internal
+// tier 2 resources: device_release usage device cq memory send_slots recv region poll timer batch wake handover internal
 // tier 1 transport: transport/cm transport/device transport/qp transport/srq transport/transport transport/verbs
 // tier 0 pure: wire state credits shared_credits pool largebuf list qpmap deadlines errors log options rndv_memory hooks handles slot work tiers
 //
 // api         every extern "C" entry point: checks the handles and arguments, calls the core
 // loop        the libev loop: CM channel, idle work, foreign-loop fd and timeout; registers the hooks
-// handover    calls other threads hand the loop (ibmsg_event_loop_call): a locked list, an eventfd
 // setup       listen / connect / accept / reject (the application's side of set-up)
+// spread      connections accepted onto other loops (ibmsg_accept_on, ibmsg_listen_spread)
 // cm          connection-manager events, the hello, establishment, connect timeouts
 // keepalive   probes of a silent peer, and closing a dead one
 // close       the one close path (close_begin) and the teardown (run_teardowns)
@@ -47,6 +47,7 @@
 // timer       per-socket deadlines on the loop
 // batch       work requests posted now or at the end of the loop's round
 // wake        the loop's idle work and the fd set for foreign loops
+// handover    calls other threads hand the loop (ibmsg_event_loop_call): a locked list, an eventfd
 // internal    the shared handles: socket, loop, options set, connection request
 // transport/  the only code that calls rdma-core: transport.hpp (the interface), cm (librdmacm),
 //             device (protection domain, completion channel and queues, registrations, windows),

@@ -140,7 +140,8 @@ void on_request(ibmsg_connection_request *req) {
   }
   Conn &c = new_conn(h, "accepted");
   c.hold = h->hold_accepted;
-  h->accept_rc = ibmsg_accept_opts(req, &c.s, h->accept_opts);
+  h->accept_rc = h->accept_on ? ibmsg_accept_on(req, h->accept_on, &c.s, h->accept_opts)
+                              : ibmsg_accept_opts(req, &c.s, h->accept_opts);
   if (h->accept_rc == IBMSG_OK) {
     c.opened = true;
     h->accepted.push_back(&c);

@@ -196,6 +196,7 @@ struct H {
   Policy policy = Policy::Accept;
   const char *reject_text = nullptr;
   ibmsg_options *accept_opts = nullptr;
+  ibmsg_event_loop *accept_on = nullptr;  // Accept: with ibmsg_accept_on onto this loop
   Conn *accept_into = nullptr;
   bool hold_accepted = false;
   int requests = 0;

@@ -1,0 +1,147 @@
+// Connections accepted onto other loops. The listener's loop takes the request (its callback
+// decides) and hands it over: the CM id moves to the other loop's event channel
+// (rdma_migrate_id, which waits for no event: each is acknowledged as it is read), and the other
+// loop, at its next iteration through the hand-over (handover.cpp), sets the connection up on its
+// own device, completion queues and buffers and accepts it; from then on it is that loop's
+// socket like any other. A failure there is that loop's connection_closed, as a failed connect
+// is. The listener counts these connections for max_connections through a count they share with
+// it across threads (AwayCount); a spreading listener's accepts go to its loops in turn.
+#include "spread.hpp"
+
+#include <atomic>
+#include <memory>
+#include <new>
+
+#include "internal.hpp"
+#include "close.hpp"
+#include "cm.hpp"
+#include "conn.hpp"
+#include "setup.hpp"
+
+namespace ibmsg {
+
+// The listener's connections on other loops: counted by the listener's thread, uncounted by
+// theirs when they close. Each of them and the listener hold a reference.
+struct AwayCount {
+  std::atomic<int> open{0};
+  std::atomic<int> refs{1};
+};
+
+constexpr int kSpreadMax = 64;  // ibmsg_listen_spread's limit (ibmsg.h)
+
+struct Spread {
+  Loop *loops[kSpreadMax];
+  int count;
+  int next;  // the loop of the next accept
+};
+
+namespace {
+
+void away_release(AwayCount *a) {
+  if (a->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete a;
+}
+
+// A request on its way to another loop: what the accept needs of it (the request itself is
+// valid only during the listener's callback).
+struct Handed {
+  Loop *to;
+  ibmsg_socket *pub;
+  Options opts;
+  wire::Hello hello;
+  tp::CmId *id;
+  AwayCount *away;
+};
+
+// On the other loop's thread.
+void on_handed(void *arg) {
+  std::unique_ptr<Handed> h(static_cast<Handed *>(arg));
+  Loop *loop = h->to;
+  Socket *s = new_socket(loop, h->pub, &h->opts);
+  int err = IBMSG_ENOMEM;
+  if (s) {
+    s->id = h->id;
+    err = accept_id(s, h->hello);
+  }
+  if (!err) {
+    s->away = h->away;  // (its reference, taken by accept_on)
+    open_socket(s, Event::Accept);
+    // A client that vanishes before the handshake ends must not hold the socket forever.
+    timer_start(&s->connect_timer, s->opts.connect_timeout_ms / 1000.0);
+    return;
+  }
+  if (s && s->dev) device_put(s->dev);
+  delete s;
+  reject_id(h->id, "the server could not set up the connection");
+  h->away->open.fetch_sub(1, std::memory_order_relaxed);
+  away_release(h->away);
+  ibmsg_socket *pub = h->pub;
+  pub->status = IBMSG_ERROR;
+  pub->loop = loop->pub;
+  pub->close_reason = err;
+  pub->impl = nullptr;
+  closed_callback(loop, pub, err, ibmsg_stats{});
+}
+
+}  // namespace
+
+int accept_on(ibmsg_connection_request *req, Loop *to, ibmsg_socket *pub, const Options *opts) {
+  ibmsg__request *r = req->impl;
+  if (req->status != IBMSG_UNDECIDED) return IBMSG_ESTATE;
+  if (socket_is_open(pub)) return IBMSG_ESTATE;
+  Socket *l = r->listener;
+  if (!l->away && !(l->away = new (std::nothrow) AwayCount())) return IBMSG_ENOMEM;
+  Handed *h = new (std::nothrow) Handed{to, pub, opts ? *opts : l->opts, r->hello, r->id, l->away};
+  if (!h) return IBMSG_ENOMEM;
+  // Its events come to the other loop from now on; until that loop has its socket they find none.
+  tp::cm_id_set_user(r->id, nullptr);
+  int err = tp::cm_migrate(r->id, to->cm);
+  l->away->open.fetch_add(1, std::memory_order_relaxed);
+  l->away->refs.fetch_add(1, std::memory_order_relaxed);
+  if (!err) err = handover_post(to, on_handed, h);
+  if (err) {
+    l->away->open.fetch_sub(1, std::memory_order_relaxed);
+    away_release(l->away);
+    tp::cm_migrate(r->id, l->loop->cm);  // (back, if it moved: the request stays undecided)
+    tp::cm_id_set_user(r->id, l);
+    delete h;
+    return err;
+  }
+  req->status = IBMSG_ACCEPTED;
+  return IBMSG_OK;
+}
+
+int accept_spread(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts) {
+  Spread *sp = req->impl->listener->spread;
+  Loop *to = sp->loops[sp->next];
+  sp->next = (sp->next + 1) % sp->count;
+  return to == req->impl->listener->loop ? accept_here(req, pub, opts)
+                                         : accept_on(req, to, pub, opts);
+}
+
+int listen_spread(Socket *l, Loop *const *loops, int count) {
+  if (count < 0 || count > kSpreadMax) return IBMSG_EINVAL;
+  if (count == 0) {
+    delete l->spread;
+    l->spread = nullptr;
+    return IBMSG_OK;
+  }
+  if (!l->spread && !(l->spread = new (std::nothrow) Spread())) return IBMSG_ENOMEM;
+  for (int i = 0; i < count; ++i) l->spread->loops[i] = loops[i];
+  l->spread->count = count;
+  l->spread->next = 0;
+  return IBMSG_OK;
+}
+
+int away_open(const Socket *l) {
+  return l->away ? l->away->open.load(std::memory_order_relaxed) : 0;
+}
+
+void away_closed(Socket *s) {
+  if (s->away && !s->listener) s->away->open.fetch_sub(1, std::memory_order_relaxed);
+  if (s->away) away_release(s->away);
+  s->away = nullptr;
+  delete s->spread;
+  s->spread = nullptr;
+}
+
+}  // namespace ibmsg
