@@ -627,9 +627,15 @@ enum ibmsg_access {
 /**
  * Application memory registered on a loop for one-sided RDMA. The application owns the struct;
  * ibmsg_register_region() or ibmsg_alloc_region() initializes it, and it must stay at the same
- * address until ibmsg_deregister_region(). The region works on every connection of the loop: it
- * is registered on each RDMA device once, on the devices the loop has open when it is
- * registered and lazily on a device that opens later.
+ * address until ibmsg_deregister_region(). The region works on every connection of every loop of
+ * the process (since 1.7; before, of its own loop only): it is registered once per RDMA device,
+ * whose protection domain the loops on it share, on the devices its loop has open when it is
+ * registered and lazily on a device a connection of any loop uses later.
+ *
+ * Threads: ibmsg_deregister_region() on the thread of the region's own loop; a descriptor is made
+ * and revoked on the thread of the loop of the connection it is granted on; messages and
+ * operations with the region from the thread of the loop of their connection, any loop. The
+ * application keeps other threads from using the region once it deregisters it.
  */
 typedef struct ibmsg_region {
   void *addr;                  /**< ro: the first byte */
@@ -647,17 +653,18 @@ typedef struct ibmsg_region {
  *  from posting until message_sent; msg->data points at them and msg->size may change as long
  *  as the message stays inside the region (else posting fails with IBMSG_ERANGE). The region
  *  stays busy (ibmsg_deregister_region fails with IBMSG_EBUSY) until ibmsg_free_msg().
- *  Codes as ibmsg_alloc_msg(), except IBMSG_EINVAL for a listener or a region of another loop,
- *  and IBMSG_ERANGE if the bytes reach outside the region. */
+ *  The region may be of another loop (since 1.7; before, IBMSG_EINVAL), on socket's loop thread.
+ *  Codes as ibmsg_alloc_msg(), except IBMSG_EINVAL for a listener, and IBMSG_ERANGE if the bytes
+ *  reach outside the region. */
 IBMSG_EXPORT int ibmsg_msg_from_region(ibmsg_buffer *msg, ibmsg_socket *socket,
                                        ibmsg_region *region, size_t offset, size_t size);
 /** From message_incoming: the message's in->size bytes go to region at offset (since 1.2). The
  *  message_received that follows has msg->data there and IBMSG_MSG_REGION in msg->flags; the
  *  region is busy until that message is freed. IBMSG_ERANGE if they do not fit (nothing is
  *  written; the message goes to a library buffer unless the callback chooses again or declines),
- *  IBMSG_EACCES without IBMSG_ACCESS_LOCAL_WRITE, IBMSG_EINVAL outside the callback or for a region
- *  of another loop, IBMSG_ESTATE once decided; IBMSG_ENOMEM or IBMSG_ESYS if the region cannot be
- *  registered on the connection's device. */
+ *  IBMSG_EACCES without IBMSG_ACCESS_LOCAL_WRITE, IBMSG_EINVAL outside the callback, IBMSG_ESTATE
+ *  once decided; IBMSG_ENOMEM or IBMSG_ESYS if the region cannot be registered on the
+ *  connection's device. The region may be of another loop (since 1.7; before, IBMSG_EINVAL). */
 IBMSG_EXPORT int ibmsg_incoming_to_region(ibmsg_incoming *in, ibmsg_region *region, size_t offset);
 /** From message_incoming: the message is not received; the sender's message_sent gets
  *  IBMSG_EDECLINED and the connection stays up (since 1.2). IBMSG_EINVAL outside the callback,
@@ -671,13 +678,14 @@ IBMSG_EXPORT int ibmsg_incoming_decline(ibmsg_incoming *in);
  * A remote descriptor: what a peer needs to reach length bytes of a region (address, length,
  * key, rights, a check), in a fixed little-endian layout that the application copies into a
  * message as it is. It grants exactly the bytes it describes, on one connection's device, until
- * it is revoked or its region is deregistered.
+ * it is revoked, its connection closes or its region is deregistered.
  */
 typedef struct ibmsg_descriptor {
   unsigned char bytes[IBMSG_DESCRIPTOR_SIZE]; /**< opaque; copy as a whole */
 } ibmsg_descriptor;
 
-/** Registers length bytes at addr on loop with the IBMSG_ACCESS_* rights in access. IBMSG_EINVAL
+/** Registers length bytes at addr on loop with the IBMSG_ACCESS_* rights in access: for the
+ *  connections of every loop of the process (see ibmsg_region for the threads). IBMSG_EINVAL
  *  for NULL, length 0 or unknown flags; IBMSG_ESTATE if region is registered already;
  *  IBMSG_ENOMEM, or IBMSG_ESYS if a device the loop has open refuses the memory (e.g. read-only
  *  pages with a write right). */
@@ -689,23 +697,28 @@ IBMSG_EXPORT int ibmsg_register_region(ibmsg_event_loop *loop, ibmsg_region *reg
 IBMSG_EXPORT int ibmsg_alloc_region(ibmsg_event_loop *loop, ibmsg_region *region, size_t length,
                                     unsigned access);
 /** Deregisters a region (and frees it if ibmsg_alloc_region() made it); every descriptor of it
- *  stops working. IBMSG_EBUSY while one of this side's operations on it is queued or in flight,
- *  or a descriptor of it is still being bound to its connection (until the loop's next round;
- *  since 1.6) (nothing changes); IBMSG_EINVAL if it is not a registered region. */
+ *  stops working. On the thread of the region's loop, while no other thread uses the region.
+ *  IBMSG_EBUSY (nothing changes) while one of this side's operations or messages on it, of any
+ *  loop's connection, is queued or in flight, while a descriptor of it is still being bound to
+ *  its connection (until that loop's next round; since 1.6), or while a descriptor of it granted
+ *  on a connection of another loop is in force (since 1.7: that loop's thread revokes it, or
+ *  its connection closes); IBMSG_EINVAL if it is not a registered region. */
 IBMSG_EXPORT int ibmsg_deregister_region(ibmsg_region *region);
 
 /** Makes a descriptor granting the rights in access (IBMSG_ACCESS_REMOTE_*, a subset of the
  *  region's) on exactly the bytes [offset, offset + length) of region, to the peer of the
  *  connection socket only (since 1.6: a memory window bound to its queue pair; a peer on another
- *  connection that uses its key fails with a remote access error, a violation). A message posted
- *  on socket after the call reaches the peer after the grant is in force; made before socket is
- *  established, it is in force from then. With IBMSG_ACCESS_DEVICE_WIDE in access the grant is
- *  for every connection of the loop on socket's device instead (see its risk there). The range
+ *  connection that uses its key fails with a remote access error, a violation). socket may be of
+ *  any loop (since 1.7; before, of the region's loop only); call it on socket's loop thread. A
+ *  message posted on socket after the call reaches the peer after the grant is in force; made
+ *  before socket is established, it is in force from then. With IBMSG_ACCESS_DEVICE_WIDE in
+ *  access the grant is for every connection on socket's device instead, of any loop of the
+ *  process (since 1.7; they share the device's protection domain; see its risk there). The range
  *  is registered on its own, so a peer can reach no byte outside it; asking again for the same
  *  range, rights and connection (device, for a device-wide grant) gives the same descriptor.
  *  The connection's close revokes its grants. IBMSG_ERANGE outside the region; IBMSG_EINVAL for
- *  length 0, NULL, no rights or flags that are not remote rights or IBMSG_ACCESS_DEVICE_WIDE, a
- *  listener, or a socket of another loop; IBMSG_EACCES for rights the region lacks;
+ *  length 0, NULL, no rights or flags that are not remote rights or IBMSG_ACCESS_DEVICE_WIDE, or
+ *  a listener; IBMSG_EACCES for rights the region lacks;
  *  IBMSG_ENOTCONN if socket has no device yet (before ROUTE_RESOLVED) or is closing;
  *  IBMSG_EOPNOTSUPP if socket has IBMSG_OPT_RDMA 0, or its device has no type-2 memory windows
  *  and IBMSG_ACCESS_DEVICE_WIDE is not asked for; IBMSG_EAGAIN while 8 grants of the connection
@@ -713,8 +726,9 @@ IBMSG_EXPORT int ibmsg_deregister_region(ibmsg_region *region);
  *  registration fails. */
 IBMSG_EXPORT int ibmsg_region_descriptor(ibmsg_region *region, ibmsg_socket *socket, size_t offset,
                                          size_t length, unsigned access, ibmsg_descriptor *out);
-/** Revokes a descriptor made by ibmsg_region_descriptor() on region: the peer's next operation
- *  on it fails with a remote access error (which closes that connection). Operations of the
+/** Revokes a descriptor made by ibmsg_region_descriptor() on region, on the thread of the loop
+ *  of the connection it was granted on: the peer's next operation on it fails with a remote
+ *  access error (which closes that connection). Operations of the
  *  peer already executing may still complete; a grant revoked while it is still being bound
  *  ends when the bind completes (the loop's next round). IBMSG_EBADDESC if desc is not a
  *  descriptor of region that is still granted (revoked, or its connection closed). */

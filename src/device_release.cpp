@@ -26,9 +26,11 @@ void release(Device *dev) {
   ev_io_stop(loop->ev, &dev->watcher);
   device_large_clear(dev);
   device_cqs_destroy(dev);
-  tp::device_close(dev->tp);
+  // The device's protection domain may live on (another loop's device object, a region's
+  // registration): then whoever lets go of it last has rdma-core rescan.
+  const bool domain_kept = tp::device_close(dev->tp, removed);
   loop->devices.remove(dev);
-  if (removed) {
+  if (removed && !domain_kept) {
     // rdma-core closes a removed device only once it notices it is gone from the device list,
     // which the kernel updates while the removal goes on: look again for a while.
     tp::devices_rescan();

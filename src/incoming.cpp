@@ -44,7 +44,6 @@ int incoming_to_region(ibmsg_incoming *inc, Region *r, size_t off) {
   Socket *s = recv_owner(slot);
   RndvIn &in = slot->in;
   if (in.declined || in.region) return IBMSG_ESTATE;
-  if (r->loop != s->loop) return IBMSG_EINVAL;
   if (off > r->length || in.length > r->length - off) return IBMSG_ERANGE;
   if (!(r->access & IBMSG_ACCESS_LOCAL_WRITE)) return IBMSG_EACCES;
   int err = IBMSG_OK;

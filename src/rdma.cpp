@@ -48,7 +48,7 @@ int check(Socket *s, Region *local, size_t loff, size_t len, const ibmsg_descrip
   if (!(s->peer.features & wire::kFeatureRdma)) return IBMSG_EOPNOTSUPP;
   const bool atomic = a.type == IBMSG_OP_CAS || a.type == IBMSG_OP_FADD;
   if (atomic && !tp::device_info(s->dev->tp).atomics) return IBMSG_EOPNOTSUPP;
-  if (local->loop != s->loop || len == 0 || len > UINT32_MAX) return IBMSG_EINVAL;
+  if (len == 0 || len > UINT32_MAX) return IBMSG_EINVAL;
   if (loff > local->length || len > local->length - loff) return IBMSG_ERANGE;
   if ((a.type == IBMSG_OP_READ || atomic) && !(local->access & IBMSG_ACCESS_LOCAL_WRITE))
     return IBMSG_EACCES;

@@ -1,5 +1,7 @@
-// Application memory regions: registered once per device of the loop (eagerly on the devices
-// open at registration, lazily on later ones), and grants: what stands behind remote
+// Application memory regions: registered once per device's protection domain, which the loops
+// of the process on that device share (eagerly on the devices the loop has open at
+// registration, lazily on others, by whichever loop's connection needs it first), so that a
+// region serves the connections of every loop; and grants: what stands behind remote
 // descriptors. A grant is a registration of its own because a memory window does not confine
 // remote access to its range on every device (rxe checks the underlying region's range), while a
 // registration of exactly the granted bytes does. A grant for one connection is a type-2 memory
@@ -46,30 +48,46 @@ unsigned tp_access(unsigned rights, bool local_write) {
   return a;
 }
 
-// Registers r for local use on dev (local write if any right needs it).
-tp::Mr *add_reg(Region *r, Device *dev, int *err) {
+tp::Mr *find_reg(const Region *r, const tp::Domain *dom) {
+  for (Region::Reg *g = r->regs.load(std::memory_order_acquire); g; g = g->next)
+    if (g->dom == dom) return g->mr;
+  return nullptr;
+}
+
+// Registers r for local use on dom (local write if any right needs it), unless another loop's
+// thread just did. The registration holds the domain: it outlives the device objects of the
+// loops, until deregistration.
+tp::Mr *add_reg(Region *r, tp::Domain *dom, int *err) {
+  std::lock_guard<std::mutex> hold(r->lock);
+  if (tp::Mr *mr = find_reg(r, dom)) return mr;
   auto *g = new (std::nothrow) Region::Reg();
   if (!g) {
     *err = IBMSG_ENOMEM;
     return nullptr;
   }
-  *err = tp::mr_register(dev->tp, r->addr, r->length,
+  *err = tp::mr_register(dom, r->addr, r->length,
                          tp_access(0, r->access & IBMSG_ACCESS_LOCAL_WRITE), &g->mr);
   if (*err) {
     delete g;
     return nullptr;
   }
-  g->dev = dev;
-  ++dev->refs;
-  r->regs.push_back(g);
+  g->dom = dom;
+  tp::domain_hold(dom);
+  g->next = r->regs.load(std::memory_order_relaxed);
+  r->regs.store(g, std::memory_order_release);
   return g->mr;
 }
 
-void drop_reg(Region *r, Region::Reg *g) {
-  r->regs.remove(g);
-  tp::mr_deregister(g->mr);
-  device_put(g->dev);
-  delete g;
+// Deregistration only: no other thread may look them up any more.
+void drop_regs(Region *r) {
+  Region::Reg *g = r->regs.exchange(nullptr, std::memory_order_acquire);
+  while (g) {
+    Region::Reg *next = g->next;
+    tp::mr_deregister(g->mr);
+    tp::domain_release(g->dom);
+    delete g;
+    g = next;
+  }
 }
 
 // Posts the bind of g's window on its connection (up). A queue pair that refuses a work request
@@ -93,7 +111,10 @@ int post_window(Socket *s, Grant *g) {
 // Its window (invalidated) and registration go; no bind of it may be in flight, unless its
 // queue pair is gone.
 void drop_grant(Grant *g) {
-  g->region->grants.remove(g);
+  {
+    std::lock_guard<std::mutex> hold(g->region->lock);
+    g->region->grants.remove(g);
+  }
   if (g->conn) g->conn->grants.list.remove(g);
   tp::mw_dealloc(g->mw);
   tp::mr_deregister(g->mr);
@@ -134,9 +155,9 @@ int region_register(Loop *loop, ibmsg_region *pub, void *addr, size_t len, unsig
   r->access = access;
   int err = IBMSG_OK;
   for (Device *d = loop->devices.front(); d && !err; d = loop->devices.next(d))
-    if (d->refs > 0 && !d->removed) add_reg(r, d, &err);
+    if (d->refs > 0 && !d->removed) add_reg(r, tp::device_domain(d->tp), &err);
   if (err) {
-    while (Region::Reg *g = r->regs.front()) drop_reg(r, g);
+    drop_regs(r);
     if (r->owned) free(r->addr);
     delete r;
     return err;
@@ -152,9 +173,15 @@ int region_register(Loop *loop, ibmsg_region *pub, void *addr, size_t len, unsig
 }
 
 int region_deregister(Region *r) {
-  if (r->busy) return IBMSG_EBUSY;
+  if (r->busy.load()) return IBMSG_EBUSY;
+  {
+    // Another loop's grants are its thread's to drop (their windows, its device object).
+    std::lock_guard<std::mutex> hold(r->lock);
+    for (Grant *g = r->grants.front(); g; g = r->grants.next(g))
+      if (g->dev->loop != r->loop) return IBMSG_EBUSY;
+  }
   while (Grant *g = r->grants.front()) drop_grant(g);
-  while (Region::Reg *g = r->regs.front()) drop_reg(r, g);
+  drop_regs(r);
   r->loop->regions.remove(r);
   ibmsg_region *pub = r->pub;
   if (r->owned) free(r->addr);
@@ -166,9 +193,9 @@ int region_deregister(Region *r) {
 }
 
 tp::Mr *region_mr(Region *r, Device *dev, int *err) {
-  for (Region::Reg *g = r->regs.front(); g; g = r->regs.next(g))
-    if (g->dev == dev) return g->mr;
-  return add_reg(r, dev, err);
+  tp::Domain *dom = tp::device_domain(dev->tp);
+  if (tp::Mr *mr = find_reg(r, dom)) return mr;
+  return add_reg(r, dom, err);
 }
 
 int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned access,
@@ -177,7 +204,7 @@ int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned acc
   const bool wide = (access & IBMSG_ACCESS_DEVICE_WIDE) != 0;
   if (!out || len == 0 || rights == 0 || (access & ~(kRemoteRights | IBMSG_ACCESS_DEVICE_WIDE)))
     return IBMSG_EINVAL;
-  if (s->loop != r->loop || s->listener) return IBMSG_EINVAL;
+  if (s->listener) return IBMSG_EINVAL;
   if (off > r->length || len > r->length - off) return IBMSG_ERANGE;
   if ((rights & r->access) != rights) return IBMSG_EACCES;
   if (!s->dev) return IBMSG_ENOTCONN;
@@ -188,11 +215,14 @@ int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned acc
                 s->state == State::Closed))
     return IBMSG_ENOTCONN;
   if (!wide && !tp::device_info(s->dev->tp).mw_type2) return IBMSG_EOPNOTSUPP;
-  for (Grant *g = r->grants.front(); g; g = r->grants.next(g)) {
-    if (g->dev == s->dev && g->conn == (wide ? nullptr : s) && g->offset == off &&
-        g->length == len && g->access == access) {
-      memcpy(out->bytes, g->desc, sizeof g->desc);
-      return IBMSG_OK;
+  {
+    std::lock_guard<std::mutex> hold(r->lock);
+    for (Grant *g = r->grants.front(); g; g = r->grants.next(g)) {
+      if (g->dev == s->dev && g->conn == (wide ? nullptr : s) && g->offset == off &&
+          g->length == len && g->access == access) {
+        memcpy(out->bytes, g->desc, sizeof g->desc);
+        return IBMSG_OK;
+      }
     }
   }
   if (!wide && up && s->grants.binding >= kBindDepth) return IBMSG_EAGAIN;
@@ -238,27 +268,33 @@ int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned acc
   d.length = len;
   wire::encode_descriptor(d, g->desc);
   ++s->dev->refs;
-  r->grants.push_back(g);
+  {
+    std::lock_guard<std::mutex> hold(r->lock);
+    r->grants.push_back(g);
+  }
   memcpy(out->bytes, g->desc, sizeof g->desc);
   return IBMSG_OK;
 }
 
+// On the thread of the loop of the grant's connection (device).
 int region_revoke(Region *r, const ibmsg_descriptor *d) {
   if (!d) return IBMSG_EINVAL;
-  for (Grant *g = r->grants.front(); g; g = r->grants.next(g)) {
-    if (memcmp(g->desc, d->bytes, wire::kDescriptorSize) == 0) {
-      if (g->binding) {
-        // Deallocating a window whose bind is in flight would fail the bind and with it the
-        // connection: it goes at the bind's completion, a moment from now.
-        r->grants.remove(g);
-        g->revoked = true;
-      } else {
-        drop_grant(g);
-      }
+  Grant *found = nullptr;
+  {
+    std::lock_guard<std::mutex> hold(r->lock);
+    for (Grant *g = r->grants.front(); g && !found; g = r->grants.next(g))
+      if (memcmp(g->desc, d->bytes, wire::kDescriptorSize) == 0) found = g;
+    // Deallocating a window whose bind is in flight would fail the bind and with it the
+    // connection: it goes at the bind's completion, a moment from now.
+    if (found && found->binding) {
+      r->grants.remove(found);
+      found->revoked = true;
       return IBMSG_OK;
     }
   }
-  return IBMSG_EBADDESC;
+  if (!found) return IBMSG_EBADDESC;
+  drop_grant(found);
+  return IBMSG_OK;
 }
 
 void grant_on_bind(Socket *s, Grant *g, const tp::Completion &wc) {

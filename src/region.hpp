@@ -1,7 +1,9 @@
 // Application memory regions, their registrations and grants (region.cpp).
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 #include "handles.hpp"
 #include "ibmsg.h"
@@ -20,10 +22,11 @@ constexpr uint32_t kRegionMagic = 0x1b5e610a;
 // beside its messages and operations.
 constexpr uint32_t kBindDepth = 8;
 
-// A grant: the exact-range registration behind a descriptor (a registration of exactly the
-// granted bytes confines the peer to them on every device: a window alone does not on rxe) and,
-// unless it is device-wide, a type-2 memory window bound over it on one connection's queue pair,
-// whose key is the descriptor's (the registration itself then grants no remote right).
+// A grant (made, used and dropped on its connection's loop thread): the exact-range
+// registration behind a descriptor (a registration of exactly the granted bytes confines the
+// peer to them on every device: a window alone does not on rxe) and, unless it is device-wide, a
+// type-2 memory window bound over it on one connection's queue pair, whose key is the
+// descriptor's (the registration itself then grants no remote right).
 struct Grant {
   Device *dev;
   ::ibmsg__region *region;
@@ -49,24 +52,32 @@ struct ConnGrants {
 };
 }  // namespace ibmsg
 
-// An application memory region (ibmsg_region). Its registrations belong to the devices they are
-// on (each holds a reference), as do its grants (the descriptors made of it).
+// An application memory region (ibmsg_region), registered on one loop and used by the
+// connections of every loop on the same devices, from their threads. Its registrations are on
+// the devices' protection domains (each holds a reference on its domain, not on a loop's device
+// object, which belongs to its loop's thread); its grants (the descriptors made of it) belong to
+// their connections' device objects and threads. What is fixed at registration is read freely.
 struct ibmsg__region {
   struct Reg {
-    ibmsg::Device *dev;
+    ibmsg::tp::Domain *dom;
     ibmsg::tp::Mr *mr;
-    ibmsg::ListNode node;
+    Reg *next;  // set before the registration is published
   };
   using Grant = ibmsg::Grant;
   uint32_t magic = ibmsg::kRegionMagic;
-  ibmsg::Loop *loop = nullptr;
+  ibmsg::Loop *loop = nullptr;  // the one it was registered on (deregistered on its thread)
   ibmsg_region *pub = nullptr;
   uint8_t *addr = nullptr;
   size_t length = 0;
   unsigned access = 0;
   bool owned = false;   // ibmsg_alloc_region's memory: freed on deregistration
-  uint32_t busy = 0;    // this side's operations queued or in flight on it, binds in flight
-  ibmsg::List<Reg, &Reg::node> regs;
+  // This side's operations queued or in flight on it, messages from or into it, binds in
+  // flight: of any loop's connections.
+  std::atomic<uint32_t> busy{0};
+  // Added under lock, at the front, and looked up without it (an acquire load per lookup, on
+  // every operation); removed only by deregistration, when no other thread may use the region.
+  std::atomic<Reg *> regs{nullptr};
+  std::mutex lock;  // adding registrations; the grants list
   ibmsg::List<Grant, &Grant::node> grants;
   ibmsg::ListNode loop_node;
 };
@@ -76,9 +87,12 @@ namespace ibmsg {
 using Region = ::ibmsg__region;
 int region_register(Loop *loop, ibmsg_region *pub, void *addr, size_t len, unsigned access,
                     bool allocate);
+// On r's loop's thread. IBMSG_EBUSY while busy or while a grant of another loop's connection or
+// device is left (that loop's thread drops it).
 int region_deregister(Region *r);
 Region *region_of(const ibmsg_region *pub);  // validated impl or nullptr
-// The registration of r on dev (made now if none yet).
+// The registration of r on dev's protection domain (made now if none yet), for a connection of
+// any loop on dev, from that loop's thread.
 tp::Mr *region_mr(Region *r, Device *dev, int *err);
 int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned access,
                       ibmsg_descriptor *out);

@@ -1,18 +1,28 @@
-// rdma-core: a device's protection domain and completion channel, completion queues, memory
-// registration.
+// rdma-core: a device's protection domain (one per device in the process, shared by the loops),
+// a loop's completion channel, completion queues, memory registration.
 #include <arpa/inet.h>
 #include <fcntl.h>
 
 #include <cstdio>
+#include <mutex>
 #include <new>
 
 #include "transport/verbs.hpp"
 
 namespace ibmsg::tp {
 
-struct Device {
+// The registry's entry of a device (its ibv_context, librdmacm's, already one per process).
+struct Domain {
   ibv_context *ctx;
   ibv_pd *pd;
+  int refs;    // device objects and registrations; under g_domains.lock
+  bool gone;   // its device went away: a device object opened later gets a domain of its own
+  Domain *next;
+};
+
+struct Device {
+  ibv_context *ctx;
+  Domain *dom;
   ibv_comp_channel *channel;
   DeviceInfo info;
 };
@@ -37,7 +47,69 @@ int set_nonblocking(int fd) {
   return flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0 ? -1 : 0;
 }
 
+// Loops on different threads open and close their device objects, and regions hold domains,
+// at any time: the registry is locked (a device object's open and close only, never the data
+// path).
+struct Domains {
+  std::mutex lock;
+  Domain *list = nullptr;
+} g_domains;
+
+int domain_get(ibv_context *ctx, Domain **out) {
+  std::lock_guard<std::mutex> hold(g_domains.lock);
+  for (Domain *x = g_domains.list; x; x = x->next) {
+    if (x->ctx == ctx && !x->gone) {
+      ++x->refs;
+      *out = x;
+      return IBMSG_OK;
+    }
+  }
+  Domain *x = new (std::nothrow) Domain();
+  if (!x) return IBMSG_ENOMEM;
+  x->pd = ibv_alloc_pd(ctx);
+  if (!x->pd) {
+    int err = alloc_error();
+    delete x;
+    return err;
+  }
+  x->ctx = ctx;
+  x->refs = 1;
+  x->next = g_domains.list;
+  g_domains.list = x;
+  *out = x;
+  return IBMSG_OK;
+}
+
+// Drops a reference (and with removed, retires the domain); whether it lives on.
+bool domain_put(Domain *x, bool removed) {
+  bool rescan;
+  {
+    std::lock_guard<std::mutex> hold(g_domains.lock);
+    if (removed) x->gone = true;
+    if (--x->refs > 0) return true;
+    Domain **p = &g_domains.list;
+    while (*p != x) p = &(*p)->next;
+    *p = x->next;
+    ibv_dealloc_pd(x->pd);
+    rescan = x->gone;
+  }
+  delete x;
+  // The removal of a device whose domain outlived the device objects (a region's registration
+  // held it) completes once rdma-core rescans (device_close's caller did not).
+  if (rescan) devices_rescan();
+  return false;
+}
+
 }  // namespace
+
+Domain *device_domain(const Device *d) { return d->dom; }
+
+void domain_hold(Domain *x) {
+  std::lock_guard<std::mutex> hold(g_domains.lock);
+  ++x->refs;
+}
+
+void domain_release(Domain *x) { domain_put(x, false); }
 
 int device_open(DeviceKey key, Device **out) {
   auto *ctx = static_cast<ibv_context *>(const_cast<void *>(key));
@@ -64,16 +136,14 @@ int device_open(DeviceKey key, Device **out) {
   ibv_port_attr port;
   d->info.max_msg_size = ibv_query_port(ctx, 1, &port) == 0 && port.max_msg_sz ? port.max_msg_sz
                                                                                 : uint64_t(1) << 31;
-  d->pd = ibv_alloc_pd(ctx);
-  if (!d->pd) {
-    int err = alloc_error();
+  if (int err = domain_get(ctx, &d->dom)) {
     delete d;
     return err;
   }
   d->channel = ibv_create_comp_channel(ctx);
   if (!d->channel || set_nonblocking(d->channel->fd)) {
     if (d->channel) ibv_destroy_comp_channel(d->channel);
-    ibv_dealloc_pd(d->pd);
+    domain_put(d->dom, false);
     delete d;
     return IBMSG_ESYS;
   }
@@ -81,10 +151,11 @@ int device_open(DeviceKey key, Device **out) {
   return IBMSG_OK;
 }
 
-void device_close(Device *d) {
+bool device_close(Device *d, bool removed) {
   ibv_destroy_comp_channel(d->channel);
-  ibv_dealloc_pd(d->pd);
+  const bool kept = domain_put(d->dom, removed);
   delete d;
+  return kept;
 }
 
 int device_fd(const Device *d) { return d->channel->fd; }
@@ -164,13 +235,17 @@ int cq_poll(Cq *c, Completion *out, int max) {
 }
 
 int mr_register(Device *d, void *addr, size_t len, unsigned access, Mr **out) {
+  return mr_register(d->dom, addr, len, access, out);
+}
+
+int mr_register(Domain *x, void *addr, size_t len, unsigned access, Mr **out) {
   int flags = access & kLocalReadOnly ? 0 : IBV_ACCESS_LOCAL_WRITE;
   if (access & kRemoteRead) flags |= IBV_ACCESS_REMOTE_READ;
   if (access & kRemoteWrite) flags |= IBV_ACCESS_REMOTE_WRITE;
   if (access & kRemoteAtomic) flags |= IBV_ACCESS_REMOTE_ATOMIC;
   if (access & kMwBind) flags |= IBV_ACCESS_MW_BIND;
   return make_handle(out, [&](Mr *m) {
-    m->mr = ibv_reg_mr(d->pd, addr, len, flags);
+    m->mr = ibv_reg_mr(x->pd, addr, len, flags);
     return m->mr ? int(IBMSG_OK) : alloc_error();
   });
 }
@@ -186,7 +261,7 @@ uint32_t mr_rkey(const Mr *m) { return m->mr->rkey; }
 
 int mw_alloc(Device *d, Mw **out) {
   return make_handle(out, [&](Mw *w) {
-    w->mw = ibv_alloc_mw(d->pd, IBV_MW_TYPE_2);
+    w->mw = ibv_alloc_mw(d->dom->pd, IBV_MW_TYPE_2);
     if (w->mw) return int(IBMSG_OK);
     return errno == EOPNOTSUPP || errno == ENOSYS ? int(IBMSG_EOPNOTSUPP) : alloc_error();
   });
@@ -202,7 +277,7 @@ ibv_mw *mw_verbs(Mw *w) { return w->mw; }
 ibv_mr *mr_verbs(const Mr *m) { return m->mr; }
 
 // For qp.cpp: the verbs objects behind the handles.
-ibv_pd *device_pd(Device *d) { return d->pd; }
+ibv_pd *device_pd(Device *d) { return d->dom->pd; }
 ibv_cq *cq_verbs(Cq *c) { return c->cq; }
 
 }  // namespace ibmsg::tp

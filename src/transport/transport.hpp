@@ -76,12 +76,17 @@ struct DeviceInfo {
   bool mw_type2;              // type-2 memory windows: a remote key bound to one queue pair
 };
 
-// A device as used by one loop: its protection domain and a completion channel (one fd) shared
-// by the completion queues created on it.
+// A device as used by one loop: a completion channel (one fd) shared by the completion queues
+// created on it, and the device's protection domain (Domain), which it shares with the other
+// loops' device objects on the same device.
 struct Device;
 int device_open(DeviceKey key, Device **out);
-// Everything created on the device (CQs, memory registrations) must be gone.
-void device_close(Device *dev);
+// Everything created on the device object (CQs, queues, windows, registrations made with
+// mr_register(Device *)) must be gone. Its domain stays while others hold it. removed: the
+// device went away: the domain is not given to a device object opened later, and when its last
+// holder lets go rdma-core rescans its devices (devices_rescan). Returns whether the domain lives
+// on (then the rescan is not due yet).
+bool device_close(Device *dev, bool removed = false);
 int device_fd(const Device *dev);  // non-blocking; readable when a CQ on the device signalled
 const DeviceInfo &device_info(const Device *dev);
 // Reads a pending completion-channel event (one per call in rdma-core's transport: the fd stays
@@ -111,6 +116,14 @@ int cq_arm(Cq *cq);
 // Up to max completions; returns their number, or a negative value on a device error.
 int cq_poll(Cq *cq, Completion *out, int max);
 
+// The protection domain of an RDMA device: one per device in the process, shared by the device
+// objects of every loop on it, so that a registration made on it (mr_register(Domain *)) works
+// on the queue pairs of all of them. Reference-counted; these calls are for any thread.
+struct Domain;
+Domain *device_domain(const Device *dev);  // the device object holds a reference
+void domain_hold(Domain *dom);
+void domain_release(Domain *dom);  // the last reference deallocates it
+
 struct Mr;
 
 // --- shared receive queues -----------------------------------------------------------------
@@ -137,6 +150,9 @@ enum Access : unsigned {
 
 struct Mr;
 int mr_register(Device *dev, void *addr, size_t len, unsigned access, Mr **out);
+// On the domain itself (any thread): usable on the queue pairs of every device object of it;
+// the caller holds a reference on the domain while the registration lives.
+int mr_register(Domain *dom, void *addr, size_t len, unsigned access, Mr **out);
 void mr_deregister(Mr *mr);
 uint32_t mr_lkey(const Mr *mr);
 uint32_t mr_rkey(const Mr *mr);

@@ -53,6 +53,11 @@
 //     for devices opened afterwards); an atomic posted on a device without them is a misuse, as
 //     is asking for more reads/atomics in cm_connect / cm_accept than the device has
 //     (tp::kMaxRdAtomic in cm_accept takes what the request asked for, at most the device's).
+//   - one protection domain for the device, shared by the loops' device objects open on it, as
+//     rdma-core's transport shares one per device in the process (a raw peer, another process,
+//     has one of its own): a registration on it serves the QPs of all of them; it goes when its
+//     last holder (device objects, holders of domain_hold) lets go, with no registration left on
+//     it (else a misuse); one retired by a removal counts a rescan when it goes.
 // What it does not model: timing (delivery is instant; nothing retries), more than one device,
 // asynchronous device events, reads or atomics overtaken by later work requests, the
 // responder-resources limit (no operation waits for it).
@@ -75,6 +80,7 @@ void reset();
 
 struct Counts {
   int channels, ids, devices, cqs, qps, mrs, srqs, mws;
+  int domains;  // protection domains: one while a device object or a registration holds it
 };
 Counts open_objects();
 // "" if everything is closed, else e.g. "2 CM ids, 1 device".

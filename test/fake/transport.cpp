@@ -27,8 +27,17 @@ namespace ibmsg::tp {
 
 struct Qp;
 
+// The protection domain of the fake device, shared by the loops' device objects open on it, as
+// rdma-core's transport shares one per device in the process (a raw peer has its own).
+struct Domain {
+  int refs = 0;
+  int mrs = 0;  // registrations on it (through any device object, or itself)
+  bool gone = false;  // its device was removed: a later device object gets another
+};
+
 struct Device {
   int fd;
+  Domain *dom;
   DeviceInfo info;
   std::vector<Cq *> signalled;          // CQs with an event not yet taken
   std::vector<Cq *> *taking = nullptr;  // the list device_take_events is calling back for
@@ -65,7 +74,8 @@ constexpr uint32_t kMrMagic = 0x4d52f4e3;
 
 struct Mr {
   uint32_t magic;
-  Device *dev;
+  Domain *dom;
+  Device *dev;  // the device object it was registered through; nullptr: the domain itself
   uint8_t *addr;
   size_t len;
   unsigned access;  // tp::Access flags
@@ -213,6 +223,7 @@ struct Fabric {
   uint64_t max_msg = uint64_t(1) << 20;  // ... and messages / reads that large (1 MiB)
   std::vector<CmId *> ids;  // every id (for device removal)
   std::vector<Device *> devices;  // open devices (for device removal)
+  Domain *domain = nullptr;       // the device's protection domain while one is open
   std::map<unsigned short, CmId *> ports;
   std::vector<Qp *> qps;
   std::map<uint32_t, Mr *> rkeys;  // every live registration by its remote key
@@ -449,7 +460,7 @@ Mr *remote_mr(const Qp *d, uint64_t addr, uint32_t len, uint32_t rkey, unsigned 
   auto it = g.rkeys.find(rkey);
   if (it == g.rkeys.end()) return nullptr;
   Mr *m = it->second;
-  if (m->dev != d->dev || !(m->access & right)) return nullptr;
+  if (m->dom != d->dev->dom || !(m->access & right)) return nullptr;
   uint64_t start = reinterpret_cast<uintptr_t>(m->addr);
   if (addr < start || addr - start > m->len || len > m->len - (addr - start)) return nullptr;
   return m;
@@ -588,8 +599,8 @@ bool check_mr(const Qp *q, const Mr *mr, const void *buf, uint32_t len) {
     misuse("a work request without a valid memory registration");
     return false;
   }
-  if (mr->dev != q->dev) {
-    misuse("a buffer registered on another device");
+  if (mr->dom != q->dev->dom) {
+    misuse("a buffer registered on another device's protection domain");
     return false;
   }
   auto p = static_cast<const uint8_t *>(buf);
@@ -677,6 +688,15 @@ int device_open(DeviceKey key, Device **out) {
   if (fd < 0) return IBMSG_ESYS;
   Device *d = new Device();
   d->fd = fd;
+  // A raw peer stands for another process: a domain of its own.
+  if (g.raw || !g.domain) {
+    d->dom = new Domain();
+    ++g.counts.domains;
+    if (!g.raw) g.domain = d->dom;
+  } else {
+    d->dom = g.domain;
+  }
+  ++d->dom->refs;
   snprintf(d->info.name, sizeof d->info.name, "fake0");
   d->info.iwarp = g.iwarp;
   d->info.max_qp_wr = 16384;
@@ -693,15 +713,37 @@ int device_open(DeviceKey key, Device **out) {
   return IBMSG_OK;
 }
 
-void device_close(Device *d) {
+// Drops a reference (with removed, retires the domain); whether it lives on.
+bool domain_put(Domain *x, bool removed) {
+  if (removed) {
+    x->gone = true;
+    if (g.domain == x) g.domain = nullptr;
+  }
+  if (x->refs <= 0) misuse("a domain released more often than held");
+  if (--x->refs > 0) return true;
+  if (x->mrs) misuse("the last reference of a domain released with %d registrations", x->mrs);
+  if (g.domain == x) g.domain = nullptr;
+  if (x->gone) ++g.stats.rescans;  // as rdma-core's transport: the removal completes now
+  --g.counts.domains;
+  delete x;
+  return false;
+}
+
+bool device_close(Device *d, bool removed) {
   if (d->cqs || d->mrs || d->srqs || d->mws)
     misuse("device_close with %d CQs, %d memory registrations, %d shared receive queues and %d "
            "memory windows still there", d->cqs, d->mrs, d->srqs, d->mws);
   close(d->fd);
   --g.counts.devices;
   g.devices.erase(std::find(g.devices.begin(), g.devices.end(), d));
+  const bool kept = domain_put(d->dom, removed);
   delete d;
+  return kept;
 }
+
+Domain *device_domain(const Device *d) { return d->dom; }
+void domain_hold(Domain *x) { ++x->refs; }
+void domain_release(Domain *x) { domain_put(x, false); }
 
 int device_fd(const Device *d) { return d->fd; }
 const DeviceInfo &device_info(const Device *d) { return d->info; }
@@ -806,7 +848,17 @@ int cq_poll(Cq *c, Completion *out, int max) {
 // --- memory ---
 
 int mr_register(Device *d, void *addr, size_t len, unsigned access, Mr **out) {
+  int err = mr_register(d->dom, addr, len, access, out);
+  if (!err) {
+    (*out)->dev = d;
+    ++d->mrs;
+  }
+  return err;
+}
+
+int mr_register(Domain *x, void *addr, size_t len, unsigned access, Mr **out) {
   if (int err = injected(fake::Call::MrRegister)) return err;
+  if (x->refs <= 0) misuse("mr_register on a domain nobody holds");
   if (!addr || !len) return IBMSG_EINVAL;
   constexpr unsigned kKnown =
       kRemoteRead | kRemoteWrite | kRemoteAtomic | kLocalReadOnly | kMwBind;
@@ -820,14 +872,15 @@ int mr_register(Device *d, void *addr, size_t len, unsigned access, Mr **out) {
   }
   Mr *m = new Mr();
   m->magic = kMrMagic;
-  m->dev = d;
+  m->dom = x;
+  m->dev = nullptr;
   m->addr = static_cast<uint8_t *>(addr);
   m->len = len;
   m->access = access;
   m->lkey = g.next_key++;
   m->rkey = g.next_key++;
   g.rkeys[m->rkey] = m;
-  ++d->mrs;
+  ++x->mrs;
   ++g.counts.mrs;
   ++g.stats.registrations;
   *out = m;
@@ -838,7 +891,8 @@ void mr_deregister(Mr *m) {
   if (!m) return;
   if (m->mws) misuse("mr_deregister of a registration with %d memory windows bound", m->mws);
   g.rkeys.erase(m->rkey);
-  --m->dev->mrs;
+  if (m->dev) --m->dev->mrs;
+  --m->dom->mrs;
   --g.counts.mrs;
   m->magic = 0;
   delete m;
@@ -1394,8 +1448,8 @@ int post_bind(CmId *id, WorkCtx *ctx, Mw *mw, const Mr *mr, void *addr, size_t l
     misuse("post_bind without a QP, a Bind context or a window");
     return IBMSG_EINVAL;
   }
-  if (!mr || mr->magic != kMrMagic || !(mr->access & kMwBind) || mr->dev != q->dev ||
-      mw->dev != q->dev) {
+  if (!mr || mr->magic != kMrMagic || !(mr->access & kMwBind) || mr->dom != q->dev->dom ||
+      mw->dev->dom != q->dev->dom) {
     misuse("post_bind over a registration without kMwBind, or of another device");
     return IBMSG_EINVAL;
   }
@@ -1524,6 +1578,7 @@ void reset() {
   tp::g.mw_type2 = true;
   tp::g.ids.clear();
   tp::g.rkeys.clear();
+  tp::g.domain = nullptr;  // (leaked if a failed test left it held)
   tp::g.windows.clear();
   tp::g.posts.clear();
   tp::g.ports.clear();
@@ -1553,6 +1608,7 @@ std::string open_objects_text() {
   add(c.mrs, "memory registration(s)");
   add(c.srqs, "shared receive queue(s)");
   add(c.mws, "memory window(s)");
+  add(c.domains, "protection domain(s)");
   return s;
 }
 

@@ -1882,7 +1882,7 @@ void messages_from_a_region_arrive_byte_exact(void **state) {
   }
   // Two rendezvous: one exact-range registration each (and the receiver's destinations).
   assert_true(fake::stats().registrations - regs >= 2);
-  // Out of range, another loop's region, a message moved away from its region.
+  // Out of range, no region, a message moved away from its region.
   ibmsg_buffer bad{};
   expect_code(ibmsg_msg_from_region(&bad, &p.c->s, &src, 8 * kMiB - 10, 11), IBMSG_ERANGE);
   expect_code(ibmsg_msg_from_region(&bad, &p.c->s, &src, 8 * kMiB + 1, 0), IBMSG_ERANGE);
