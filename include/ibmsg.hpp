@@ -147,6 +147,7 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -537,6 +538,13 @@ class socket {
   void listen(loop &l, const std::string &ip, unsigned short port, int max_connections) {
     listen(l, ip.c_str(), port, max_connections);
   }
+  /**
+   * A listener spreads its connections over loops (since 1.7; ibmsg_listen_spread()): accept()
+   * in its request callback accepts each onto the next of loops in turn (see
+   * connection_request::accept_on()); empty: no more spreading. At most 64 loops; they must
+   * outlive the connections on them. Throws ibmsg::error (IBMSG_EINVAL if not a listener).
+   */
+  void spread(std::initializer_list<loop *> loops);
 
   /**
    * Starts connecting to ip (IPv4, IPv6 or host name) and port. The loop's connection
@@ -696,10 +704,16 @@ class socket {
     if (!s_) s_ = new ibmsg_socket();
     return s_;
   }
-  /* After that call succeeded (no callback can have run in between). */
+  /* After that call succeeded (no callback can have run in between), or just before an accept
+   * (undo_open with its result). */
   void opened() noexcept {
     s_->user_data = this;
     open_ = true;
+  }
+  void undo_open(int rc) {
+    if (rc == IBMSG_OK) return;
+    open_ = false;
+    detail::check(rc);
   }
   void reset() noexcept;
   /* Posts one operation through call(op, local C region); see the class comment. */
@@ -926,14 +940,27 @@ class connection_request {
    * is still open).
    */
   void accept(socket &s) {
-    detail::check(ibmsg_accept(r_, s.prepare()));
+    // Opened first: a spreading listener's connection belongs to another loop, whose thread may
+    // call back for it before the C call returns here.
+    ibmsg_socket *c = s.prepare();
     s.opened();
+    s.undo_open(ibmsg_accept(r_, c));
   }
   /** accept() with an option set instead of the listener's options. */
   void accept(socket &s, const options &opts) {
-    detail::check(ibmsg_accept_opts(r_, s.prepare(), opts.checked()));
+    ibmsg_socket *c = s.prepare();
     s.opened();
+    s.undo_open(ibmsg_accept_opts(r_, c, opts.checked()));
   }
+  /**
+   * Accepts the connection into s on another loop l (since 1.7; ibmsg_accept_on()): it lives
+   * entirely on l from now on (l's callbacks, l's thread), and s belongs to l's thread (move it
+   * there, or reach it only from l's callbacks). A set-up that fails on l closes s there (l's
+   * closed callback). With l the listener's own loop it is accept(). Throws ibmsg::error.
+   */
+  void accept_on(loop &l, socket &s);
+  /** accept_on() with an option set instead of the listener's options. */
+  void accept_on(loop &l, socket &s, const options &opts);
   /** Rejects the connection; the peer closes with IBMSG_EREJECTED and reason (at most 128
    *  bytes; nullptr for none) as its reject_reason. Throws ibmsg::error. */
   void reject(const char *reason = nullptr) { detail::check(ibmsg_reject(r_, reason)); }
@@ -1590,6 +1617,26 @@ class loop {
 inline void socket::listen(loop &l, const char *ip, unsigned short port, int max_connections) {
   detail::check(ibmsg_listen(l.handle(), prepare(), ip, port, max_connections));
   opened();
+}
+
+inline void socket::spread(std::initializer_list<loop *> loops) {
+  ibmsg_event_loop *handles[64];
+  if (loops.size() > 64) throw error(IBMSG_EINVAL);
+  int n = 0;
+  for (loop *l : loops) handles[n++] = l ? l->handle() : nullptr;
+  detail::check(ibmsg_listen_spread(s_, n ? handles : nullptr, n));
+}
+
+inline void connection_request::accept_on(loop &l, socket &s) {
+  ibmsg_socket *c = s.prepare();
+  s.opened();
+  s.undo_open(ibmsg_accept_on(r_, l.handle(), c, nullptr));
+}
+
+inline void connection_request::accept_on(loop &l, socket &s, const options &opts) {
+  ibmsg_socket *c = s.prepare();
+  s.opened();
+  s.undo_open(ibmsg_accept_on(r_, l.handle(), c, opts.checked()));
 }
 
 inline void socket::connect(loop &l, const char *ip, unsigned short port) {

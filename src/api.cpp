@@ -169,7 +169,8 @@ int ibmsg_accept_opts(ibmsg_connection_request *request, ibmsg_socket *socket,
   bool bad;
   const Options *o = options_of(opts, &bad);
   if (!valid_request(request) || !socket || bad) return IBMSG_EINVAL;
-  return socket_accept(request, socket, o);
+  return request->impl->listener->spread ? accept_spread(request, socket, o)
+                                         : accept_here(request, socket, o);
 }
 
 int ibmsg_accept(ibmsg_connection_request *request, ibmsg_socket *socket) {

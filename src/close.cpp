@@ -13,7 +13,6 @@
 #include "dedup.hpp"
 #include "errors.hpp"
 #include "recv.hpp"
-#include "spread.hpp"
 #include "wake.hpp"
 
 namespace ibmsg {
@@ -68,7 +67,7 @@ void teardown(Socket *s) {
   s->id = nullptr;
   while (Socket *c = s->accepted.pop_front()) c->from_listener = nullptr;
   if (s->from_listener) s->from_listener->accepted.remove(s);
-  away_closed(s);
+  away_closed(s->away, s->spread, s->listener);
   if (s->dev) device_put(s->dev);
   loop->sockets.remove(s);
   loop->unflushed.remove(s);  // (a completion handed out above may have queued it: batch.cpp)

@@ -14,7 +14,6 @@
 #include "datapath.hpp"
 #include "poll.hpp"
 #include "rndv.hpp"
-#include "spread.hpp"
 
 namespace ibmsg {
 namespace {
@@ -110,7 +109,7 @@ void on_connect_request(Loop *loop, const tp::CmEvent &ev) {
     reject_id(ev.id, "not listening on this device");
     return;
   }
-  if (l->accepted.size() + size_t(away_open(l)) >= size_t(l->max_connections)) {
+  if (l->accepted.size() + size_t(away_open(l->away)) >= size_t(l->max_connections)) {
     reject_id(ev.id, "too many connections");
     return;
   }

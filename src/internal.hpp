@@ -22,6 +22,7 @@
 #include "state.hpp"
 #include "transport/transport.hpp"
 #include "wire.hpp"
+#include "away.hpp"
 
 struct ibmsg__loop;
 
@@ -32,8 +33,6 @@ constexpr uint32_t kSocketMagic = 0x1b550c4e;
 constexpr uint32_t kOptionsMagic = 0x1b5007a5;
 
 using Loop = ::ibmsg__loop;
-struct AwayCount;  // spread.cpp
-struct Spread;
 
 // --- options.cpp: Options (options.hpp) ---
 

@@ -15,7 +15,6 @@
 #include "cm.hpp"
 #include "conn.hpp"
 #include "errors.hpp"
-#include "spread.hpp"
 
 namespace ibmsg {
 namespace {
@@ -147,10 +146,6 @@ int accept_id(Socket *s, const wire::Hello &hello) {
   // librdmacm moved the QP to the error state: its receives complete as flushed.
   if (err) conn_release(s, false, true);
   return err;
-}
-
-int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts) {
-  return req->impl->listener->spread ? accept_spread(req, pub, opts) : accept_here(req, pub, opts);
 }
 
 int accept_here(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts) {

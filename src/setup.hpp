@@ -12,8 +12,7 @@ int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short 
                   const Options *opts);
 int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
                    const Options *opts);
-// ibmsg_accept: here, or onto the next loop of a spreading listener (spread.cpp).
-int socket_accept(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts);
+// ibmsg_accept on the listener's loop (a spreading listener's go to spread.cpp's accept_spread).
 int accept_here(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts);
 int socket_reject(ibmsg_connection_request *req, const char *reason);
 

@@ -8,7 +8,6 @@
 // it across threads (AwayCount); a spreading listener's accepts go to its loops in turn.
 #include "spread.hpp"
 
-#include <atomic>
 #include <memory>
 #include <new>
 
@@ -20,26 +19,7 @@
 
 namespace ibmsg {
 
-// The listener's connections on other loops: counted by the listener's thread, uncounted by
-// theirs when they close. Each of them and the listener hold a reference.
-struct AwayCount {
-  std::atomic<int> open{0};
-  std::atomic<int> refs{1};
-};
-
-constexpr int kSpreadMax = 64;  // ibmsg_listen_spread's limit (ibmsg.h)
-
-struct Spread {
-  Loop *loops[kSpreadMax];
-  int count;
-  int next;  // the loop of the next accept
-};
-
 namespace {
-
-void away_release(AwayCount *a) {
-  if (a->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete a;
-}
 
 // A request on its way to another loop: what the accept needs of it (the request itself is
 // valid only during the listener's callback).
@@ -130,18 +110,6 @@ int listen_spread(Socket *l, Loop *const *loops, int count) {
   l->spread->count = count;
   l->spread->next = 0;
   return IBMSG_OK;
-}
-
-int away_open(const Socket *l) {
-  return l->away ? l->away->open.load(std::memory_order_relaxed) : 0;
-}
-
-void away_closed(Socket *s) {
-  if (s->away && !s->listener) s->away->open.fetch_sub(1, std::memory_order_relaxed);
-  if (s->away) away_release(s->away);
-  s->away = nullptr;
-  delete s->spread;
-  s->spread = nullptr;
 }
 
 }  // namespace ibmsg

@@ -11,10 +11,5 @@ int accept_on(ibmsg_connection_request *req, Loop *to, ibmsg_socket *pub, const 
 // ibmsg_accept on a listener that spreads: onto the next of its loops.
 int accept_spread(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts);
 int listen_spread(Socket *l, Loop *const *loops, int count);
-// The listener's count of its connections on other loops (for max_connections).
-int away_open(const Socket *l);
-// s closes: it leaves its listener's count (a connection on another loop), or the listener
-// lets go of its count and its spread.
-void away_closed(Socket *s);
 
 }  // namespace ibmsg

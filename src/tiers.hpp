@@ -13,7 +13,7 @@
 // tier 3 engine: completion rdma inbound deliver requests dedup message incoming rndv datapath
 // tier 2 resources: device_release usage device cq memory send_slots recv region poll timer batch wake handover internal
 // tier 1 transport: transport/cm transport/device transport/qp transport/srq transport/transport transport/verbs
-// tier 0 pure: wire state credits shared_credits pool largebuf list qpmap deadlines errors log options rndv_memory hooks handles slot work tiers
+// tier 0 pure: away wire state credits shared_credits pool largebuf list qpmap deadlines errors log options rndv_memory hooks handles slot work tiers
 //
 // api         every extern "C" entry point: checks the handles and arguments, calls the core
 // loop        the libev loop: CM channel, idle work, foreign-loop fd and timeout; registers the hooks
@@ -52,7 +52,8 @@
 // transport/  the only code that calls rdma-core: transport.hpp (the interface), cm (librdmacm),
 //             device (protection domain, completion channel and queues, registrations, windows),
 //             qp (queue pairs and work requests), srq (shared receive queues), verbs (theirs)
-// pure: wire (the protocol's encodings), state (the socket state table), credits and
+// pure: away (a listener's count of its connections on other loops, shared across threads, and
+// its spread), wire (the protocol's encodings), state (the socket state table), credits and
 // shared_credits (flow control), pool, largebuf, list, qpmap, deadlines, errors, log, options,
 // rndv_memory (the loop's cap on rendezvous buffers), hooks, handles, slot (a message buffer
 // slot, by concern), work (what a work request carries), tiers (this map)

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "harness.hpp"
+#include "ibmsg.hpp"
 
 namespace fake = ibmsg::fake;
 using namespace ibmsg::fake::harness;
@@ -176,6 +177,63 @@ void bad_arguments_are_refused(void **state) {
   h->loop.connection_request = on_request;
 }
 
+// The C++ wrapper: socket::spread and connection_request::accept_on; the accepted socket's
+// callbacks come from the loop it lives on, with the socket object the application gave.
+void cxx_spread_and_accept_on_deliver_to_the_other_loops_handlers(void **state) {
+  (void)state;
+  ibmsg::loop a, b;
+  ibmsg::socket listener, client, spread_in, explicit_in;
+  ibmsg::socket *on_b_established = nullptr;
+  int b_received = 0, a_requests = 0, a_established = 0;
+  std::string got;
+  a.on_connection_request([&](ibmsg::connection_request &r) {
+    ++a_requests;
+    if (a_requests == 1) r.accept(spread_in);  // the listener spreads onto b
+    else r.accept_on(b, explicit_in);
+  });
+  a.on_connection_established([&](ibmsg::socket &) { ++a_established; });
+  b.on_connection_established([&](ibmsg::socket &s) { on_b_established = &s; });
+  b.on_message_received([&](ibmsg::socket &, ibmsg::message m) {
+    ++b_received;
+    got.assign(static_cast<const char *>(m.data()), m.size());
+  });
+  listener.listen(a, nullptr, 0, 8);
+  listener.spread({&b});
+  client.connect(a, "127.0.0.1", listener.local_port());
+  auto run = [&](const std::function<bool()> &done) {
+    for (int i = 0; i < 400 && !done(); ++i) {
+      a.dispatch(1);
+      b.dispatch(0);
+    }
+    return done();
+  };
+  assert_true(run([&] { return on_b_established == &spread_in && a_established == 1; }));
+  assert_ptr_equal(spread_in.handle()->loop, b.handle());
+  ibmsg::message m;
+  assert_true(m.alloc(client, 5));
+  std::memcpy(m.data(), "hello", 5);
+  assert_true(m.post(client));
+  assert_true(run([&] { return b_received == 1; }));
+  assert_string_equal(got.c_str(), "hello");
+  // No more spreading: accept_on says where (b again), explicitly.
+  listener.spread({});
+  ibmsg::socket client2;
+  client2.connect(a, "127.0.0.1", listener.local_port());
+  assert_true(run([&] { return on_b_established == &explicit_in && a_established == 2; }));
+  assert_ptr_equal(explicit_in.handle()->loop, b.handle());
+  // A listener that is not one: spread refuses.
+  try {
+    client.spread({&b});
+    fail_msg("spread on a connection did not throw");
+  } catch (const ibmsg::error &e) {
+    expect_code(e.code(), IBMSG_EINVAL);
+  }
+  client.disconnect();
+  client2.disconnect();
+  listener.disconnect();
+  assert_true(run([&] { return !spread_in.is_open() && !explicit_in.is_open() && !listener.is_open(); }));
+}
+
 }  // namespace
 
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
@@ -188,6 +246,7 @@ int main(void) {
       T(max_connections_counts_the_connections_on_other_loops),
       T(a_set_up_that_fails_on_the_other_loop_closes_there_once_and_rejects_the_peer),
       T(bad_arguments_are_refused),
+      T(cxx_spread_and_accept_on_deliver_to_the_other_loops_handlers),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
