@@ -4,7 +4,9 @@
  * otherwise), each sends MSGS numbered messages that its server side checks and echoes. What
  * must hold: each server loop gets exactly half of the connections (round robin), every message
  * arrives once, in order and intact, and is echoed; every socket closes exactly once, on its
- * own loop's thread; nothing is lost or refused. A second test accepts onto the other loop
+ * own loop's thread; nothing is lost or refused. The last echo of every connection is sent from
+ * one region registered once, on the first loop, before the threads start (ibmsg_msg_from_region):
+ * it serves the connections of both loops. A second test accepts onto the other loop
  * explicitly (ibmsg_accept_on), 200 connections, all onto the second loop.
  * Built with -fsanitize=thread too (the TSan build), where it must run without a report. */
 #define _POSIX_C_SOURCE 200809L
@@ -27,7 +29,7 @@ struct srv_loop {
   int stop;        /* set on its own thread (stop_call) */
   pthread_t owner; /* the thread that runs it: every callback must come there */
   /* Its own thread writes them; the main thread reads them (atomics). */
-  int established, closed, received, echoed, bad, off_thread, close_errors;
+  int established, closed, received, echoed, bad, off_thread, close_errors, from_region;
 };
 
 struct srv_conn {
@@ -44,6 +46,7 @@ struct cli_conn {
 
 struct test {
   struct srv_loop srv[LOOPS];
+  ibmsg_region region; /* connection c's last echo at offset c * MSG_SIZE, written before */
   ibmsg_socket listener;
   int listener_closed;
   ibmsg_event_loop client;
@@ -115,11 +118,17 @@ static void srv_received(ibmsg_socket *s, ibmsg_buffer *msg) {
   c->next = h.seq + 1;
   bump(&l->received);
   ibmsg_buffer *echo = malloc(sizeof *echo);
-  if (!echo || ibmsg_alloc_msg(echo, s, msg->size) != IBMSG_OK) {
+  /* The last one from the shared region, which holds the same bytes; the others copied. */
+  const int last = h.seq == MSGS - 1;
+  int rc = !echo ? IBMSG_ENOMEM
+           : last ? ibmsg_msg_from_region(echo, s, &T->region, (size_t)h.conn * MSG_SIZE, MSG_SIZE)
+                  : ibmsg_alloc_msg(echo, s, msg->size);
+  if (rc != IBMSG_OK) {
     bump(&l->bad);
     free(echo);
   } else {
-    memcpy(echo->data, msg->data, msg->size);
+    if (last) bump(&l->from_region);
+    else memcpy(echo->data, msg->data, msg->size);
     echo->user_data = echo;
     if (ibmsg_post_send(s, echo) != IBMSG_OK) {
       bump(&l->bad);
@@ -271,7 +280,10 @@ static void run(int accept_explicit) {
   t.client.message_sent = cli_sent;
   t.client.connection_closed = cli_closed;
 
-  /* The listener on loop 0, before its thread takes the loop over. */
+  /* The region, and the listener on loop 0, before its thread takes the loop over. */
+  H_ASSERT_OK(ibmsg_alloc_region(&t.srv[0].loop, &t.region, (size_t)t.n * MSG_SIZE, 0));
+  for (int i = 0; i < t.n; i++)
+    fill((char *)t.region.addr + (size_t)i * MSG_SIZE, (uint32_t)i, MSGS - 1);
   H_ASSERT_OK(ibmsg_listen(&t.srv[0].loop, &t.listener, addr, 0, t.n));
   unsigned short port = 0;
   H_ASSERT_OK(ibmsg_socket_local_address(&t.listener, NULL, 0, &port));
@@ -306,8 +318,9 @@ static void run(int accept_explicit) {
   for (int i = 0; i < LOOPS; i++) H_ASSERT_OK(ibmsg_event_loop_call(&t.srv[i].loop, stop_call, &t.srv[i]));
   for (int i = 0; i < LOOPS; i++) pthread_join(t.srv[i].thread, NULL);
 
-  printf("# %d connections: loop 0 took %d, loop 1 took %d; %d + %d messages echoed\n", t.n,
-         t.srv[0].established, t.srv[1].established, t.srv[0].echoed, t.srv[1].echoed);
+  printf("# %d connections: loop 0 took %d, loop 1 took %d; %d + %d messages echoed, %d + %d of "
+         "them from the one region\n", t.n, t.srv[0].established, t.srv[1].established,
+         t.srv[0].echoed, t.srv[1].echoed, t.srv[0].from_region, t.srv[1].from_region);
   H_ASSERT_EQ(t.accept_failures, 0, "failed accepts");
   const int half = accept_explicit ? 0 : t.n / 2;
   H_ASSERT_EQ(t.srv[0].established, half, "connections of loop 0");
@@ -317,6 +330,7 @@ static void run(int accept_explicit) {
     const int conns = i == 0 ? half : t.n - half;
     H_ASSERT_EQ(l->received, conns * MSGS, "messages a server loop received");
     H_ASSERT_EQ(l->echoed, conns * MSGS, "messages a server loop echoed");
+    H_ASSERT_EQ(l->from_region, conns, "echoes a server loop sent from the shared region");
     H_ASSERT_EQ(l->closed, conns, "closed connections of a server loop");
     H_ASSERT_EQ(l->bad, 0, "bad messages at a server loop");
     H_ASSERT_EQ(l->off_thread, 0, "callbacks off the loop's thread");
@@ -324,6 +338,7 @@ static void run(int accept_explicit) {
   }
   for (int i = 0; i < t.n; i++) H_ASSERT_EQ(t.conns[i].closed, 1, "closed callbacks of a client");
   H_ASSERT_EQ(t.failed, 0, "clients that never came up");
+  H_ASSERT_OK(ibmsg_deregister_region(&t.region)); /* (loop 0 is this thread's again) */
   for (int i = 0; i < LOOPS; i++) H_ASSERT_OK(ibmsg_destroy_event_loop(&t.srv[i].loop));
   H_ASSERT_OK(ibmsg_destroy_event_loop(&t.client));
   free(t.conns);
