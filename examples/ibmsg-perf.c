@@ -267,6 +267,9 @@ struct endpoint {
   /* ROLE_SESSION: the server's side of one test. */
   struct perf_loop *home; /* the loop it was accepted onto, whose thread serves it */
   int started;            /* session_start() ran on that thread */
+  int call_pending;       /* session_start_call() is posted and has not run: it frees a
+                             session that ended before it (free_at_call) */
+  int free_at_call;
   int closed_early;       /* its connection_closed came before session_start() */
   int early_reason;
   struct endpoint *next;
@@ -695,8 +698,10 @@ static void session_op_done(ibmsg_socket *socket, ibmsg_op *op, int status) {
 
 static void session_closed(struct endpoint *s, int reason);
 
-/* On the session's own loop's thread, before any other callback of its connection but perhaps
- * its connection_closed: the session joins its loop's list and gets its send buffer list. */
+/* On the session's own loop's thread, at the first of its connection_established and the call
+ * on_request posts (the other loop may set the connection up and run its callbacks before that
+ * call; its connection_closed before either defers to the call): the session joins its loop's
+ * list and gets its send buffer list. */
 static void session_start(struct endpoint *s) {
   int rc;
 
@@ -715,12 +720,20 @@ static void session_start(struct endpoint *s) {
     session_fail(s, "cannot make the send buffer list", rc);
 }
 
-static void session_start_call(void *arg) { session_start(arg); }
+static void session_start_call(void *arg) {
+  struct endpoint *s = arg;
+  s->call_pending = 0;
+  if (s->free_at_call)
+    free(s); /* it ran and ended before this call */
+  else if (!s->started)
+    session_start(s);
+}
 
 /* A connection request on the listener's loop: accepted onto the next loop in turn. The session
  * is set up before the accept; once a connection is accepted onto another loop, it belongs to
- * that loop's thread, and session_start() runs there (ibmsg_event_loop_call() runs the calls in
- * the order they were posted: after the accept the library posted). */
+ * that loop's thread, and session_start() runs there: at its connection_established or at the
+ * call posted here, whichever comes first (the other loop may set the connection up and call
+ * back before this call is posted). */
 static void on_request(ibmsg_connection_request *request) {
   struct endpoint *s = calloc(1, sizeof *s);
   int rc;
@@ -734,19 +747,24 @@ static void on_request(ibmsg_connection_request *request) {
   s->socket.user_data = s;
   s->role = ROLE_SESSION;
   s->home = &loops[g.threads > 1 ? g.next_loop++ % (unsigned)g.threads : 0];
-  if (s->home->loop == &g.loop)
+  if (s->home->loop == &g.loop) {
     rc = ibmsg_accept(request, &s->socket);
-  else
+  } else {
+    /* Before the accept: from it on, the other loop's thread may run (and end) the session. */
+    s->call_pending = 1;
     rc = ibmsg_accept_on(request, s->home->loop, &s->socket, NULL);
+  }
   if (rc != IBMSG_OK) {
     tool_error("cannot accept the connection from %s port %u: %s", s->peer, s->peer_port,
                ibmsg_strerror(rc));
     free(s);
     return;
   }
-  if (s->home->loop == &g.loop)
+  if (s->home->loop == &g.loop) {
     session_start(s);
-  else if ((rc = ibmsg_event_loop_call(s->home->loop, session_start_call, s)) != IBMSG_OK)
+    return;
+  }
+  if ((rc = ibmsg_event_loop_call(s->home->loop, session_start_call, s)) != IBMSG_OK)
     tool_error("cannot hand the connection from %s port %u to thread %d: %s", s->peer,
                s->peer_port, s->home->index, ibmsg_strerror(rc)); /* it stays there, unserved */
 }
@@ -773,7 +791,11 @@ static void session_closed(struct endpoint *s, int reason) {
   }
   /* ibmsg never touches the socket after connection_closed, but a region it still holds must
    * stay where it is (the loop then refuses to go away, which reports it once more). */
-  if (rc == IBMSG_OK)
+  if (rc != IBMSG_OK)
+    return;
+  if (s->call_pending)
+    s->free_at_call = 1; /* session_start_call() still has it */
+  else
     free(s);
 }
 
@@ -1250,6 +1272,8 @@ static void on_established(ibmsg_socket *socket) {
     cl.activity++;
     client_established(conn_of(e));
   } else if (e->role == ROLE_SESSION) {
+    if (!e->started)
+      session_start(e); /* before on_request's call came: the first callback of the connection */
     e->home->established++;
   }
 }

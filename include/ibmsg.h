@@ -489,9 +489,13 @@ IBMSG_EXPORT int ibmsg_accept_opts(ibmsg_connection_request *request, ibmsg_sock
  *  that loop at its next iteration, through ibmsg_event_loop_call(); a failure there reaches that
  *  loop's connection_closed with the reason, as a failed ibmsg_connect() does. With loop NULL or
  *  the listener's own loop it is ibmsg_accept_opts(). Connections accepted onto other loops count
- *  towards the listener's max_connections. opts NULL: the listener's options. IBMSG_EINVAL for an
- *  invalid loop; IBMSG_ESTATE as ibmsg_accept(); IBMSG_ENOMEM or IBMSG_ESYS if the request could
- *  not be handed over (the request stays undecided: it may still be accepted here or rejected). */
+ *  towards the listener's max_connections. opts NULL: the listener's options. socket must stay
+ *  at its address, and is reached only from loop's thread (its callbacks, or a call posted to it
+ *  after this one, which runs after the accept there). IBMSG_EINVAL for an invalid loop;
+ *  IBMSG_ESTATE as ibmsg_accept(), also for a socket handed to a loop that has not set it up
+ *  yet; IBMSG_ENOMEM or IBMSG_ESYS if the request could not be handed over (the request stays
+ *  undecided: it may still be accepted here or rejected; in the rare case that it cannot be taken
+ *  back from the other loop's channel either, it is rejected: status IBMSG_REJECTED). */
 IBMSG_EXPORT int ibmsg_accept_on(ibmsg_connection_request *request, ibmsg_event_loop *loop,
                                  ibmsg_socket *socket, const ibmsg_options *opts);
 /** Spreads a listener's connections over loops (since 1.7): from now on ibmsg_accept() and
@@ -701,8 +705,9 @@ IBMSG_EXPORT int ibmsg_alloc_region(ibmsg_event_loop *loop, ibmsg_region *region
  *  IBMSG_EBUSY (nothing changes) while one of this side's operations or messages on it, of any
  *  loop's connection, is queued or in flight, while a descriptor of it is still being bound to
  *  its connection (until that loop's next round; since 1.6), or while a descriptor of it granted
- *  on a connection of another loop is in force (since 1.7: that loop's thread revokes it, or
- *  its connection closes); IBMSG_EINVAL if it is not a registered region. */
+ *  to the peer of a connection of another loop is in force (since 1.7: that loop's thread
+ *  revokes it, or its connection closes; a device-wide descriptor, bound to no connection, goes
+ *  with the region from any loop); IBMSG_EINVAL if it is not a registered region. */
 IBMSG_EXPORT int ibmsg_deregister_region(ibmsg_region *region);
 
 /** Makes a descriptor granting the rights in access (IBMSG_ACCESS_REMOTE_*, a subset of the
@@ -772,7 +777,7 @@ struct ibmsg_op {
 
 /** Writes length bytes of local (from local_offset) into the peer's memory that remote describes,
  *  at remote_offset. Checked before anything is posted: IBMSG_EINVAL (NULL, length 0 or above
- *  4 GiB - 1, op still posted, local registered on another loop), IBMSG_ERANGE (outside local or
+ *  4 GiB - 1, op still posted), IBMSG_ERANGE (outside local or
  *  remote), IBMSG_EACCES (remote lacks the right), IBMSG_EBADDESC (remote is not a descriptor),
  *  IBMSG_EOPNOTSUPP (this side or the peer has one-sided RDMA off, or an ibmsg without it),
  *  IBMSG_ENOTCONN (not connected), IBMSG_ESTATE (a listener), IBMSG_EAGAIN

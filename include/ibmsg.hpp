@@ -540,9 +540,10 @@ class socket {
   }
   /**
    * A listener spreads its connections over loops (since 1.7; ibmsg_listen_spread()): accept()
-   * in its request callback accepts each onto the next of loops in turn (see
-   * connection_request::accept_on()); empty: no more spreading. At most 64 loops; they must
-   * outlive the connections on them. Throws ibmsg::error (IBMSG_EINVAL if not a listener).
+   * in its request callback accepts each onto the next of loops in turn, with the rules of
+   * connection_request::accept_on() for the socket; empty: no more spreading. At most 64 loops;
+   * they must outlive the connections on them. Throws ibmsg::error (IBMSG_EINVAL if not a
+   * listener).
    */
   void spread(std::initializer_list<loop *> loops);
 
@@ -954,9 +955,11 @@ class connection_request {
   }
   /**
    * Accepts the connection into s on another loop l (since 1.7; ibmsg_accept_on()): it lives
-   * entirely on l from now on (l's callbacks, l's thread), and s belongs to l's thread (move it
-   * there, or reach it only from l's callbacks). A set-up that fails on l closes s there (l's
-   * closed callback). With l the listener's own loop it is accept(). Throws ibmsg::error.
+   * entirely on l from now on (l's callbacks, l's thread), and s belongs to l's thread, which may
+   * call back for it at once: keep s where it is (allocate it on the heap, for example) and
+   * reach, move or destroy it only from l's thread (l's callbacks, or loop::call() on l, which
+   * runs after the accept there). A set-up that fails on l closes s there (l's closed callback).
+   * With l the listener's own loop it is accept(). Throws ibmsg::error.
    */
   void accept_on(loop &l, socket &s);
   /** accept_on() with an option set instead of the listener's options. */

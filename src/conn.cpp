@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <new>
 
 #include "internal.hpp"
 #include "completion.hpp"
@@ -26,6 +27,12 @@ namespace {
 // an open socket (on any loop) instead of orphaning it. Not on the data path.
 std::mutex open_lock;
 List<Socket, &Socket::open_node> open_sockets;
+// Structs accepted onto another loop whose loop has not set them up yet (spread.cpp): open too.
+struct HandedOver {
+  const ibmsg_socket *pub;
+  HandedOver *next;
+};
+HandedOver *handed_over = nullptr;
 
 }  // namespace
 
@@ -88,11 +95,42 @@ bool set_state(Socket *s, Event ev) {
   return true;
 }
 
-bool socket_is_open(const ibmsg_socket *pub) {
-  std::lock_guard<std::mutex> g(open_lock);
+namespace {
+
+bool is_open_locked(const ibmsg_socket *pub) {
   for (Socket *s = open_sockets.front(); s; s = open_sockets.next(s))
     if (s->pub == pub) return true;
+  for (HandedOver *h = handed_over; h; h = h->next)
+    if (h->pub == pub) return true;
   return false;
+}
+
+}  // namespace
+
+bool socket_is_open(const ibmsg_socket *pub) {
+  std::lock_guard<std::mutex> g(open_lock);
+  return is_open_locked(pub);
+}
+
+int socket_hand_over(const ibmsg_socket *pub) {
+  std::lock_guard<std::mutex> g(open_lock);
+  if (is_open_locked(pub)) return IBMSG_ESTATE;
+  auto *h = new (std::nothrow) HandedOver{pub, handed_over};
+  if (!h) return IBMSG_ENOMEM;
+  handed_over = h;
+  return IBMSG_OK;
+}
+
+void socket_handed(const ibmsg_socket *pub) {
+  std::lock_guard<std::mutex> g(open_lock);
+  for (HandedOver **p = &handed_over; *p; p = &(*p)->next) {
+    if ((*p)->pub == pub) {
+      HandedOver *h = *p;
+      *p = h->next;
+      delete h;
+      return;
+    }
+  }
 }
 
 void socket_unregister(Socket *s) {

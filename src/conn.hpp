@@ -16,6 +16,10 @@ namespace ibmsg {
 
 void register_open(::ibmsg__socket *s);  // it opened
 bool socket_is_open(const ibmsg_socket *pub);  // of an open socket (not yet closed), any loop
+// A struct accepted onto another loop counts as open from the accept (IBMSG_ESTATE if it is
+// open already, IBMSG_ENOMEM) until that loop has opened it, or failed to: socket_handed.
+int socket_hand_over(const ibmsg_socket *pub);
+void socket_handed(const ibmsg_socket *pub);
 void socket_unregister(::ibmsg__socket *s);  // it closed
 // Joins a CQ, creates the QP and the pools, posts every receive buffer (s->dev, s->opts set).
 int conn_open(::ibmsg__socket *s);

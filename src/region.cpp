@@ -118,7 +118,8 @@ void drop_grant(Grant *g) {
   if (g->conn) g->conn->grants.list.remove(g);
   tp::mw_dealloc(g->mw);
   tp::mr_deregister(g->mr);
-  device_put(g->dev);
+  if (g->dev) device_put(g->dev);
+  if (g->dom) tp::domain_release(g->dom);
   delete g;
 }
 
@@ -175,10 +176,11 @@ int region_register(Loop *loop, ibmsg_region *pub, void *addr, size_t len, unsig
 int region_deregister(Region *r) {
   if (r->busy.load()) return IBMSG_EBUSY;
   {
-    // Another loop's grants are its thread's to drop (their windows, its device object).
+    // Another loop's connection's grants are its thread's to drop (their windows, its device
+    // object); device-wide ones hold only the shared domain and go from here.
     std::lock_guard<std::mutex> hold(r->lock);
     for (Grant *g = r->grants.front(); g; g = r->grants.next(g))
-      if (g->dev->loop != r->loop) return IBMSG_EBUSY;
+      if (g->dev && g->dev->loop != r->loop) return IBMSG_EBUSY;
   }
   while (Grant *g = r->grants.front()) drop_grant(g);
   drop_regs(r);
@@ -218,8 +220,8 @@ int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned acc
   {
     std::lock_guard<std::mutex> hold(r->lock);
     for (Grant *g = r->grants.front(); g; g = r->grants.next(g)) {
-      if (g->dev == s->dev && g->conn == (wide ? nullptr : s) && g->offset == off &&
-          g->length == len && g->access == access) {
+      const bool same = wide ? !g->conn && g->dom == tp::device_domain(s->dev->tp) : g->conn == s;
+      if (same && g->offset == off && g->length == len && g->access == access) {
         memcpy(out->bytes, g->desc, sizeof g->desc);
         return IBMSG_OK;
       }
@@ -228,7 +230,8 @@ int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned acc
   if (!wide && up && s->grants.binding >= kBindDepth) return IBMSG_EAGAIN;
   auto *g = new (std::nothrow) Grant();
   if (!g) return IBMSG_ENOMEM;
-  g->dev = s->dev;
+  g->dev = wide ? nullptr : s->dev;
+  g->dom = wide ? tp::device_domain(s->dev->tp) : nullptr;
   g->region = r;
   g->offset = off;
   g->length = len;
@@ -241,7 +244,8 @@ int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned acc
            : tp::kMwBind | (rights & (IBMSG_ACCESS_REMOTE_WRITE | IBMSG_ACCESS_REMOTE_ATOMIC)
                                 ? tp::kLocal
                                 : tp::kLocalReadOnly);
-  int err = tp::mr_register(s->dev->tp, r->addr + off, len, reg_access, &g->mr);
+  int err = wide ? tp::mr_register(g->dom, r->addr + off, len, reg_access, &g->mr)
+                 : tp::mr_register(s->dev->tp, r->addr + off, len, reg_access, &g->mr);
   if (!err && !wide) err = tp::mw_alloc(s->dev->tp, &g->mw);
   if (!err && !wide) {
     g->key = tp::mw_next_key(g->mw);
@@ -267,7 +271,8 @@ int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned acc
   d.addr = reinterpret_cast<uintptr_t>(r->addr + off);
   d.length = len;
   wire::encode_descriptor(d, g->desc);
-  ++s->dev->refs;
+  if (wide) tp::domain_hold(g->dom);
+  else ++s->dev->refs;
   {
     std::lock_guard<std::mutex> hold(r->lock);
     r->grants.push_back(g);
@@ -301,8 +306,10 @@ void grant_on_bind(Socket *s, Grant *g, const tp::Completion &wc) {
   if (!g->binding) return;  // (cannot happen: one completion per bind)
   g->binding = false;
   --s->grants.binding;
-  --g->region->busy;
+  Region *r = g->region;
   if (g->revoked) drop_grant(g);
+  // Last: once it is 0, the region's own thread may deregister and free it.
+  --r->busy;
   if (wc.status != tp::WcStatus::Ok && wc.status != tp::WcStatus::Flushed)
     socket_close(s, tp::wc_error(wc.status));
 }
@@ -326,11 +333,10 @@ void grants_closed(Socket *s) {
   // The queue pair is gone (and its completions polled): no bind is in flight any more; the
   // windows went before it, their registrations go now.
   while (Grant *g = s->grants.list.front()) {
-    if (g->binding) {
-      g->binding = false;
-      --g->region->busy;
-    }
+    Region *r = g->region;
+    const bool binding = g->binding;
     drop_grant(g);
+    if (binding) --r->busy;  // last: the region may go once it is 0 (another loop's thread)
   }
   s->grants.binding = 0;
 }

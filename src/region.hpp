@@ -22,13 +22,15 @@ constexpr uint32_t kRegionMagic = 0x1b5e610a;
 // beside its messages and operations.
 constexpr uint32_t kBindDepth = 8;
 
-// A grant (made, used and dropped on its connection's loop thread): the exact-range
+// A grant (made on a connection's loop thread; a connection's is used and dropped there too, a
+// device-wide one holds only the shared protection domain and goes from any loop): the exact-range
 // registration behind a descriptor (a registration of exactly the granted bytes confines the
 // peer to them on every device: a window alone does not on rxe) and, unless it is device-wide, a
 // type-2 memory window bound over it on one connection's queue pair, whose key is the
 // descriptor's (the registration itself then grants no remote right).
 struct Grant {
-  Device *dev;
+  Device *dev;            // a connection's grant: its device (a reference); device-wide: nullptr
+  tp::Domain *dom;        // device-wide: the device's protection domain (a reference, any thread)
   ::ibmsg__region *region;
   ::ibmsg__socket *conn;  // the connection its window is bound to; nullptr: device-wide
   size_t offset, length;

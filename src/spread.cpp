@@ -45,6 +45,7 @@ void on_handed(void *arg) {
   if (!err) {
     s->away = h->away;  // (its reference, taken by accept_on)
     open_socket(s, Event::Accept);
+    socket_handed(h->pub);  // (open now: registered as such)
     // A client that vanishes before the handshake ends must not hold the socket forever.
     timer_start(&s->connect_timer, s->opts.connect_timeout_ms / 1000.0);
     return;
@@ -55,6 +56,7 @@ void on_handed(void *arg) {
   h->away->open.fetch_sub(1, std::memory_order_relaxed);
   away_release(h->away);
   ibmsg_socket *pub = h->pub;
+  socket_handed(pub);  // (the application may set it up again in its callback)
   pub->status = IBMSG_ERROR;
   pub->loop = loop->pub;
   pub->close_reason = err;
@@ -67,27 +69,39 @@ void on_handed(void *arg) {
 int accept_on(ibmsg_connection_request *req, Loop *to, ibmsg_socket *pub, const Options *opts) {
   ibmsg__request *r = req->impl;
   if (req->status != IBMSG_UNDECIDED) return IBMSG_ESTATE;
-  if (socket_is_open(pub)) return IBMSG_ESTATE;
   Socket *l = r->listener;
   if (!l->away && !(l->away = new (std::nothrow) AwayCount())) return IBMSG_ENOMEM;
-  Handed *h = new (std::nothrow) Handed{to, pub, opts ? *opts : l->opts, r->hello, r->id, l->away};
+  std::unique_ptr<Handed> h(
+      new (std::nothrow) Handed{to, pub, opts ? *opts : l->opts, r->hello, r->id, l->away});
   if (!h) return IBMSG_ENOMEM;
+  // The struct counts as open from here (another accept of it is refused) until `to` has it.
+  if (int err = socket_hand_over(pub)) return err;
   // Its events come to the other loop from now on; until that loop has its socket they find none.
   tp::cm_id_set_user(r->id, nullptr);
   int err = tp::cm_migrate(r->id, to->cm);
-  l->away->open.fetch_add(1, std::memory_order_relaxed);
-  l->away->refs.fetch_add(1, std::memory_order_relaxed);
-  if (!err) err = handover_post(to, on_handed, h);
-  if (err) {
+  bool moved = !err;
+  if (!err) {
+    // Counted before the other loop may run it (and uncount it, if it fails there).
+    l->away->open.fetch_add(1, std::memory_order_relaxed);
+    l->away->refs.fetch_add(1, std::memory_order_relaxed);
+    err = handover_post(to, on_handed, h.get());
+    if (!err) {
+      h.release();  // (on_handed's)
+      req->status = IBMSG_ACCEPTED;
+      return IBMSG_OK;
+    }
     l->away->open.fetch_sub(1, std::memory_order_relaxed);
-    away_release(l->away);
-    tp::cm_migrate(r->id, l->loop->cm);  // (back, if it moved: the request stays undecided)
-    tp::cm_id_set_user(r->id, l);
-    delete h;
+    away_release(l->away);  // (the listener's own reference keeps it)
+  }
+  socket_handed(pub);
+  if (moved && tp::cm_migrate(r->id, l->loop->cm)) {
+    // It cannot come back: its events would reach the other loop with nobody to take them.
+    req->status = IBMSG_REJECTED;
+    reject_id(r->id, "the server could not set up the connection");
     return err;
   }
-  req->status = IBMSG_ACCEPTED;
-  return IBMSG_OK;
+  tp::cm_id_set_user(r->id, l);  // the request stays undecided
+  return err;
 }
 
 int accept_spread(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts) {

@@ -96,7 +96,8 @@ void *cm_id_user(const CmId *id) { return id->context; }
 void cm_id_set_user(CmId *id, void *user) { id->context = user; }
 
 int cm_migrate(CmId *id, CmChannel *to) {
-  return rdma_migrate_id(raw(id), to) ? from_errno(errno) : IBMSG_OK;
+  if (rdma_migrate_id(raw(id), to) == 0) return IBMSG_OK;
+  return errno == ENOMEM ? IBMSG_ENOMEM : IBMSG_ESYS;
 }
 
 int cm_bind(CmId *id, const sockaddr *addr) {

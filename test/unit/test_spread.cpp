@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "harness.hpp"
 #include "ibmsg.hpp"
@@ -124,6 +125,41 @@ void a_set_up_that_fails_on_the_other_loop_closes_there_once_and_rejects_the_pee
   // The listener's count is back: another connection is accepted.
   Pair p = connect_to(h, l);
   assert_ptr_equal(p.a->s.loop, &h->loop2);
+}
+
+// A struct handed to a loop that has not set it up yet is open: a second accept of it is
+// refused (IBMSG_ESTATE), so that no connection is lost under another.
+Conn *same_struct = nullptr;
+std::vector<int> same_struct_rcs;
+
+void accept_all_into_one_struct(ibmsg_connection_request *req) {
+  H *h = static_cast<H *>(req->loop->user_data);
+  const int rc = ibmsg_accept_on(req, &h->loop2, &same_struct->s, nullptr);
+  same_struct_rcs.push_back(rc);
+  if (rc == IBMSG_OK) {
+    same_struct->opened = true;
+    h->accepted.push_back(same_struct);
+  }
+}
+
+void a_struct_waiting_for_its_loop_cannot_be_accepted_again(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  same_struct = &new_conn(h, "accepted");
+  same_struct_rcs.clear();
+  h->loop.connection_request = accept_all_into_one_struct;
+  h->loop2_alive = false;  // loop 2 does not run: the first hand-over waits
+  Conn &c1 = client(h, port_of(l));
+  Conn &c2 = client(h, port_of(l));
+  RUN_UNTIL(h, same_struct_rcs.size() == 2 && c2.closed);
+  expect_code(same_struct_rcs[0], IBMSG_OK);
+  expect_code(same_struct_rcs[1], IBMSG_ESTATE);
+  expect_code(c2.close_reason, IBMSG_EREJECTED);
+  assert_false(same_struct->established);
+  h->loop2_alive = true;
+  RUN_UNTIL(h, c1.established && same_struct->established);
+  assert_ptr_equal(same_struct->s.loop, &h->loop2);
+  h->loop.connection_request = on_request;
 }
 
 int bad_on_rc = -1, bad_own_socket_rc = -1, decided_rc = -1;
@@ -246,6 +282,7 @@ int main(void) {
       T(max_connections_counts_the_connections_on_other_loops),
       T(a_set_up_that_fails_on_the_other_loop_closes_there_once_and_rejects_the_peer),
       T(bad_arguments_are_refused),
+      T(a_struct_waiting_for_its_loop_cannot_be_accepted_again),
       T(cxx_spread_and_accept_on_deliver_to_the_other_loops_handlers),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
