@@ -4,7 +4,7 @@
 // thread posted them; a loop asleep in ibmsg_dispatch_event_loop wakes up for a call, and so does
 // a foreign loop watching ibmsg_event_loop_fd; a call posted by a call runs at the next
 // iteration; calls may use the loop's API; the loop cannot be destroyed while calls wait; bad
-// arguments are refused; with IBMSG_DEBUG, another function called from another thread while the
+// arguments are refused; loops torn down while other threads post to other loops; with IBMSG_DEBUG, another function called from another thread while the
 // loop's thread runs the loop is refused (and said on stderr). And the C++ wrapper's loop::call: the same from threads, an exception
 // a call throws comes out of the dispatch that ran it, an empty function is refused, the
 // destructor runs calls still waiting.
@@ -284,6 +284,113 @@ void test_destroy_waits_for_calls(void **) {
   assert_int_equal(ibmsg_destroy_event_loop(&loop), IBMSG_OK);
 }
 
+// Loops torn down while other threads post: a second loop runs on a thread of its own; four
+// threads post to it and four others to the fixture's loop. Midway the second loop's posters
+// are stopped and joined, then its thread drains it and destroys it (IBMSG_EBUSY only while a
+// call still waits) and a third loop is made and torn down on that thread, all while the other
+// four keep posting to the first loop. Every call of either loop runs exactly once, in each
+// thread's order, on its loop's thread; the first loop's posters notice nothing.
+struct Tally {
+  pthread_t thread;
+  uint32_t next[4] = {};
+  uint64_t total = 0, out_of_order = 0, off_thread = 0;
+};
+
+void tally_call(void *arg) {
+  auto *p = static_cast<std::pair<Tally *, uintptr_t> *>(arg);
+  Tally *t = p->first;
+  const int who = int(p->second >> 32);
+  const uint32_t seq = uint32_t(p->second);
+  if (!pthread_equal(pthread_self(), t->thread)) ++t->off_thread;
+  if (who < 0 || who >= 4 || seq != t->next[who]) ++t->out_of_order;
+  else ++t->next[who];
+  ++t->total;
+  delete p;
+}
+
+void test_teardown_while_others_post(void **state) {
+  auto *f = static_cast<Fixture *>(*state);
+  constexpr uint32_t kFirst = 20000;  // calls each poster of the first loop makes
+  Tally first, second;
+  first.thread = f->loop_thread;
+  std::atomic<bool> stop_second{false}, second_done{false};
+  std::atomic<int> failed{0}, second_posted[4] = {};
+  ibmsg_event_loop loop2{};
+  assert_int_equal(ibmsg_init_event_loop(&loop2), IBMSG_OK);
+  std::atomic<int> destroyed{-1}, busy_seen{0}, third{-1};
+  std::thread second_thread([&] {
+    second.thread = pthread_self();
+    while (!second_done.load()) ibmsg_dispatch_event_loop_timeout(&loop2, 10);
+    // Its posters are joined: what they posted runs, then the loop goes.
+    int rc;
+    while ((rc = ibmsg_destroy_event_loop(&loop2)) == IBMSG_EBUSY) {
+      ++busy_seen;
+      ibmsg_event_loop_process(&loop2);
+    }
+    destroyed = rc;
+    // And a loop made and torn down here meanwhile.
+    ibmsg_event_loop loop3{};
+    rc = ibmsg_init_event_loop(&loop3);
+    if (rc == IBMSG_OK) rc = ibmsg_destroy_event_loop(&loop3);
+    third = rc;
+  });
+  std::vector<std::thread> posters;
+  for (int t = 0; t < 4; ++t) {
+    posters.emplace_back([&, t] {  // the first loop's
+      for (uint32_t i = 0; i < kFirst; ++i) {
+        auto *p = new std::pair<Tally *, uintptr_t>(&first, (uintptr_t(t) << 32) | i);
+        if (ibmsg_event_loop_call(&f->loop, tally_call, p) != IBMSG_OK) {
+          ++failed;
+          delete p;
+        }
+      }
+    });
+  }
+  std::vector<std::thread> second_posters;
+  for (int t = 0; t < 4; ++t) {
+    second_posters.emplace_back([&, t] {  // the second loop's, until told to stop
+      for (uint32_t i = 0; !stop_second.load(); ++i) {
+        auto *p = new std::pair<Tally *, uintptr_t>(&second, (uintptr_t(t) << 32) | i);
+        if (ibmsg_event_loop_call(&loop2, tally_call, p) != IBMSG_OK) {
+          ++failed;
+          delete p;
+          break;
+        }
+        ++second_posted[t];
+      }
+    });
+  }
+  const uint64_t want = uint64_t(4) * kFirst;
+  bool stopped = false;
+  const bool all = dispatch_until(&f->loop, [&] {
+    if (!stopped && first.total >= want / 2) {  // midway: the second loop goes
+      stopped = true;
+      stop_second = true;
+      for (auto &th : second_posters) th.join();
+      second_done = true;
+    }
+    return first.total + uint64_t(failed.load()) >= want;
+  });
+  for (auto &th : posters) th.join();
+  second_thread.join();
+  assert_true(all);
+  assert_true(stopped);
+  assert_int_equal(failed.load(), 0);
+  assert_int_equal(first.total, want);
+  assert_int_equal(first.out_of_order + first.off_thread, 0);
+  for (int t = 0; t < 4; ++t) assert_int_equal(first.next[t], kFirst);
+  assert_int_equal(destroyed.load(), IBMSG_OK);
+  assert_int_equal(third.load(), IBMSG_OK);
+  uint64_t posted2 = 0;
+  for (int t = 0; t < 4; ++t) {
+    posted2 += uint64_t(second_posted[t].load());
+    assert_int_equal(second.next[t], uint32_t(second_posted[t].load()));
+  }
+  assert_int_equal(second.total, posted2);
+  assert_int_equal(second.out_of_order + second.off_thread, 0);
+  assert_true(posted2 > 0);
+}
+
 // --- the wrong thread (IBMSG_DEBUG) ------------------------------------------------------------
 
 struct Meeting {
@@ -412,6 +519,7 @@ int main(void) {
       T(test_order),
       T(test_invalid),
       cmocka_unit_test(test_destroy_waits_for_calls),
+      T(test_teardown_while_others_post),
       cmocka_unit_test(test_wrong_thread_debug),
       cmocka_unit_test(test_cxx_call),
       cmocka_unit_test(test_cxx_destructor_runs_waiting_calls),
