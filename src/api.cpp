@@ -190,9 +190,9 @@ int ibmsg_accept_on(ibmsg_connection_request *request, ibmsg_event_loop *loop,
 
 int ibmsg_listen_spread(ibmsg_socket *listener, ibmsg_event_loop *const *loops, int count) {
   Socket *l = socket_of(listener);
-  if (!l || !l->listener || count < 0 || (count > 0 && !loops)) return IBMSG_EINVAL;
-  Loop *impls[64];
-  if (count > 64) return IBMSG_EINVAL;
+  if (!l || !l->listener || count < 0 || count > kSpreadMax || (count > 0 && !loops))
+    return IBMSG_EINVAL;
+  Loop *impls[kSpreadMax];
   for (int i = 0; i < count; ++i)
     if (!(impls[i] = loop_of_any_thread(loops[i]))) return IBMSG_EINVAL;
   return listen_spread(l, impls, count);

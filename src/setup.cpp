@@ -42,6 +42,14 @@ int resolve(const char *host, unsigned short port, bool passive, sockaddr_storag
   return IBMSG_OK;
 }
 
+// The set-up succeeded: from here on the socket closes only through socket_close().
+void open_socket(Socket *s, Event ev) {
+  s->loop->sockets.push_back(s);
+  register_open(s);
+  set_state(s, ev);
+  s->pub->impl = s;
+}
+
 }  // namespace
 
 Socket *new_socket(Loop *loop, ibmsg_socket *pub, const Options *opts) {
@@ -63,13 +71,6 @@ Socket *new_socket(Loop *loop, ibmsg_socket *pub, const Options *opts) {
   return s;
 }
 
-// The set-up succeeded: from here on the socket closes only through socket_close().
-void open_socket(Socket *s, Event ev) {
-  s->loop->sockets.push_back(s);
-  register_open(s);
-  set_state(s, ev);
-  s->pub->impl = s;
-}
 
 int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
                   int max_conn, const Options *opts) {
@@ -125,27 +126,38 @@ int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short
   return IBMSG_OK;
 }
 
-int accept_id(Socket *s, const wire::Hello &hello) {
+int accept_socket(Socket *s, const wire::Hello &hello) {
   int err = device_matches(s) ? IBMSG_OK : IBMSG_ENODEV;
   if (!err) s->dev = device_get(s->loop, tp::cm_device(s->id), &err);
   if (!err) err = conn_open(s);
-  if (err) return err;
-  set_peer(s, hello);
-  tp::cm_id_set_user(s->id, s);
-  tp::ConnParam param;
-  uint8_t data[wire::kHelloSize];
-  fill_conn_param(s, &param, data);
-  if (s->res.responder_resources || s->res.initiator_depth) {  // one-sided RDMA or rendezvous
-    // Accepting: no more than the connecting side offered either (the transport takes the
-    // smaller of its request and the device's limits).
-    param.responder_resources = tp::kMaxRdAtomic;
-    param.initiator_depth = tp::kMaxRdAtomic;
+  if (!err) {
+    set_peer(s, hello);
+    tp::cm_id_set_user(s->id, s);
+    tp::ConnParam param;
+    uint8_t data[wire::kHelloSize];
+    fill_conn_param(s, &param, data);
+    if (s->res.responder_resources || s->res.initiator_depth) {  // one-sided RDMA or rendezvous
+      // Accepting: no more than the connecting side offered either (the transport takes the
+      // smaller of its request and the device's limits).
+      param.responder_resources = tp::kMaxRdAtomic;
+      param.initiator_depth = tp::kMaxRdAtomic;
+    }
+    err = tp::cm_accept(s->id, param);
+    // The peer went away during the handshake (its request is void), or the device failed.
+    // librdmacm moved the QP to the error state: its receives complete as flushed.
+    if (err) conn_release(s, false, true);
   }
-  err = tp::cm_accept(s->id, param);
-  // The peer went away during the handshake (its request is void), or the device failed.
-  // librdmacm moved the QP to the error state: its receives complete as flushed.
-  if (err) conn_release(s, false, true);
-  return err;
+  if (err) {
+    if (s->dev) device_put(s->dev);
+    reject_id(s->id, "the server could not set up the connection");
+    delete s;
+    return err;
+  }
+  open_socket(s, Event::Accept);
+  // A client that vanishes before the handshake ends must not hold the socket (and one of the
+  // listener's max_connections) forever.
+  timer_start(&s->connect_timer, s->opts.connect_timeout_ms / 1000.0);
+  return IBMSG_OK;
 }
 
 int accept_here(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts) {
@@ -156,21 +168,11 @@ int accept_here(ibmsg_connection_request *req, ibmsg_socket *pub, const Options 
   Socket *s = new_socket(l->loop, pub, opts ? opts : &l->opts);
   if (!s) return IBMSG_ENOMEM;
   s->id = r->id;
-  int err = accept_id(s, r->hello);
-  if (err) {
-    if (s->dev) device_put(s->dev);
-    req->status = IBMSG_REJECTED;
-    reject_id(r->id, "the server could not set up the connection");
-    delete s;
-    return err;
-  }
+  int err = accept_socket(s, r->hello);
+  req->status = err ? IBMSG_REJECTED : IBMSG_ACCEPTED;
+  if (err) return err;
   s->from_listener = l;
   l->accepted.push_back(s);
-  open_socket(s, Event::Accept);
-  // A client that vanishes before the handshake ends must not hold the socket (and one of the
-  // listener's max_connections) forever.
-  timer_start(&s->connect_timer, s->opts.connect_timeout_ms / 1000.0);
-  req->status = IBMSG_ACCEPTED;
   return IBMSG_OK;
 }
 

@@ -6,8 +6,6 @@
 
 namespace ibmsg {
 
-enum class Event : uint8_t;
-
 int socket_listen(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port, int max_conn,
                   const Options *opts);
 int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short port,
@@ -19,10 +17,8 @@ int socket_reject(ibmsg_connection_request *req, const char *reason);
 // For spread.cpp, which accepts on another loop what setup.cpp accepts here:
 // a new socket for pub on loop (not yet open: nothing to tear down if set-up fails);
 Socket *new_socket(Loop *loop, ibmsg_socket *pub, const Options *opts);
-// the set-up succeeded: from here on the socket closes only through socket_close();
-void open_socket(Socket *s, Event ev);
-// the connection of s->id (a request's) set up on s's loop and accepted; on failure what it
-// made is released but for s->dev (device_put) and the id (reject_id).
-int accept_id(Socket *s, const wire::Hello &hello);
+// s (new_socket's, with a request's id) set up on its loop and accepted, then open with its
+// connect timer running; on failure the id is rejected and s deleted.
+int accept_socket(Socket *s, const wire::Hello &hello);
 
 }  // namespace ibmsg

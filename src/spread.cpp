@@ -40,19 +40,15 @@ void on_handed(void *arg) {
   int err = IBMSG_ENOMEM;
   if (s) {
     s->id = h->id;
-    err = accept_id(s, h->hello);
+    err = accept_socket(s, h->hello);
+  } else {
+    reject_id(h->id, "the server could not set up the connection");
   }
   if (!err) {
-    s->away = h->away;  // (its reference, taken by accept_on)
-    open_socket(s, Event::Accept);
+    s->away = h->away;      // (its reference, taken by accept_on)
     socket_handed(h->pub);  // (open now: registered as such)
-    // A client that vanishes before the handshake ends must not hold the socket forever.
-    timer_start(&s->connect_timer, s->opts.connect_timeout_ms / 1000.0);
     return;
   }
-  if (s && s->dev) device_put(s->dev);
-  delete s;
-  reject_id(h->id, "the server could not set up the connection");
   h->away->open.fetch_sub(1, std::memory_order_relaxed);
   away_release(h->away);
   ibmsg_socket *pub = h->pub;
@@ -113,7 +109,6 @@ int accept_spread(ibmsg_connection_request *req, ibmsg_socket *pub, const Option
 }
 
 int listen_spread(Socket *l, Loop *const *loops, int count) {
-  if (count < 0 || count > kSpreadMax) return IBMSG_EINVAL;
   if (count == 0) {
     delete l->spread;
     l->spread = nullptr;

@@ -10,6 +10,6 @@ namespace ibmsg {
 int accept_on(ibmsg_connection_request *req, Loop *to, ibmsg_socket *pub, const Options *opts);
 // ibmsg_accept on a listener that spreads: onto the next of its loops.
 int accept_spread(ibmsg_connection_request *req, ibmsg_socket *pub, const Options *opts);
-int listen_spread(Socket *l, Loop *const *loops, int count);
+int listen_spread(Socket *l, Loop *const *loops, int count);  // count 0..kSpreadMax (api.cpp)
 
 }  // namespace ibmsg
