@@ -10,8 +10,10 @@
 #ifndef IBMSG_TEST_XTEST_H
 #define IBMSG_TEST_XTEST_H
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "twohost.h"
 
@@ -113,6 +115,66 @@ static X_UNUSED void x_finish(h_ctx *ctx) {
   x_done = 1;
 }
 
+/* --- stalls of the whole host ---------------------------------------------------------------
+ * A check of how late something fires measures the library only while this host is running: a
+ * VM whose vCPUs the host did not run for a while (a loaded CI machine) is late at everything.
+ * The stall watch is a thread that sleeps a millisecond at a time and keeps the longest gap
+ * between two of its wake-ups (CLOCK_MONOTONIC): a bound on lateness adds it, so that a stall
+ * of the host does not fail the check, and a late timer on a host that ran does. */
+static struct {
+  pthread_t thread;
+  int running;
+  int stop;     /* __atomic */
+  long max_us;  /* __atomic: the longest gap so far */
+} x_stall;
+
+static uint64_t x_mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static void *x_stall_main(void *arg) {
+  const struct timespec ms = {0, 1000000};
+  uint64_t last = x_mono_us();
+  (void)arg;
+  while (!__atomic_load_n(&x_stall.stop, __ATOMIC_ACQUIRE)) {
+    uint64_t now;
+    long gap;
+    nanosleep(&ms, NULL);
+    now = x_mono_us();
+    gap = (long)(now - last);
+    if (gap > __atomic_load_n(&x_stall.max_us, __ATOMIC_RELAXED))
+      __atomic_store_n(&x_stall.max_us, gap, __ATOMIC_RELAXED);
+    last = now;
+  }
+  return NULL;
+}
+
+/* Starts the watch (the longest gap starts at 0). */
+static X_UNUSED void x_stall_start(void) {
+  H_CHECK(!x_stall.running, "the stall watch runs already");
+  x_stall.stop = 0;
+  x_stall.max_us = 0;
+  H_CHECK(pthread_create(&x_stall.thread, NULL, x_stall_main, NULL) == 0,
+          "cannot start the stall watch");
+  x_stall.running = 1;
+}
+
+/* The longest gap in microseconds since x_stall_start(), the watch still running. */
+static X_UNUSED long x_stall_max_us(void) {
+  return __atomic_load_n(&x_stall.max_us, __ATOMIC_RELAXED);
+}
+
+/* Stops the watch; returns its longest gap in microseconds (0 if it was not running). */
+static X_UNUSED long x_stall_stop(void) {
+  if (!x_stall.running) return 0;
+  __atomic_store_n(&x_stall.stop, 1, __ATOMIC_RELEASE);
+  pthread_join(x_stall.thread, NULL);
+  x_stall.running = 0;
+  return x_stall.max_us;
+}
+
 /* cmocka teardown: a test that did not get through x_finish() failed on this host; the peer's
  * waits at its remaining barriers then fail at once. */
 static X_UNUSED int x_teardown(void **state) {
@@ -122,6 +184,7 @@ static X_UNUSED int x_teardown(void **state) {
     if (twohost_abandon(prefix) != 0) print_error("%s\n", twohost_error());
   }
   x_done = 1;
+  x_stall_stop();
   return h_teardown(state);
 }
 #define X_TEST(f) cmocka_unit_test_setup_teardown(f, h_setup, x_teardown)
