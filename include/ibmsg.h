@@ -85,7 +85,14 @@ IBMSG_EXPORT const char *ibmsg_version_string(void);
  * Errors
  * ------------------------------------------------------------------------------------------ */
 
-/** Codes below this are errno values; ibmsg's own codes start at IBMSG_EBASE. */
+/** Codes below this are errno values; ibmsg's own codes start at IBMSG_EBASE.
+ *
+ *  Conventions: IBMSG_EINVAL for a NULL pointer, an uninitialized or destroyed handle, or a value
+ *  out of its range; IBMSG_ESTATE for a valid socket in a state the call is not for: a listener
+ *  given to a function for connections (sending, requests, memory and counters, regions, the
+ *  peer's address: since 1.7 every such function, before some gave IBMSG_EINVAL or
+ *  IBMSG_ENOTCONN), a connection given to one for listeners; IBMSG_ENOTCONN for a connection
+ *  not (or no longer) connected. */
 #define IBMSG_ERRNO_MAX 1000 /**< codes below this are errno values */
 #define IBMSG_EBASE 1000     /**< the first of ibmsg's own codes */
 
@@ -346,8 +353,12 @@ IBMSG_EXPORT int ibmsg_event_loop_call(ibmsg_event_loop *loop, ibmsg_call_fn fn,
 IBMSG_EXPORT int ibmsg_event_loop_process(ibmsg_event_loop *loop);
 /** Milliseconds until ibmsg_event_loop_process() must run again even if the fd stays quiet
  *  (0: at once, e.g. while a connection busy-polls (IBMSG_OPT_BUSY_POLL); -1: not until the fd
- *  is readable, or loop is invalid). */
+ *  is readable, or loop is invalid: ibmsg_event_loop_next_timeout() tells the two apart). */
 IBMSG_EXPORT int ibmsg_event_loop_timeout(ibmsg_event_loop *loop);
+/** Stores in *timeout_ms what ibmsg_event_loop_timeout() returns (-1: no timeout, not until the
+ *  fd is readable) and returns IBMSG_OK; IBMSG_EINVAL for an invalid loop or NULL timeout_ms
+ *  (since 1.7). */
+IBMSG_EXPORT int ibmsg_event_loop_next_timeout(ibmsg_event_loop *loop, int *timeout_ms);
 
 /* ---------------------------------------------------------------------------------------------
  * Options: loop-wide defaults for sockets set up afterwards, and option sets for one socket
@@ -503,8 +514,8 @@ IBMSG_EXPORT int ibmsg_accept_on(ibmsg_connection_request *request, ibmsg_event_
  *  (round robin), as ibmsg_accept_on() would; the listener's own loop may be one of them.
  *  ibmsg_accept_on() still accepts where it says. The array is copied; count 0 (loops NULL) ends
  *  the spreading. The loops must outlive the listener's connections on them. Call it on the
- *  listener's thread. IBMSG_EINVAL for a socket that is not a listener, a negative count or
- *  count above 64, or an invalid loop; IBMSG_ENOMEM. */
+ *  listener's thread. IBMSG_ESTATE for a socket that is not a listener; IBMSG_EINVAL for a
+ *  negative count or count above 64, or an invalid loop; IBMSG_ENOMEM. */
 IBMSG_EXPORT int ibmsg_listen_spread(ibmsg_socket *listener, ibmsg_event_loop *const *loops,
                                      int count);
 /** Rejects a request inside the connection_request callback. The peer's socket closes with
@@ -519,7 +530,8 @@ IBMSG_EXPORT int ibmsg_disconnect(ibmsg_socket *socket);
  *  NULL). For a listener bound to port 0, this is the port picked. */
 IBMSG_EXPORT int ibmsg_socket_local_address(const ibmsg_socket *socket, char *buf, size_t len,
                                             unsigned short *port);
-/** Like ibmsg_socket_local_address() for the peer of a connection. */
+/** Like ibmsg_socket_local_address() for the peer of a connection. IBMSG_ESTATE for a listener
+ *  (since 1.7; IBMSG_ENOTCONN before), IBMSG_ENOTCONN for a closed socket. */
 IBMSG_EXPORT int ibmsg_socket_peer_address(const ibmsg_socket *socket, char *buf, size_t len,
                                            unsigned short *port);
 /** The name of the RDMA device the socket uses ("rxe0"), or NULL if none yet. */
@@ -540,7 +552,14 @@ typedef struct ibmsg_memory {
   size_t large;       /**< large buffers of rendezvous messages, in use now */
   size_t reserved[5]; /**< zero: room for later versions */
 } ibmsg_memory;
-/** What the connection costs now. IBMSG_EINVAL for a listener or a closed socket. */
+/** What the connection costs now, copied into out, at most size bytes (sizeof(ibmsg_memory);
+ *  since 1.7, with the size as ibmsg_socket_stats() takes it, so that a later, larger struct
+ *  does not overrun an older caller's). IBMSG_EINVAL for a closed socket or NULL out;
+ *  IBMSG_ESTATE for a listener. */
+IBMSG_EXPORT int ibmsg_socket_memory_info(const ibmsg_socket *socket, ibmsg_memory *out,
+                                          size_t size);
+/** ibmsg_socket_memory_info() with size sizeof(ibmsg_memory) as this header has it (since
+ *  1.2). IBMSG_ESTATE for a listener (since 1.7; IBMSG_EINVAL before). */
 IBMSG_EXPORT int ibmsg_socket_memory(const ibmsg_socket *socket, ibmsg_memory *out);
 /** A connection's counters (ibmsg_socket_stats(); since 1.4). */
 typedef struct ibmsg_stats {
@@ -559,11 +578,15 @@ typedef struct ibmsg_stats {
 } ibmsg_stats;
 /** Copies the connection's counters into out, at most size bytes (sizeof(ibmsg_stats)):
  *  for an open connection, and in the connection_closed callback for the closing one.
- *  IBMSG_EINVAL otherwise, for a listener, or if out is NULL. */
+ *  IBMSG_ESTATE for a listener (since 1.7; IBMSG_EINVAL before); IBMSG_EINVAL otherwise, or
+ *  if out is NULL. */
 IBMSG_EXPORT int ibmsg_socket_stats(const ibmsg_socket *socket, ibmsg_stats *out,
                                     size_t size);
 /** What the loop's connections and devices cost now, including buffers of closed connections
- *  the application still holds. */
+ *  the application still holds, copied into out, at most size bytes (sizeof(ibmsg_memory);
+ *  since 1.7). IBMSG_EINVAL for an invalid loop or NULL out. */
+IBMSG_EXPORT int ibmsg_loop_memory_info(ibmsg_event_loop *loop, ibmsg_memory *out, size_t size);
+/** ibmsg_loop_memory_info() with size sizeof(ibmsg_memory) as this header has it (since 1.2). */
 IBMSG_EXPORT int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out);
 /** A loop's counters (ibmsg_loop_stats(); since 1.6). */
 typedef struct ibmsg_loop_counters {
@@ -658,8 +681,8 @@ typedef struct ibmsg_region {
  *  as the message stays inside the region (else posting fails with IBMSG_ERANGE). The region
  *  stays busy (ibmsg_deregister_region fails with IBMSG_EBUSY) until ibmsg_free_msg().
  *  The region may be of another loop (since 1.7; before, IBMSG_EINVAL), on socket's loop thread.
- *  Codes as ibmsg_alloc_msg(), except IBMSG_EINVAL for a listener, and IBMSG_ERANGE if the bytes
- *  reach outside the region. */
+ *  Codes as ibmsg_alloc_msg() (IBMSG_ESTATE for a listener; IBMSG_EINVAL before 1.7), and
+ *  IBMSG_ERANGE if the bytes reach outside the region. */
 IBMSG_EXPORT int ibmsg_msg_from_region(ibmsg_buffer *msg, ibmsg_socket *socket,
                                        ibmsg_region *region, size_t offset, size_t size);
 /** From message_incoming: the message's in->size bytes go to region at offset (since 1.2). The
@@ -722,8 +745,9 @@ IBMSG_EXPORT int ibmsg_deregister_region(ibmsg_region *region);
  *  is registered on its own, so a peer can reach no byte outside it; asking again for the same
  *  range, rights and connection (device, for a device-wide grant) gives the same descriptor.
  *  The connection's close revokes its grants. IBMSG_ERANGE outside the region; IBMSG_EINVAL for
- *  length 0, NULL, no rights or flags that are not remote rights or IBMSG_ACCESS_DEVICE_WIDE, or
- *  a listener; IBMSG_EACCES for rights the region lacks;
+ *  length 0, NULL, no rights or flags that are not remote rights or IBMSG_ACCESS_DEVICE_WIDE;
+ *  IBMSG_ESTATE for a listener (since 1.7; IBMSG_EINVAL before); IBMSG_EACCES for rights the
+ *  region lacks;
  *  IBMSG_ENOTCONN if socket has no device yet (before ROUTE_RESOLVED) or is closing;
  *  IBMSG_EOPNOTSUPP if socket has IBMSG_OPT_RDMA 0, or its device has no type-2 memory windows
  *  and IBMSG_ACCESS_DEVICE_WIDE is not asked for; IBMSG_EAGAIN while 8 grants of the connection

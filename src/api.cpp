@@ -96,6 +96,13 @@ int ibmsg_event_loop_timeout(ibmsg_event_loop *pub) {
   return loop_of(pub) ? loop_timeout_ms(loop_of(pub)) : -1;
 }
 
+int ibmsg_event_loop_next_timeout(ibmsg_event_loop *pub, int *timeout_ms) {
+  Loop *loop = loop_of(pub);
+  if (!loop || !timeout_ms) return IBMSG_EINVAL;
+  *timeout_ms = loop_timeout_ms(loop);
+  return IBMSG_OK;
+}
+
 // --- options ---
 
 int ibmsg_setopt(ibmsg_event_loop *pub, int option, const void *value, size_t len) {
@@ -190,8 +197,8 @@ int ibmsg_accept_on(ibmsg_connection_request *request, ibmsg_event_loop *loop,
 
 int ibmsg_listen_spread(ibmsg_socket *listener, ibmsg_event_loop *const *loops, int count) {
   Socket *l = socket_of(listener);
-  if (!l || !l->listener || count < 0 || count > kSpreadMax || (count > 0 && !loops))
-    return IBMSG_EINVAL;
+  if (!l || count < 0 || count > kSpreadMax || (count > 0 && !loops)) return IBMSG_EINVAL;
+  if (!l->listener) return IBMSG_ESTATE;
   Loop *impls[kSpreadMax];
   for (int i = 0; i < count; ++i)
     if (!(impls[i] = loop_of_any_thread(loops[i]))) return IBMSG_EINVAL;
@@ -225,7 +232,8 @@ int ibmsg_socket_peer_address(const ibmsg_socket *socket, char *buf, size_t len,
                               unsigned short *port) {
   if (!socket) return IBMSG_EINVAL;
   Socket *s = socket_of(socket);
-  if (!s || !s->id || s->listener) return IBMSG_ENOTCONN;
+  if (s && s->listener) return IBMSG_ESTATE;
+  if (!s || !s->id) return IBMSG_ENOTCONN;
   return format_address(tp::cm_peer_addr(s->id), buf, len, port);
 }
 
@@ -241,18 +249,26 @@ size_t ibmsg_socket_max_msg_size(const ibmsg_socket *socket) {
   return s->peer.known ? s->peer.max_msg : size_t(s->opts.max_msg_size);
 }
 
-int ibmsg_socket_memory(const ibmsg_socket *socket, ibmsg_memory *out) {
+int ibmsg_socket_memory_info(const ibmsg_socket *socket, ibmsg_memory *out, size_t size) {
   Socket *s = socket_of(socket);
-  if (!s || !out || s->listener) return IBMSG_EINVAL;
-  memory_of_socket(s, out);
+  if (!s || !out) return IBMSG_EINVAL;
+  if (s->listener) return IBMSG_ESTATE;
+  ibmsg_memory m;
+  memory_of_socket(s, &m);
+  memcpy(out, &m, size < sizeof m ? size : sizeof m);
   return IBMSG_OK;
+}
+
+int ibmsg_socket_memory(const ibmsg_socket *socket, ibmsg_memory *out) {
+  return ibmsg_socket_memory_info(socket, out, sizeof *out);
 }
 
 int ibmsg_socket_stats(const ibmsg_socket *socket, ibmsg_stats *out, size_t size) {
   if (!socket || !out) return IBMSG_EINVAL;
   const ibmsg_stats *st = nullptr;
   if (Socket *s = socket_of(socket)) {
-    if (!s->listener) st = &s->stats;
+    if (s->listener) return IBMSG_ESTATE;
+    st = &s->stats;
   } else if (Loop *l = loop_of(socket->loop); l && l->closed_pub == socket) {
     st = &l->closed_stats;  // in its connection_closed callback
   }
@@ -266,11 +282,17 @@ int ibmsg_loop_stats(ibmsg_event_loop *loop, ibmsg_loop_counters *out, size_t si
   return l && out ? violations_counters(l, out, size) : IBMSG_EINVAL;
 }
 
-int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out) {
+int ibmsg_loop_memory_info(ibmsg_event_loop *loop, ibmsg_memory *out, size_t size) {
   Loop *l = loop_of(loop);
   if (!l || !out) return IBMSG_EINVAL;
-  memory_of_loop(l, out);
+  ibmsg_memory m;
+  memory_of_loop(l, &m);
+  memcpy(out, &m, size < sizeof m ? size : sizeof m);
   return IBMSG_OK;
+}
+
+int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out) {
+  return ibmsg_loop_memory_info(loop, out, sizeof *out);
 }
 
 // --- messages ---

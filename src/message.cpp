@@ -50,7 +50,7 @@ int msg_alloc(Socket *s, ibmsg_buffer *msg, size_t size) {
 }
 
 int msg_from_region(Socket *s, ibmsg_buffer *msg, Region *r, size_t off, size_t size) {
-  if (s->listener) return IBMSG_EINVAL;  // (a region of any loop: registered per device)
+  if (s->listener) return IBMSG_ESTATE;  // (a region of any loop: registered per device)
   if (!state_has_buffers(s->state)) return IBMSG_ENOTCONN;
   if (off > r->length || size > r->length - off) return IBMSG_ERANGE;
   if (size > size_t(s->opts.max_msg_size) || (s->peer.known && size > s->peer.max_msg))

@@ -206,7 +206,7 @@ int region_descriptor(Region *r, Socket *s, size_t off, size_t len, unsigned acc
   const bool wide = (access & IBMSG_ACCESS_DEVICE_WIDE) != 0;
   if (!out || len == 0 || rights == 0 || (access & ~(kRemoteRights | IBMSG_ACCESS_DEVICE_WIDE)))
     return IBMSG_EINVAL;
-  if (s->listener) return IBMSG_EINVAL;
+  if (s->listener) return IBMSG_ESTATE;
   if (off > r->length || len > r->length - off) return IBMSG_ERANGE;
   if ((rights & r->access) != rights) return IBMSG_EACCES;
   if (!s->dev) return IBMSG_ENOTCONN;

@@ -2143,7 +2143,7 @@ void the_log_callback_hears_establishment_and_close_and_stats_last_into_closed(v
   assert_int_equal(in_closed.bytes_sent, 30);
   ibmsg_stats after;
   expect_code(ibmsg_socket_stats(&p.c->s, &after, sizeof after), IBMSG_EINVAL);  // gone now
-  expect_code(ibmsg_socket_stats(&p.l->s, &after, sizeof after), IBMSG_EINVAL);  // a listener
+  expect_code(ibmsg_socket_stats(&p.l->s, &after, sizeof after), IBMSG_ESTATE);  // a listener
   h->loop.log = nullptr;
 }
 

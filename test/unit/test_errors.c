@@ -185,9 +185,11 @@ static void version_string_matches_the_numbers(void **state) {
 /* --- NULL handles ---------------------------------------------------------------------------- */
 
 static void loop_functions_reject_a_null_loop(void **state) {
-  int v = 32;
+  int v = 32, ms = 77;
   size_t len = sizeof v;
+  ibmsg_memory m;
   (void)state;
+  memset(&m, 0x5a, sizeof m);
   assert_int_equal(ibmsg_init_event_loop(NULL), IBMSG_EINVAL);
   assert_int_equal(ibmsg_init_event_loop_ev(NULL, NULL), IBMSG_EINVAL);
   assert_int_equal(ibmsg_destroy_event_loop(NULL), IBMSG_EINVAL);
@@ -196,6 +198,14 @@ static void loop_functions_reject_a_null_loop(void **state) {
   assert_int_equal(ibmsg_dispatch_event_loop_timeout(NULL, 10), IBMSG_EINVAL);
   assert_int_equal(ibmsg_event_loop_process(NULL), IBMSG_EINVAL);
   assert_int_equal(ibmsg_event_loop_fd(NULL), -1);
+  assert_int_equal(ibmsg_event_loop_timeout(NULL), -1);
+  assert_int_equal(ibmsg_event_loop_next_timeout(NULL, &ms), IBMSG_EINVAL);
+  assert_int_equal(ms, 77); /* nothing written */
+  assert_int_equal(ibmsg_loop_memory(NULL, &m), IBMSG_EINVAL);
+  assert_int_equal(ibmsg_loop_memory_info(NULL, &m, sizeof m), IBMSG_EINVAL);
+  assert_int_equal(ibmsg_socket_memory(NULL, &m), IBMSG_EINVAL);
+  assert_int_equal(ibmsg_socket_memory_info(NULL, &m, sizeof m), IBMSG_EINVAL);
+  assert_int_equal(m.buffers, (size_t)0x5a5a5a5a5a5a5a5aULL); /* nothing written */
   assert_int_equal(ibmsg_setopt(NULL, IBMSG_OPT_RECV_DEPTH, &v, sizeof v), IBMSG_EINVAL);
   assert_int_equal(ibmsg_getopt(NULL, IBMSG_OPT_RECV_DEPTH, &v, &len), IBMSG_EINVAL);
   assert_int_equal(v, 32); /* nothing written */
@@ -247,7 +257,8 @@ static void message_functions_reject_null_arguments(void **state) {
 static void loop_functions_reject_a_loop_never_initialized(void **state) {
   ibmsg_event_loop loop;
   ibmsg_socket sock;
-  int v = 32;
+  ibmsg_memory m;
+  int v = 32, ms = 77;
   size_t len = sizeof v;
   (void)state;
   memset(&loop, 0, sizeof loop);
@@ -257,6 +268,11 @@ static void loop_functions_reject_a_loop_never_initialized(void **state) {
   assert_int_equal(ibmsg_dispatch_event_loop_timeout(&loop, 0), IBMSG_EINVAL);
   assert_int_equal(ibmsg_event_loop_process(&loop), IBMSG_EINVAL);
   assert_int_equal(ibmsg_event_loop_fd(&loop), -1);
+  assert_int_equal(ibmsg_event_loop_timeout(&loop), -1);
+  assert_int_equal(ibmsg_event_loop_next_timeout(&loop, &ms), IBMSG_EINVAL);
+  assert_int_equal(ms, 77);
+  assert_int_equal(ibmsg_loop_memory_info(&loop, &m, sizeof m), IBMSG_EINVAL);
+  assert_int_equal(ibmsg_socket_memory_info(&sock, &m, sizeof m), IBMSG_EINVAL);
   assert_int_equal(ibmsg_setopt(&loop, IBMSG_OPT_RECV_DEPTH, &v, sizeof v), IBMSG_EINVAL);
   assert_int_equal(ibmsg_getopt(&loop, IBMSG_OPT_RECV_DEPTH, &v, &len), IBMSG_EINVAL);
   assert_int_equal(ibmsg_listen(&loop, &sock, NULL, 0, 1), IBMSG_EINVAL);

@@ -1192,12 +1192,57 @@ void region_descriptor_refuses_bad_arguments(void **state) {
   expect_code(ibmsg_region_descriptor(&r.r, &p.a->s, 0, 8, kW, nullptr), IBMSG_EINVAL);
   expect_code(ibmsg_region_descriptor(&r.r, &p.a->s, 0, 8, kA, &d), IBMSG_EACCES);
   expect_code(ibmsg_region_descriptor(nullptr, &p.a->s, 0, 8, kW, &d), IBMSG_EINVAL);
-  expect_code(ibmsg_region_descriptor(&r.r, &p.l->s, 0, 8, kW, &d), IBMSG_EINVAL);  // listener
+  expect_code(ibmsg_region_descriptor(&r.r, &p.l->s, 0, 8, kW, &d), IBMSG_ESTATE);  // listener
   ibmsg_socket never{};
   expect_code(ibmsg_region_descriptor(&r.r, &never, 0, 8, kW, &d), IBMSG_ENOTCONN);
   ibmsg_descriptor bad{};
   expect_code(ibmsg_descriptor_info(&bad, nullptr, nullptr), IBMSG_EBADDESC);
   expect_code(ibmsg_descriptor_info(nullptr, nullptr, nullptr), IBMSG_EINVAL);
+}
+
+// A listener given to any function made for connections is the wrong state: IBMSG_ESTATE from
+// every one of them (1.7: some said IBMSG_EINVAL or IBMSG_ENOTCONN), with nothing written or
+// posted; the connection beside it keeps working.
+void every_connection_function_refuses_a_listener_with_estate(void **state) {
+  H *h = h_of(state);
+  Pair p = connected(h);
+  Reg &r = alloc_region(h, 8192, kR | kW);
+  ibmsg_socket *l = &p.l->s;
+  ibmsg_buffer msg{}, from{};
+  expect_code(ibmsg_alloc_msg(&msg, l, 10), IBMSG_ESTATE);
+  assert_null(msg.impl);
+  expect_code(ibmsg_msg_from_region(&from, l, &r.r, 0, 10), IBMSG_ESTATE);
+  assert_null(from.impl);
+  ibmsg_descriptor d{};
+  expect_code(ibmsg_region_descriptor(&r.r, l, 0, 8, kW, &d), IBMSG_ESTATE);
+  ibmsg_memory m{};
+  expect_code(ibmsg_socket_memory(l, &m), IBMSG_ESTATE);
+  expect_code(ibmsg_socket_memory_info(l, &m, sizeof m), IBMSG_ESTATE);
+  ibmsg_stats st{};
+  expect_code(ibmsg_socket_stats(l, &st, sizeof st), IBMSG_ESTATE);
+  char buf[64] = "untouched";
+  unsigned short port = 7;
+  expect_code(ibmsg_socket_peer_address(l, buf, sizeof buf, &port), IBMSG_ESTATE);
+  assert_string_equal(buf, "untouched");
+  assert_int_equal(port, 7);
+  expect_code(ibmsg_socket_local_address(l, buf, sizeof buf, &port), IBMSG_OK);  // its own
+  // A message of the connection, posted on the listener: refused, still the application's,
+  // then posted on its connection.
+  int rc = IBMSG_OK;
+  Out *o1 = alloc_out(*p.c, 10, &rc);
+  expect_code(rc, IBMSG_OK);
+  assert_non_null(o1);
+  expect_code(ibmsg_post_send(l, &o1->m), IBMSG_ESTATE);
+  ibmsg_request req{};
+  expect_code(ibmsg_post_request(l, &o1->m, &req, 1000), IBMSG_ESTATE);
+  assert_int_equal(o1->m.status, IBMSG_WAITING);
+  OpRec &o = new_op(h);
+  ibmsg_descriptor mine = grant(r, *p.a, 0, 4096, kW);
+  expect_code(ibmsg_rdma_write(l, &o.op, &r.r, 0, 8, &mine, 0), IBMSG_ESTATE);
+  expect_code(ibmsg_rdma_read(l, &o.op, &r.r, 0, 8, &mine, 0), IBMSG_ESTATE);
+  assert_int_equal(ibmsg_socket_max_msg_size(l), 0);  // (a size: 0 for a listener)
+  expect_code(post_out(*p.c, *o1), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1 && o.dones == 0);
 }
 
 void region_registered_before_any_connection_is_registered_lazily(void **state) {
@@ -1459,6 +1504,7 @@ int main(void) {
       T(deregister_is_ebusy_while_an_operation_uses_the_region),
       T(descriptors_are_cached_per_range_rights_and_connection),
       T(region_descriptor_refuses_bad_arguments),
+      T(every_connection_function_refuses_a_listener_with_estate),
       T(region_registered_before_any_connection_is_registered_lazily),
       T(destroy_event_loop_with_a_registered_region_is_ebusy),
       T(checks_before_posting_refuse_and_post_nothing),

@@ -46,7 +46,16 @@ fake::CqInfo cq(const Conn &c) { return fake::cq_info(cq_of(c)); }
 bool polls(const Conn &c) { return c.s.impl && c.s.impl->poll_node.linked(); }
 int loop_polling(H *h) { return int(h->loop.impl->pollers.size()); }
 bool poller_running(H *h) { return ev_is_active(&h->loop.impl->poller); }
-int loop_timeout(H *h) { return ibmsg_event_loop_timeout(&h->loop); }
+// ibmsg_event_loop_timeout(), checked against ibmsg_event_loop_next_timeout(): both give the
+// same answer for a valid loop (-1 for none as well), the latter with IBMSG_OK.
+int loop_timeout(H *h) {
+  int ms = -77;
+  const int t = ibmsg_event_loop_timeout(&h->loop);
+  expect_code(ibmsg_event_loop_next_timeout(&h->loop, &ms), IBMSG_OK);
+  assert_int_equal(ms, t);
+  expect_code(ibmsg_event_loop_next_timeout(&h->loop, nullptr), IBMSG_EINVAL);
+  return t;
+}
 
 // Drives the loop as a foreign event loop would (ibmsg_event_loop_process while
 // ibmsg_event_loop_timeout() says 0) until the timeout is no longer 0; the milliseconds that

@@ -1843,10 +1843,28 @@ void memory_query_counts_buffers_and_large_ones(void **state) {
   expect_code(ibmsg_loop_memory(&h->loop, &ml), IBMSG_OK);
   assert_int_equal(ml.large, 0);
   assert_int_equal(ml.shared, 2 * ma.large);
-  // Bad calls.
-  expect_code(ibmsg_socket_memory(&p.l->s, &mc), IBMSG_EINVAL);  // a listener
+  // The sized queries (1.7) give the same, and copy no more than they are asked for: a caller
+  // built against a smaller struct (here: its first field) gets that and nothing beyond.
+  ibmsg_memory mi, li;
+  expect_code(ibmsg_socket_memory(&p.c->s, &mc), IBMSG_OK);
+  expect_code(ibmsg_socket_memory_info(&p.c->s, &mi, sizeof mi), IBMSG_OK);
+  assert_int_equal(memcmp(&mi, &mc, sizeof mi), 0);
+  expect_code(ibmsg_loop_memory_info(&h->loop, &li, sizeof li), IBMSG_OK);
+  assert_int_equal(memcmp(&li, &ml, sizeof li), 0);
+  memset(&mi, 0xa5, sizeof mi);
+  expect_code(ibmsg_socket_memory_info(&p.c->s, &mi, sizeof mi.buffers), IBMSG_OK);
+  assert_int_equal(mi.buffers, mc.buffers);
+  assert_int_equal(mi.shared, size_t(0xa5a5a5a5a5a5a5a5ull));  // untouched
+  memset(&li, 0xa5, sizeof li);
+  expect_code(ibmsg_loop_memory_info(&h->loop, &li, 0), IBMSG_OK);
+  assert_int_equal(li.buffers, size_t(0xa5a5a5a5a5a5a5a5ull));
+  // Bad calls: a listener is the wrong state (IBMSG_ESTATE), NULL is an invalid argument.
+  expect_code(ibmsg_socket_memory(&p.l->s, &mc), IBMSG_ESTATE);
+  expect_code(ibmsg_socket_memory_info(&p.l->s, &mc, sizeof mc), IBMSG_ESTATE);
   expect_code(ibmsg_socket_memory(&p.c->s, nullptr), IBMSG_EINVAL);
+  expect_code(ibmsg_socket_memory_info(&p.c->s, nullptr, sizeof mc), IBMSG_EINVAL);
   expect_code(ibmsg_loop_memory(nullptr, &ml), IBMSG_EINVAL);
+  expect_code(ibmsg_loop_memory_info(&h->loop, nullptr, sizeof ml), IBMSG_EINVAL);
 }
 
 // A message sent from a region goes without a copy: eager ones from the region's bytes (an
