@@ -3,9 +3,11 @@
  *
  * Move-only RAII classes over the C objects, in the manner of cppzmq over libzmq:
  *
- *   ibmsg::error               an ibmsg error code as an exception (code(), what())
- *   ibmsg::loop                owns an ibmsg_event_loop; the callbacks are std::function
- *   ibmsg::socket              owns a heap-allocated ibmsg_socket (listener or connection)
+ *   ibmsg::error               an ibmsg error code as an exception: a std::system_error whose
+ *                              std::error_code is of ibmsg::error_category()
+ *   ibmsg::loop                owns an ibmsg_event_loop; the loop-wide callbacks are std::function
+ *   ibmsg::socket              owns a heap-allocated ibmsg_socket (listener or connection), and
+ *                              may carry handlers of its own (socket::on_received(), ...)
  *   ibmsg::message             owns one message: a send buffer, or a received message
  *   ibmsg::connection_request  a view of an incoming connection inside the request callback
  *   ibmsg::incoming            a view of a large message that starts to arrive, inside the
@@ -14,15 +16,40 @@
  *   ibmsg::descriptor          a remote descriptor (value type): what a peer needs to reach a range
  *   ibmsg::unanswered_request  a request that got no reply (timed out, or its connection closed),
  *                              handed to a request's handler: retry() sends it again
+ *   ibmsg::span, const_bytes   a view of bytes: std::span in C++20, a small span of its own in
+ *                              C++17 (the same members that std::span has, of those it offers)
+ *   ibmsg::time_limit          a timeout: a std::chrono duration, or an int of milliseconds
  *
- * Every class exposes its C object with handle(), so any C function can be used alongside, and
- * adds no behaviour of its own beyond RAII and error translation: a C function that fails throws
- * ibmsg::error carrying its code, except would-block (IBMSG_EAGAIN from message::alloc(),
- * message::from_region(), message::post(), message::post_imm() and the one-sided operations of
- * ibmsg::socket, and from socket::request(), socket::reply() and unanswered_request::retry()),
- * which returns false as cppzmq does, and a large message that does not fit
- * where incoming::to_region() would put it (IBMSG_ERANGE), which returns false as well: in both
- * cases nothing changed, and the caller may try again or otherwise.
+ * Every class exposes its C object with handle(), so any C function can be used alongside. A C
+ * function that fails throws ibmsg::error carrying its code, except would-block (IBMSG_EAGAIN
+ * from message::alloc(), message::from_region(), the posting calls (socket::post(), send(),
+ * request(), reply(), ..., message::post()), the one-sided operations and
+ * unanswered_request::retry()), which returns false as cppzmq does, and a large message that
+ * does not fit where incoming::to_region() would put it (IBMSG_ERANGE), which returns false as
+ * well: in both cases nothing changed, and the caller may try again or otherwise.
+ *
+ * Handlers: each callback of the C API reaches the application as a std::function, found in this
+ * order: the socket's own handler (socket::on_established(), on_received(), on_sent(),
+ * on_closed()), else the loop's (loop::on_connection_established(), ...). So a connection
+ * object of the application sets its socket's handlers (capturing itself) and needs no map from
+ * sockets to connections:
+ *
+ *     struct session {
+ *       ibmsg::socket sock;
+ *       explicit session(ibmsg::connection_request &req) {
+ *         sock.on_received([this](ibmsg::socket &s, ibmsg::message m) { handle(s, m); });
+ *         sock.on_closed([this](ibmsg::socket &, int) { delete this; });
+ *         req.accept(sock);  // set the handlers first: a spreading listener's connection
+ *       }                    // may call back from another thread at once
+ *     };
+ *
+ * Completion per post: socket::send() posts a message and runs a handler of its own once the
+ * message is sent or failed (instead of message_sent), with the message handed back; the
+ * wrapper keeps the message meanwhile (the application keeps no list of messages in flight).
+ * The handler may be move-only (it may hold a received message, or a std::unique_ptr). With
+ * byte views, a message is made, filled and sent in one call:
+ *
+ *     conn.send(std::string_view("hello"), [](int status) { ... });  // false: would block
  *
  * One-sided RDMA: socket::rdma_write(), rdma_read(), rdma_write_imm(), atomic_cas() and
  * atomic_fadd() take a std::function handler instead of an ibmsg_op; the wrapper allocates the
@@ -33,7 +60,7 @@
  * for messages). A call that fails posts nothing and frees the ibmsg_op at once; no handler runs.
  *
  *     ibmsg::region mem(loop, 4096, IBMSG_ACCESS_LOCAL_WRITE);
- *     ibmsg::descriptor remote = ibmsg::descriptor::from_bytes(msg.data(), msg.size());
+ *     ibmsg::descriptor remote = ibmsg::descriptor::from_bytes(msg.bytes());
  *     bool posted = conn.rdma_read(mem, 0, 4096, remote, 0, [&](ibmsg::socket &, int status) {
  *       if (status == IBMSG_OK) use(mem.data());
  *     });
@@ -42,7 +69,7 @@
  * std::function handler instead of an ibmsg_request, which the wrapper allocates (with the
  * handler) for each request and frees after the library's done callback, as for the one-sided
  * operations. The handler runs exactly once per request() (and per retry()): with IBMSG_OK and
- * the reply, or with an empty message and IBMSG_ETIMEDOUT (no reply within timeout_ms; a later
+ * the reply, or with an empty message and IBMSG_ETIMEDOUT (no reply within the timeout; a later
  * reply is dropped) or the reason the connection closed (IBMSG_ECANCELED after disconnect(),
  * IBMSG_ECONNRESET, ...); unless the socket's wrapper died first (then nothing reaches the
  * application, and the reply is freed). The reply is an owning ibmsg::message like a received
@@ -51,49 +78,47 @@
  * message_received (message::is_request()), keeps it until it answers with socket::reply(), and
  * may drop it after.
  *
- *     loop.on_message_received([&](ibmsg::socket &s, ibmsg::message m) {
+ *     conn.on_received([&](ibmsg::socket &s, ibmsg::message m) {
  *       if (!m.is_request()) return;
  *       ibmsg::message answer;
- *       if (answer.alloc(s, 2)) {
- *         std::memcpy(answer.data(), "ok", 2);
- *         if (s.reply(m, answer)) outbox.push_back(std::move(answer));  // until message_sent
- *       }
+ *       if (answer.alloc(s, std::string_view("ok")) && s.reply(m, answer))
+ *         outbox.push_back(std::move(answer));  // until message_sent
  *     });  // m dies here: answered, or never (a request freed unanswered gets no reply)
- *     bool posted = conn.request(msg, 1000, [&](ibmsg::socket &, ibmsg::message reply, int st) {
+ *     bool posted = conn.request(msg, 1s, [&](ibmsg::socket &, ibmsg::message reply, int st) {
  *       if (st == IBMSG_OK) use(reply.to_string_view());
  *     });
  *
  * Retrying: a handler with a fourth parameter, an ibmsg::unanswered_request, may send the same
  * request again (ibmsg_retry_request(): the responder runs it at most once, so a retry is safe
  * also for a request the responder has seen). It holds the request after IBMSG_ETIMEDOUT or a
- * close reason (and is empty after IBMSG_OK); unanswered_request::retry(socket, msg, timeout_ms)
+ * close reason (and is empty after IBMSG_OK); unanswered_request::retry(socket, msg, timeout)
  * sends it with a message of that socket, from inside the handler or later (after a
  * reconnection, on the new socket: move the unanswered_request out of the handler to keep it),
  * and the same handler runs again, once, for the retry. Dropping it gives the request up. The
  * wrapper never retries by itself:
  *
- *     bool posted = conn.request(msg, 200, [&](ibmsg::socket &s, ibmsg::message reply, int st,
- *                                              ibmsg::unanswered_request req) {
- *       if (st == IBMSG_ETIMEDOUT && req.retries() < 3 && req.retry(s, msg, 200)) return;
+ *     bool posted = conn.request(msg, 200ms, [&](ibmsg::socket &s, ibmsg::message reply, int st,
+ *                                                ibmsg::unanswered_request req) {
+ *       if (st == IBMSG_ETIMEDOUT && req.retries() < 3 && req.retry(s, msg, 200ms)) return;
  *       done(st, std::move(reply));  // IBMSG_OK, or the last failure
  *     });
  *
  * (msg must not be posted when retry() sends it: its message_sent callback came, which it
  * normally has by the time the request timed out; retry() throws otherwise.)
  *
+ * Timeouts are ibmsg::time_limit: any std::chrono duration (rounded up to whole milliseconds,
+ * at most INT_MAX ms), or an int of milliseconds as before.
+ *
  * A complete program, which says hello to a server and disconnects:
  *
- *     ibmsg::loop loop;      // first: it must outlive the socket and the message
+ *     ibmsg::loop loop;      // first: it must outlive the socket
  *     ibmsg::socket conn;
- *     ibmsg::message hello;
- *     loop.on_connection_established([&](ibmsg::socket &s) {
- *       if (hello.alloc(s, 5)) {
- *         std::memcpy(hello.data(), "hello", 5);
- *         if (hello.post(s)) return;
- *       }
- *       s.disconnect();        // would block: not on a new connection
+ *     conn.on_established([](ibmsg::socket &s) {
+ *       if (!s.send(std::string_view("hello"), [](ibmsg::socket &s, ibmsg::message, int) {
+ *             s.disconnect();  // sent, or not: either way we are done
+ *           }))
+ *         s.disconnect();      // would block: not on a new connection
  *     });
- *     loop.on_message_sent([](ibmsg::socket &s, ibmsg::message &, int) { s.disconnect(); });
  *     conn.connect(loop, "192.0.2.1", 12345);
  *     while (conn.is_open()) loop.dispatch();
  *
@@ -101,29 +126,36 @@
  *
  * Ownership and lifetime, the rules of ibmsg.h carried over:
  *   - the wrappers keep the C structs on the heap, so moving a wrapper never moves a struct the
- *     library points to. The `user_data` fields of the C structs belong to the wrapper (they
- *     point back at the wrapper objects and follow them when they move): do not change them.
- *     To tell connections apart, key on socket::handle(), which stays the same across moves.
+ *     library points to. The `user_data` fields of the C loop, sockets and messages belong to
+ *     the wrapper (they point back at the wrapper objects, or at the wrapper's keeping of a
+ *     message in flight, and follow them when they move): do not change them, and do not give
+ *     the loop's callbacks C structs of the application's own (their user_data would be read
+ *     as the wrapper's). The C regions' user_data stays the application's. A socket's own
+ *     handlers replace a map keyed by socket::handle() (which stays the same across moves).
  *   - destroying an open ibmsg::socket disconnects it; the C struct lives on until the library's
  *     closed callback, and no callback reaches the application for that socket any more.
  *   - destroying an ibmsg::message frees it; one still queued or in flight is freed when the
  *     library is done with it, and its message_sent callback does not reach the application.
+ *     A message given to socket::send() is the wrapper's until its handler gets it back.
  *   - received messages come to the message_received callback as an owning ibmsg::message:
  *     freed (its credit returned to the peer) when that object dies, so keep it by moving it.
  *   - a message of a region's bytes (message::from_region(), or received into a region through
  *     incoming::to_region()) keeps the region busy until it is freed; a region that dies before
  *     is deregistered by the loop after the last such message is freed (see region::~region()).
  *   - destroying an ibmsg::region deregisters it (and frees the memory of an allocated one); one
- *     that this side's operations still use is deregistered by the loop after the last of them
- *     (see region::~region()).
+ *     that this side's operations still use is deregistered by the loop later, after the last
+ *     of them (deferred deregistration: see region::~region()).
  *   - the loop must outlive its sockets, messages and regions: create it first so that C++
- *     destroys it last. See loop::~loop() and loop::close().
+ *     destroys it last. Its destructor never waits: what the sockets', messages' and regions'
+ *     destructors left closing must be done by then, which loop::drain() waits for; otherwise
+ *     the C loop is leaked on purpose (see loop::~loop()).
  *
  * Exceptions thrown by a callback do not cross the C library: the first one is held and
- * rethrown by the dispatch() or process() call that ran the callback (later ones in the same
- * call are dropped). The library's own state stays consistent either way. Callbacks of a loop
- * on the application's libev loop run inside ev_run(), where nothing can be rethrown: such an
- * exception waits for the next dispatch() or process(), so those callbacks should not throw.
+ * rethrown by the dispatch(), process() or drain() call that ran the callback (later ones in
+ * the same call are dropped). The library's own state stays consistent either way. Callbacks of
+ * a loop on the application's libev loop run inside ev_run(), where nothing can be rethrown:
+ * such an exception waits for the next dispatch() or process(), so those callbacks should not
+ * throw.
  *
  * Threading is that of ibmsg.h: a loop and everything on it belong to one thread at a time.
  */
@@ -140,21 +172,33 @@
  *  Header-only C++17 wrapper of the ibmsg C API: move-only RAII classes, callbacks as lambdas,
  *  errors as ibmsg::error. See the comment at the top of this file. */
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <functional>
 #include <initializer_list>
+#include <iterator>
 #include <memory>
+#include <new>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#if __cplusplus >= 202002L && defined(__has_include)
+#if __has_include(<span>)
+#include <span>
+#endif
+#endif
 
 #include "ibmsg.h"
 
@@ -181,23 +225,191 @@ inline void *const orphan = &orphan_tag;
  * ------------------------------------------------------------------------------------------ */
 
 /**
- * An ibmsg error code as an exception. what() is ibmsg_strerror(code()).
+ * The std::error_category of ibmsg's codes ("ibmsg"): message() is ibmsg_strerror(). The codes
+ * below IBMSG_ERRNO_MAX are errno values, and compare equal to the std::errc of that value
+ * (IBMSG_ETIMEDOUT == std::errc::timed_out); ibmsg's own codes (IBMSG_EREJECTED, ...) to no
+ * std::errc.
  */
-class error : public std::runtime_error {
+class error_category_impl final : public std::error_category {
+ public:
+  /** "ibmsg". */
+  const char *name() const noexcept override { return "ibmsg"; }
+  /** ibmsg_strerror(code). */
+  std::string message(int code) const override { return ibmsg_strerror(code); }
+  /** An errno-based code as the std::generic_category() condition of that value; ibmsg's own
+   *  codes (and IBMSG_OK) as themselves. */
+  std::error_condition default_error_condition(int code) const noexcept override {
+    if (code > 0 && code < IBMSG_ERRNO_MAX) return std::error_condition(code, std::generic_category());
+    return std::error_condition(code, *this);
+  }
+};
+
+/** The one error category of ibmsg's codes. */
+inline const std::error_category &error_category() noexcept {
+  static const error_category_impl category;
+  return category;
+}
+
+/** An ibmsg code (IBMSG_OK, IBMSG_EINVAL, IBMSG_EREJECTED, ...) as a std::error_code. */
+inline std::error_code make_error_code(int code) noexcept {
+  return std::error_code(code, error_category());
+}
+
+/**
+ * An ibmsg error code as an exception: a std::system_error (and so a std::runtime_error) whose
+ * code() as a std::system_error is of ibmsg::error_category(); what() is ibmsg_strerror(code()).
+ */
+class error : public std::system_error {
  public:
   /** Makes the exception for an ibmsg error code (IBMSG_EINVAL, IBMSG_EREJECTED, ...). */
-  explicit error(int code) : std::runtime_error(ibmsg_strerror(code)), code_(code) {}
+  explicit error(int code) : std::system_error(ibmsg::make_error_code(code)), code_(code) {}
 
-  /** The ibmsg error code. */
+  /** The ibmsg error code (an int, as in ibmsg 1.x's wrapper; std::system_error::code() gives
+   *  it as a std::error_code, as does error_code()). */
   int code() const noexcept { return code_; }
+  /** The code as a std::error_code of ibmsg::error_category(). */
+  std::error_code error_code() const noexcept { return std::system_error::code(); }
   /** The code's name, e.g. "IBMSG_EMSGSIZE" (ibmsg_err_name()). */
   const char *name() const noexcept { return ibmsg_err_name(code_); }
+  /** The message of the code (ibmsg_strerror()). */
+  const char *what() const noexcept override { return ibmsg_strerror(code_); }
 
  private:
   int code_;
 };
 
+/* ---------------------------------------------------------------------------------------------
+ * Byte views and time limits
+ * ------------------------------------------------------------------------------------------ */
+
+#if defined(__cpp_lib_span) && __cpp_lib_span >= 202002L
+/** A view of contiguous objects: std::span in C++20 (with extent std::dynamic_extent). The
+ *  wrapper's functions that take or give bytes use const_bytes and mutable_bytes, so their types
+ *  differ between C++17 and C++20: compile every file of a program that passes them between
+ *  files with the same standard. */
+template <class T>
+using span = std::span<T>;
+#else
+/**
+ * A view of count contiguous objects of type T at data, for C++17 (in C++20, ibmsg::span is
+ * std::span): a pointer and a size, with the members of std::span that the wrapper's users
+ * need. It owns nothing. The wrapper's functions that take or give bytes use const_bytes and
+ * mutable_bytes, so their types differ between C++17 and C++20: compile every file of a program
+ * that passes them between files with the same standard.
+ */
+template <class T>
+class span {
+ public:
+  using element_type = T;                          /**< T */
+  using value_type = std::remove_cv_t<T>;          /**< T without const */
+  using size_type = std::size_t;                   /**< std::size_t */
+  using pointer = T *;                             /**< T * */
+  using reference = T &;                           /**< T & */
+  using iterator = T *;                            /**< a pointer */
+
+  /** An empty view. */
+  constexpr span() noexcept = default;
+  /** count objects at data. */
+  constexpr span(T *data, std::size_t count) noexcept : p_(data), n_(count) {}
+  /** An array. */
+  template <std::size_t N>
+  constexpr span(T (&a)[N]) noexcept : p_(a), n_(N) {}
+  /** A view of U as one of T (U * converts to T *: adds const). */
+  template <class U, std::enable_if_t<std::is_convertible_v<U (*)[], T (*)[]>, int> = 0>
+  constexpr span(const span<U> &other) noexcept : p_(other.data()), n_(other.size()) {}
+  /** A contiguous container whose data() converts to T * (std::vector, std::array, ...). */
+  template <class C,
+            std::enable_if_t<!std::is_array_v<std::remove_reference_t<C>> &&
+                                 std::is_convertible_v<std::remove_pointer_t<decltype(
+                                                           std::declval<C &>().data())> (*)[],
+                                                       T (*)[]>,
+                             int> = 0>
+  constexpr span(C &c) noexcept(noexcept(c.data()) && noexcept(c.size()))
+      : p_(c.data()), n_(c.size()) {}
+
+  /** The first object. */
+  constexpr T *data() const noexcept { return p_; }
+  /** The number of objects. */
+  constexpr std::size_t size() const noexcept { return n_; }
+  /** The number of bytes. */
+  constexpr std::size_t size_bytes() const noexcept { return n_ * sizeof(T); }
+  /** True if size() is 0. */
+  constexpr bool empty() const noexcept { return n_ == 0; }
+  /** Object i (i < size()). */
+  constexpr T &operator[](std::size_t i) const noexcept { return p_[i]; }
+  /** The first object, as an iterator. */
+  constexpr T *begin() const noexcept { return p_; }
+  /** Past the last object. */
+  constexpr T *end() const noexcept { return p_ + n_; }
+  /** The first count objects. */
+  constexpr span first(std::size_t count) const noexcept { return span(p_, count); }
+  /** count objects from offset (all the rest for count std::size_t(-1)). */
+  constexpr span subspan(std::size_t offset, std::size_t count = std::size_t(-1)) const noexcept {
+    return span(p_ + offset, count == std::size_t(-1) ? n_ - offset : count);
+  }
+
+ private:
+  T *p_ = nullptr;
+  std::size_t n_ = 0;
+};
+#endif
+
+/** Bytes to read: what the wrapper's functions take (message::alloc(), socket::send(), ...). */
+using const_bytes = span<const std::byte>;
+/** Bytes to write: a message's payload (message::bytes()). */
+using mutable_bytes = span<std::byte>;
+
+/** The bytes of a string (no terminator). */
+inline const_bytes as_bytes(std::string_view text) noexcept {
+  return const_bytes(reinterpret_cast<const std::byte *>(text.data()), text.size());
+}
+/** Bytes as characters. */
+inline std::string_view to_string_view(const_bytes bytes) noexcept {
+  return std::string_view(reinterpret_cast<const char *>(bytes.data()), bytes.size());
+}
+
+/**
+ * A timeout, as the wrapper's functions take it: a std::chrono duration, rounded up to whole
+ * milliseconds (so 1 us is 1 ms, not 0) and capped at INT_MAX ms, or an int of milliseconds
+ * taken as it is (the wrapper's older signatures; a negative int is passed on, and the function
+ * says what it makes of it). A negative duration is -1 ms.
+ */
+class time_limit {
+ public:
+  /** ms milliseconds, as they are. */
+  constexpr time_limit(int ms) noexcept : ms_(ms) {}  // NOLINT: implicit, as the older ints
+  /** A duration, rounded up to whole milliseconds, at most INT_MAX; negative: -1. */
+  template <class Rep, class Period>
+  constexpr time_limit(std::chrono::duration<Rep, Period> d) noexcept  // NOLINT: implicit
+      : ms_(from(d)) {}
+
+  /** The milliseconds. */
+  constexpr int ms() const noexcept { return ms_; }
+  /** As a std::chrono::milliseconds. */
+  constexpr std::chrono::milliseconds duration() const noexcept {
+    return std::chrono::milliseconds(ms_);
+  }
+
+ private:
+  template <class Rep, class Period>
+  static constexpr int from(std::chrono::duration<Rep, Period> d) noexcept {
+    if (d < std::chrono::duration<Rep, Period>::zero()) return -1;
+    using ms_double = std::chrono::duration<double, std::milli>;
+    const double v = std::chrono::duration_cast<ms_double>(d).count();
+    if (v >= double(INT_MAX)) return INT_MAX;
+    int whole = static_cast<int>(v);
+    return double(whole) < v ? whole + 1 : whole;
+  }
+  int ms_;
+};
+
 namespace detail {
+/* The byte types message::data<T>() gives. */
+template <class T>
+inline constexpr bool is_byte_v =
+    std::is_same_v<std::remove_cv_t<T>, char> || std::is_same_v<std::remove_cv_t<T>, signed char> ||
+    std::is_same_v<std::remove_cv_t<T>, unsigned char> || std::is_same_v<std::remove_cv_t<T>, std::byte>;
+
 /* Throws ibmsg::error unless rc is IBMSG_OK. */
 inline void check(int rc) {
   if (rc != IBMSG_OK) throw error(rc);
@@ -313,6 +525,12 @@ class options {
     }));
     return *this;
   }
+  /** Sets an option of milliseconds from a std::chrono duration, as loop::set_option() does;
+   *  returns *this. Throws ibmsg::error (IBMSG_EINVAL). */
+  template <class Rep, class Period>
+  options &set(int option, std::chrono::duration<Rep, Period> value) {
+    return set(option, time_limit(value).ms());
+  }
   /** Sets a string option; returns *this. Throws ibmsg::error. */
   options &set(int option, std::string_view value) {
     detail::check(ibmsg_options_set(o_, option, value.empty() ? "" : value.data(), value.size()));
@@ -380,6 +598,11 @@ class descriptor {
     return d;
   }
 
+  /** from_bytes() of a byte view, e.g. message::bytes(). */
+  static descriptor from_bytes(const_bytes bytes) {
+    return from_bytes(bytes.data(), bytes.size());
+  }
+
   /** True if the bytes are a well-formed descriptor (ibmsg_descriptor_info() succeeds). */
   bool valid() const noexcept { return ibmsg_descriptor_info(&d_, nullptr, nullptr) == IBMSG_OK; }
   /** The number of bytes the descriptor grants. Throws ibmsg::error (IBMSG_EBADDESC). */
@@ -397,6 +620,10 @@ class descriptor {
 
   /** The bytes to send to the peer: size() of them. */
   const unsigned char *bytes() const noexcept { return d_.bytes; }
+  /** The same bytes as a view, e.g. for message::alloc() or socket::send(). */
+  const_bytes view() const noexcept {
+    return const_bytes(reinterpret_cast<const std::byte *>(d_.bytes), IBMSG_DESCRIPTOR_SIZE);
+  }
   /** IBMSG_DESCRIPTOR_SIZE: the number of bytes(). */
   static constexpr std::size_t size() noexcept { return IBMSG_DESCRIPTOR_SIZE; }
   /** The C descriptor. */
@@ -428,6 +655,10 @@ struct region_box {
 /* One request posted through the wrapper (socket::request()): defined with the socket's
  * functions, once message and unanswered_request are complete. */
 struct request_box;
+/* A message sent through socket::send(), kept with its handler: defined after message. */
+struct send_box;
+/* The handlers of a socket's own (socket::on_received(), ...): defined after message. */
+struct socket_handlers;
 
 /* One operation posted through the wrapper: the ibmsg_op the library holds, and the handler.
  * Allocated by the posting call, freed after the library's done callback. */
@@ -454,7 +685,24 @@ struct op_box {
  *
  * The destructor of an open socket calls ibmsg_disconnect() and lets the C struct live until
  * the library has closed it; no callback for it reaches the application after that, including
- * the handlers of its one-sided operations (their storage is freed all the same).
+ * the handlers of its one-sided operations, requests and send() (their storage is freed all the
+ * same, and the loop counts the socket as closing until then: see loop::drain()).
+ *
+ * Handlers of its own: on_established(), on_received(), on_sent() and on_closed() set handlers
+ * that take this socket's callbacks instead of the loop's (each one that is set; the loop's
+ * handler runs for the others). They belong to the wrapper object: they move with it, stay when
+ * the socket is set up again, and die with it. Set them before connect() or accept() (a
+ * spreading listener's or accept_on()'s connection may call back from another loop's thread at
+ * once). A handler may destroy the socket, also from inside itself (the closed handler, for
+ * example, may delete the object that holds the socket), but may not replace itself while it
+ * runs.
+ *
+ * Posting: post() and post_imm() send a message that stays the application's (its message_sent
+ * callback gives it back: on_sent() or loop::on_message_sent()); send() and send_imm() take the
+ * message and run a completion handler of their own once, with the message handed back and the
+ * status, instead of message_sent; request() and reply() send a request and a reply. Each
+ * returns false if the send buffers or the send queue are full (IBMSG_EAGAIN: nothing was sent),
+ * and throws ibmsg::error for what the library refuses (nothing was sent, no handler runs).
  *
  * One-sided operations (rdma_write(), rdma_read(), rdma_write_imm(), atomic_cas(),
  * atomic_fadd()) need a CONNECTED socket whose peer offers one-sided RDMA (IBMSG_OPT_RDMA on
@@ -477,9 +725,10 @@ struct op_box {
  * handlers of a socket run before its connection_closed callback). The handler may be empty (the
  * reply is then freed unread). A call returns false when the send queue is full (IBMSG_EAGAIN:
  * nothing was sent, the handler is dropped), and throws ibmsg::error when the library refuses the
- * request (nothing was sent, no handler runs): IBMSG_EINVAL (timeout_ms 0 or negative, an empty
- * message), IBMSG_EOPNOTSUPP (the peer's ibmsg has no requests), IBMSG_EMSGSIZE (above the eager
- * size: requests and replies go eagerly), IBMSG_ENOTCONN, ... (see ibmsg_post_request()).
+ * request (nothing was sent, no handler runs): IBMSG_EINVAL (a timeout of 0 or less, an empty
+ * message), IBMSG_EOPNOTSUPP (the peer's ibmsg has no requests), IBMSG_EMSGSIZE (above the
+ * connection's maximum; above the eager size a request goes by rendezvous, like a message),
+ * IBMSG_ENOTCONN, ... (see ibmsg_post_request()).
  */
 class socket {
  public:
@@ -498,23 +747,40 @@ class socket {
    *  after IBMSG_OK req is empty. */
   using retry_handler =
       std::function<void(socket &, message reply, int status, unanswered_request req)>;
+  /** The socket's own handler when the connection reaches IBMSG_CONNECTED (on_established()). */
+  using established_handler = std::function<void(socket &)>;
+  /** The socket's own handler of each received message, which it owns (on_received()). */
+  using received_handler = std::function<void(socket &, message)>;
+  /** The socket's own message_sent handler (on_sent()): once per post() or post_imm(), with
+   *  IBMSG_OK when the peer has the message, otherwise why not. */
+  using sent_handler = std::function<void(socket &, message &, int status)>;
+  /** The socket's own handler when it has closed (on_closed()): reason IBMSG_OK after
+   *  disconnect(), IBMSG_ECONNRESET when the peer disconnected, otherwise the error. */
+  using closed_handler = std::function<void(socket &, int reason)>;
+  /** A handler of send() and send_imm() in its most general form (any callable of either form
+   *  is taken, move-only ones too: see send()). */
+  using send_handler = std::function<void(socket &, message, int status)>;
 
   /** An empty socket: nothing allocated, status IBMSG_UNCONNECTED. */
   socket() noexcept = default;
   /** Disconnects an open socket (see the class comment) and frees the C struct. */
   ~socket() { reset(); }
 
-  /** Takes over other's C socket; other becomes empty. */
+  /** Takes over other's C socket and handlers; other becomes empty. */
   socket(socket &&other) noexcept
-      : s_(std::exchange(other.s_, nullptr)), open_(std::exchange(other.open_, false)) {
+      : s_(std::exchange(other.s_, nullptr)),
+        open_(std::exchange(other.open_, false)),
+        h_(std::move(other.h_)) {
     if (s_) s_->user_data = this;
   }
-  /** Closes this socket as the destructor does, then takes over other's C socket. */
+  /** Closes this socket as the destructor does, then takes over other's C socket and
+   *  handlers. */
   socket &operator=(socket &&other) noexcept {
     if (this != &other) {
       reset();
       s_ = std::exchange(other.s_, nullptr);
       open_ = std::exchange(other.open_, false);
+      h_ = std::move(other.h_);
       if (s_) s_->user_data = this;
     }
     return *this;
@@ -565,6 +831,69 @@ class socket {
    * loop. Throws ibmsg::error: IBMSG_ESTATE if it is already closing.
    */
   void disconnect() { detail::check(ibmsg_disconnect(s_)); }
+
+  /** Sets this socket's own handler of connection_established (see the class comment); an
+   *  empty one hands the callback to the loop's handler again. Throws std::bad_alloc. */
+  void on_established(established_handler h);
+  /** Sets this socket's own handler of received messages (see the class comment). */
+  void on_received(received_handler h);
+  /** Sets this socket's own handler of message_sent for post() and post_imm() (see the class
+   *  comment; send() has handlers per message instead). */
+  void on_sent(sent_handler h);
+  /** Sets this socket's own handler of connection_closed (see the class comment). */
+  void on_closed(closed_handler h);
+
+  /**
+   * Sends msg.size() bytes of msg, a message allocated on this socket (ibmsg_post_send()). The
+   * library owns the message until its message_sent callback (on_sent(), else the loop's),
+   * which gets msg (or the object it was moved to). Returns false when the send queue is full
+   * (IBMSG_EAGAIN: nothing was sent, retry after a message_sent callback). Throws ibmsg::error
+   * otherwise (IBMSG_ENOTCONN, IBMSG_EMSGSIZE, ...). message::post() is the same call.
+   */
+  [[nodiscard]] bool post(message &msg);
+  /** post() with a 32-bit immediate that the receiver finds in message::imm()
+   *  (ibmsg_post_send_imm()); IBMSG_EOPNOTSUPP if the peer's ibmsg takes none on messages. */
+  [[nodiscard]] bool post_imm(message &msg, std::uint32_t imm);
+
+  /**
+   * Sends msg, a message allocated on this socket, and takes it (ibmsg_post_send()): on success
+   * msg is left empty, the wrapper keeps the message while it is in flight, and done runs once
+   * from the loop, when the peer has it (IBMSG_OK) or it failed (IBMSG_ECANCELED: the connection
+   * closed first; IBMSG_EDECLINED: the receiver declined it; ...), instead of any message_sent
+   * handler. done is any callable taking (ibmsg::socket &, ibmsg::message, int status), which
+   * gets the message back (to post it again, or let it die), or (int status) alone, or nullptr
+   * (none); it may be move-only, and is destroyed right after it ran. If the socket's wrapper
+   * dies first, done is destroyed without running and the message freed, as for every handler
+   * of the socket. Returns false, leaving msg as it was and destroying done without running it,
+   * when the send queue is full (IBMSG_EAGAIN); throws ibmsg::error likewise for what the library
+   * refuses (IBMSG_ENOTCONN, IBMSG_EMSGSIZE, IBMSG_EINVAL for an empty message, ...).
+   */
+  template <class F = std::nullptr_t>
+  [[nodiscard]] bool send(message &msg, F &&done = nullptr);
+  /** send() of a new message holding a copy of data: alloc() then send(). Returns false if
+   *  either would block (no message is left behind). */
+  template <class F = std::nullptr_t>
+  [[nodiscard]] bool send(const_bytes data, F &&done = nullptr);
+  /** send() of a new message holding a copy of text's characters (no terminator). */
+  template <class F = std::nullptr_t>
+  [[nodiscard]] bool send(std::string_view text, F &&done = nullptr) {
+    return send(as_bytes(text), std::forward<F>(done));
+  }
+  /** send() with a 32-bit immediate (ibmsg_post_send_imm()): see post_imm(). */
+  template <class F = std::nullptr_t>
+  [[nodiscard]] bool send_imm(message &msg, std::uint32_t imm, F &&done = nullptr);
+
+  /**
+   * The connection's counters (ibmsg_socket_stats()): messages and bytes sent and received,
+   * credit stalls, keepalives, requests timed out, ... Throws ibmsg::error: IBMSG_ESTATE for a
+   * listener, IBMSG_EINVAL for an empty socket or one that has closed (inside its closed
+   * handler it still answers).
+   */
+  ibmsg_stats stats() const {
+    ibmsg_stats st{};
+    detail::check(ibmsg_socket_stats(s_, &st, sizeof st));
+    return st;
+  }
 
   /** True from a successful listen(), connect() or accept() until the closed callback. */
   bool is_open() const noexcept { return open_; }
@@ -659,17 +988,18 @@ class socket {
 
   /**
    * Sends msg, a message allocated on this socket, as a request (ibmsg_post_request()); done
-   * runs once with the reply, or with IBMSG_ETIMEDOUT if none came within timeout_ms, or with
-   * the reason the connection closed. msg gets its message_sent callback as with
-   * message::post(), independently of done. Returns false if the send queue is full; throws
-   * ibmsg::error (see the class comment; IBMSG_EINVAL for timeout_ms 0 or negative).
+   * runs once with the reply, or with IBMSG_ETIMEDOUT if none came within timeout (a
+   * std::chrono duration, or an int of milliseconds), or with the reason the connection closed.
+   * msg gets its message_sent callback as with post(), independently of done. Returns false if
+   * the send queue is full; throws ibmsg::error (see the class comment; IBMSG_EINVAL for a
+   * timeout of 0 or less).
    */
-  [[nodiscard]] bool request(message &msg, int timeout_ms, reply_handler done);
+  [[nodiscard]] bool request(message &msg, time_limit timeout, reply_handler done);
   /** request() whose handler may retry it: see retry_handler and unanswered_request. */
-  [[nodiscard]] bool request(message &msg, int timeout_ms, retry_handler done);
+  [[nodiscard]] bool request(message &msg, time_limit timeout, retry_handler done);
   /** request() without a handler: the reply, if any, is freed unread. */
-  [[nodiscard]] bool request(message &msg, int timeout_ms, std::nullptr_t) {
-    return request(msg, timeout_ms, reply_handler());
+  [[nodiscard]] bool request(message &msg, time_limit timeout, std::nullptr_t) {
+    return request(msg, timeout, reply_handler());
   }
   /**
    * Answers request, a received message of this socket with is_request() that the application
@@ -679,7 +1009,7 @@ class socket {
    * retries). Returns false if the send queue is full (IBMSG_EAGAIN: nothing was sent, the
    * request is still unanswered). Throws ibmsg::error: IBMSG_EINVAL if request is not a request
    * (a plain message, a send message, an empty one), IBMSG_EALREADY if it was answered already,
-   * IBMSG_EMSGSIZE above the eager size, IBMSG_ENOTCONN if the connection closed (the library
+   * IBMSG_EMSGSIZE above the maximum, IBMSG_ENOTCONN if the connection closed (the library
    * keeps the reply's bytes for a retry over a new connection; reply stays the application's),
    * ... (see ibmsg_post_reply()).
    */
@@ -725,12 +1055,18 @@ class socket {
   static void on_op_done(ibmsg_socket *s, ibmsg_op *op, int status) noexcept;
   /* Posts a request whose box holds the handler; see request(). */
   bool post_request(message &msg, int timeout_ms, std::unique_ptr<detail::request_box> box);
+  /* Posts msg from box, which takes it and holds the handler; see send(). */
+  bool post_box(message &msg, const std::uint32_t *imm, std::unique_ptr<detail::send_box> box);
+  /* The handlers of the socket's own, made on first use. */
+  detail::socket_handlers &handlers();
   /* The done callback of every request posted or retried through the wrapper. */
   static void on_reply(ibmsg_socket *s, ibmsg_request *req, ibmsg_buffer *reply,
                        int status) noexcept;
 
   ibmsg_socket *s_ = nullptr;
   bool open_ = false;
+  // Shared with a callback that runs one of them, so that the handler may destroy the socket.
+  std::shared_ptr<detail::socket_handlers> h_;
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -761,7 +1097,7 @@ class message {
       : b_(std::exchange(other.b_, nullptr)),
         loop_(std::exchange(other.loop_, nullptr)),
         received_(std::exchange(other.received_, false)) {
-    if (b_) b_->user_data = this;
+    if (b_ && !received_) b_->user_data = this;
   }
   /** Frees this message as the destructor does, then takes over other's. */
   message &operator=(message &&other) noexcept {
@@ -770,7 +1106,7 @@ class message {
       b_ = std::exchange(other.b_, nullptr);
       loop_ = std::exchange(other.loop_, nullptr);
       received_ = std::exchange(other.received_, false);
-      if (b_) b_->user_data = this;
+      if (b_ && !received_) b_->user_data = this;
     }
     return *this;
   }
@@ -788,6 +1124,14 @@ class message {
    * maximum (s.max_msg_size()), IBMSG_ENOTCONN if s has no buffers (not connected), ...
    */
   [[nodiscard]] bool alloc(socket &s, std::size_t size);
+  /** alloc() of data.size() bytes, then a copy of data into them. */
+  [[nodiscard]] bool alloc(socket &s, const_bytes data) {
+    if (!alloc(s, data.size())) return false;
+    if (!data.empty()) std::memcpy(b_->data, data.data(), data.size());
+    return true;
+  }
+  /** alloc() of text.size() bytes, then a copy of text's characters (no terminator). */
+  [[nodiscard]] bool alloc(socket &s, std::string_view text) { return alloc(s, as_bytes(text)); }
 
   /**
    * Makes this a send message of the size bytes at offset in r, a region of s's loop, sent from
@@ -803,10 +1147,11 @@ class message {
   [[nodiscard]] bool from_region(socket &s, region &r, std::size_t offset, std::size_t size);
 
   /**
-   * Sends size() bytes of data() on s (ibmsg_post_send()). On success the library owns the
-   * message until its message_sent callback. Returns false when the send queue is full
-   * (IBMSG_EAGAIN: nothing was sent, retry after a message_sent callback). Throws ibmsg::error
-   * otherwise (IBMSG_ENOTCONN, IBMSG_EMSGSIZE, ...).
+   * Sends size() bytes of data() on s (ibmsg_post_send()): socket::post(), which is where the
+   * other posting calls are (send(), request(), reply()); kept here for the programs that call
+   * it so. On success the library owns the message until its message_sent callback. Returns
+   * false when the send queue is full (IBMSG_EAGAIN: nothing was sent, retry after a
+   * message_sent callback). Throws ibmsg::error otherwise (IBMSG_ENOTCONN, IBMSG_EMSGSIZE, ...).
    */
   [[nodiscard]] bool post(socket &s) {
     int rc = ibmsg_post_send(s.handle(), b_);
@@ -817,7 +1162,7 @@ class message {
 
   /**
    * post() with a 32-bit immediate, which the receiver finds in imm() (with has_imm() true)
-   * (ibmsg_post_send_imm()). Returns false when the send queue is full; throws ibmsg::error as
+   * (ibmsg_post_send_imm(); socket::post_imm()). Returns false when the send queue is full; throws ibmsg::error as
    * post() does, and IBMSG_EOPNOTSUPP if the peer's ibmsg takes no immediates on messages.
    */
   [[nodiscard]] bool post_imm(socket &s, std::uint32_t imm) {
@@ -851,6 +1196,27 @@ class message {
   void *data() noexcept { return b_ ? b_->data : nullptr; }
   /** The payload (nullptr for an empty message). */
   const void *data() const noexcept { return b_ ? b_->data : nullptr; }
+  /** The payload as bytes of type T: char, signed char, unsigned char or std::byte (nullptr for
+   *  an empty message). Other types: copy them out with std::memcpy (alignment). */
+  template <class T>
+  T *data() noexcept {
+    static_assert(detail::is_byte_v<T>, "data<T>(): T is a byte type (char, unsigned char, std::byte)");
+    return static_cast<T *>(data());
+  }
+  /** The payload as bytes of type T (see data<T>()). */
+  template <class T>
+  const T *data() const noexcept {
+    static_assert(detail::is_byte_v<T>, "data<T>(): T is a byte type (char, unsigned char, std::byte)");
+    return static_cast<const T *>(data());
+  }
+  /** The payload's size() bytes, to write (empty for an empty message). */
+  mutable_bytes bytes() noexcept {
+    return b_ ? mutable_bytes(static_cast<std::byte *>(b_->data), b_->size) : mutable_bytes();
+  }
+  /** The payload's size() bytes (empty for an empty message). */
+  const_bytes bytes() const noexcept {
+    return b_ ? const_bytes(static_cast<const std::byte *>(b_->data), b_->size) : const_bytes();
+  }
   /** Bytes to send, or bytes received (0 for an empty message). */
   std::size_t size() const noexcept { return b_ ? b_->size : 0; }
   /** Sets the number of bytes to send: within the room of alloc(), or up to the region's end
@@ -889,6 +1255,7 @@ class message {
  private:
   friend class loop;
   friend class socket;
+  friend struct detail::send_box;
 
   /* A received message (or a reply), owned from now on (the library owns the struct itself). */
   static message adopt_received(ibmsg_buffer *b, ibmsg_event_loop *l) noexcept {
@@ -896,7 +1263,7 @@ class message {
     m.b_ = b;
     m.loop_ = l;
     m.received_ = true;
-    b->user_data = &m;  // not read by anyone; kept consistent with move
+    b->user_data = nullptr;  // a received message is found through no C callback
     return m;
   }
   /* The wrapper of a C message, or nullptr for a foreign, released or orphaned one. */
@@ -911,6 +1278,9 @@ class message {
   ibmsg_buffer *b_ = nullptr;
   ibmsg_event_loop *loop_ = nullptr;  // the loop of the socket it came from or arrived on
   bool received_ = false;
+  // Set only on the message a send_box keeps (socket::send()), never moved with it: tells
+  // loop::on_sent that the message_sent callback is the box's.
+  detail::send_box *box_ = nullptr;
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -1006,8 +1376,10 @@ class connection_request {
  * memory) as soon as it is no longer busy: right after the last of those operations completes,
  * before its handler runs (they do complete, at the latest as canceled when their connection
  * closes), after the last of those messages is freed, or when the connection closes that would
- * have received a message into it. Until then the loop's destructor waits for it like for a
- * closing socket. For memory the application registered (the pointer constructor), this means:
+ * have received a message into it (deferred deregistration: the loop wrapper keeps such regions
+ * in a list, and looks at it after each message freed, operation done and socket closed). Until
+ * then loop::drain() waits for it like for a closing socket (the loop's destructor does not
+ * wait: see loop::~loop()). For memory the application registered (the pointer constructor), this means:
  * the memory must stay valid until then, because a read, an atomic or an incoming message may
  * still write into it, and a posted message is read from it. To be sure, call deregister()
  * instead, which throws IBMSG_EBUSY and changes nothing while the region is busy, and destroy
@@ -1026,8 +1398,8 @@ class region {
    * Registers length bytes at addr, which the application owns and keeps valid until the
    * region is deregistered, on loop l with the IBMSG_ACCESS_* rights in rights
    * (ibmsg_register_region()). Throws ibmsg::error: IBMSG_EINVAL for nullptr, length 0 or
-   * unknown flags; the transport's code if the device refuses the memory (IBMSG_EACCES for
-   * read-only pages with a write right).
+   * unknown flags; IBMSG_ENOMEM, or IBMSG_ESYS if a device the loop has open refuses the memory
+   * (for example read-only pages with a write right).
    */
   region(loop &l, void *addr, std::size_t length, unsigned rights);
   /**
@@ -1246,12 +1618,12 @@ class unanswered_request {
    * once: a retry of one it answered gets the kept reply. On success this object becomes empty
    * and the handler runs once more from the loop, on s. Returns false if the send queue is full
    * (IBMSG_EAGAIN: nothing was sent, this object keeps the request). Throws ibmsg::error, keeping
-   * the request (nothing was sent, no handler runs): IBMSG_EINVAL for an empty one or timeout_ms
-   * 0 or negative, IBMSG_ETIMEDOUT if it was first sent longer ago than IBMSG_OPT_REQUEST_WINDOW
+   * the request (nothing was sent, no handler runs): IBMSG_EINVAL for an empty one or a timeout
+   * of 0 or less, IBMSG_ETIMEDOUT if it was first sent longer ago than IBMSG_OPT_REQUEST_WINDOW
    * (the responder may have forgotten it: send it anew with socket::request()), IBMSG_ENOTCONN,
    * and the other codes of socket::request().
    */
-  [[nodiscard]] bool retry(socket &s, message &msg, int timeout_ms);
+  [[nodiscard]] bool retry(socket &s, message &msg, time_limit timeout);
 
   /** The request's identity, unique within its loop; the same for every retry (0 if empty). */
   std::uint64_t id() const noexcept;
@@ -1279,16 +1651,18 @@ class unanswered_request {
 
 /**
  * An event loop: owns a heap-allocated ibmsg_event_loop and the callbacks, which are
- * std::function and run only inside dispatch() / process() (or the application's ev_run() for
- * a loop on the application's libev loop).
+ * std::function and run only inside dispatch() / process() / drain() (or the application's
+ * ev_run() for a loop on the application's libev loop). A socket's own handlers
+ * (socket::on_received(), ...) take its callbacks before the loop's.
  *
  * A callback may be replaced at any time, except from inside itself (that would destroy the
  * std::function while it runs).
  *
  * Teardown: the loop must outlive its sockets, messages and regions. Disconnect the sockets and
- * dispatch until their closed callbacks have run, let the messages and regions die, then let the
- * loop die or call close(). The destructor does not disconnect anything itself; it only finishes
- * what the sockets', messages' and regions' destructors started (see ~loop()).
+ * dispatch until their closed callbacks have run (or let the sockets die: they disconnect),
+ * let the messages and regions die, call drain() for what is still closing, then let the loop
+ * die or call close(). The destructor never waits (see ~loop()): what is still closing when it
+ * runs makes it leak the C loop.
  */
 class loop {
  public:
@@ -1314,6 +1688,9 @@ class loop {
    *  moves: it may put the data into a region or decline the message (see ibmsg::incoming),
    *  which exists only during the callback. Messages up to the eager size never reach it. */
   using message_incoming_handler = std::function<void(socket &, incoming &)>;
+  /** Callback for each log line (on_log()): the socket's wrapper or nullptr, the level, the
+   *  text. */
+  using log_handler = std::function<void(socket *, int level, std::string_view text)>;
 
   /** A loop with its own libev loop (ibmsg_init_event_loop()). Throws ibmsg::error. */
   loop() { init(nullptr); }
@@ -1327,13 +1704,16 @@ class loop {
   }
 
   /**
-   * Destroys the C loop (ibmsg_destroy_event_loop()). Never throws. The callbacks are dropped
-   * first, so that none runs from here. While sockets, messages or regions whose wrappers have
-   * died are still closing (a region: while it is still busy), a loop with its own
-   * libev loop is dispatched for up to close_wait_ms until they are done. Calls posted with
-   * call() that have not run yet run here (with the loop's own libev loop), after the
-   * callbacks are dropped. If anything is still open or allocated after that, the C loop is
-   * leaked on purpose rather than freed under the library's feet.
+   * Destroys the C loop (ibmsg_destroy_event_loop()). Never throws, and never waits. The
+   * callbacks are dropped first, so that none runs from here. Then, with the loop's own libev
+   * loop, what is ready at once is processed without waiting (ibmsg_event_loop_process()):
+   * calls posted with call() that have not run yet run here, and events that have arrived
+   * finish what they can. If anything is still open, allocated or registered after that
+   * (sockets, messages or regions whose wrappers died and that are still closing or busy, or
+   * ones the application still holds), the C loop is leaked on purpose rather than freed under
+   * the library's feet: its memory, registrations and file descriptors stay until the process
+   * ends, leaked_loops() counts it, and one line on stderr says so. To have nothing leaked,
+   * call drain() before the loop dies (or close(), which says IBMSG_EBUSY).
    */
   ~loop() { reset(); }
 
@@ -1350,6 +1730,7 @@ class loop {
         closed_cb_(std::move(other.closed_cb_)),
         write_cb_(std::move(other.write_cb_)),
         incoming_cb_(std::move(other.incoming_cb_)),
+        log_cb_(std::move(other.log_cb_)),
         orphans_(std::exchange(other.orphans_, nullptr)) {
     if (l_) l_->user_data = this;
   }
@@ -1368,6 +1749,7 @@ class loop {
       closed_cb_ = std::move(other.closed_cb_);
       write_cb_ = std::move(other.write_cb_);
       incoming_cb_ = std::move(other.incoming_cb_);
+      log_cb_ = std::move(other.log_cb_);
       orphans_ = std::exchange(other.orphans_, nullptr);
       if (l_) l_->user_data = this;
     }
@@ -1378,9 +1760,40 @@ class loop {
   /** Not copyable. */
   loop &operator=(const loop &) = delete;
 
-  /** How long the destructor waits for sockets, messages and regions whose wrappers died to
-   *  close. */
-  static constexpr int close_wait_ms = 5000;
+  /**
+   * Dispatches until nothing the wrapper holds for the loop is closing any more, or limit has
+   * passed (a std::chrono duration, or an int of milliseconds; 5 s by default); returns true if
+   * nothing is left. What it waits for: sockets whose wrappers died while open (until their
+   * closed callbacks), messages that died while queued or in flight (until their message_sent),
+   * messages given to socket::send() (until their handlers ran) and regions that died while
+   * busy (until they are deregistered). It does not close the sockets the application still
+   * holds: disconnect them first, or let them die. Callbacks run as in dispatch(), and what one
+   * throws is rethrown. For a loop on the application's libev loop it only processes what is
+   * ready, once, without waiting (the application's ev_run() does the rest). Throws
+   * ibmsg::error (IBMSG_EINVAL for an empty loop).
+   */
+  bool drain(time_limit limit = std::chrono::seconds(5)) {
+    if (!l_) throw error(IBMSG_EINVAL);
+    release_regions();
+    if (!own_ev_) {
+      finish(ibmsg_event_loop_process(l_));
+      release_regions();
+      return closing_ == 0;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + limit.duration();
+    while (closing_ > 0) {
+      const auto left = deadline - std::chrono::steady_clock::now();
+      if (left <= decltype(left)::zero()) break;
+      finish(ibmsg_dispatch_event_loop_timeout(
+          l_, time_limit(std::min<std::chrono::steady_clock::duration>(left, std::chrono::milliseconds(50))).ms()));
+      release_regions();
+    }
+    return closing_ == 0;
+  }
+
+  /** How many C loops the destructors of ibmsg::loop in this process have leaked because
+   *  something was still open or closing (see ~loop()). */
+  static unsigned leaked_loops() noexcept { return leaked_count().load(); }
 
   /**
    * Destroys the C loop now and leaves this object empty. Throws ibmsg::error, leaving the loop
@@ -1411,12 +1824,26 @@ class loop {
   void on_write_received(write_received_handler cb) { write_cb_ = std::move(cb); }
   /** Sets the callback for large messages that start to arrive (none: library buffers). */
   void on_message_incoming(message_incoming_handler cb) { incoming_cb_ = std::move(cb); }
+  /** Sets the callback for the loop's log lines (ibmsg_event_loop.log; none: no lines, and the
+   *  library does not make them). It gets the socket's wrapper, or nullptr for the loop's own
+   *  lines and for a socket whose wrapper has died; level is an ibmsg_log_level
+   *  (IBMSG_LOG_ERROR ... IBMSG_LOG_DEBUG); text is valid during the call only. It may run
+   *  inside other calls of the wrapper than dispatch() (disconnect(), ...); what it throws is
+   *  held and rethrown by the next dispatch() or process(). Lines go to stderr too when
+   *  IBMSG_DEBUG is set in the environment (the library does that). */
+  void on_log(log_handler cb) {
+    log_cb_ = std::move(cb);
+    if (l_) l_->log = log_cb_ ? on_log_line : nullptr;
+  }
 
   /** Waits for at least one event and processes all that are ready, running callbacks
    *  (ibmsg_dispatch_event_loop()). Throws ibmsg::error, or what a callback threw. */
   void dispatch() { finish(ibmsg_dispatch_event_loop(l_)); }
-  /** Like dispatch() but waits at most timeout_ms (0: do not wait). */
-  void dispatch(int timeout_ms) { finish(ibmsg_dispatch_event_loop_timeout(l_, timeout_ms)); }
+  /** Like dispatch() but waits at most timeout (a std::chrono duration, or an int of
+   *  milliseconds; 0: do not wait). */
+  void dispatch(time_limit timeout) {
+    finish(ibmsg_dispatch_event_loop_timeout(l_, timeout.ms()));
+  }
 
   /** For driving the loop from another event loop: an fd that becomes readable when there is
    *  work for process() (ibmsg_event_loop_fd()), or -1 on failure. */
@@ -1425,8 +1852,17 @@ class loop {
    *  ibmsg::error, or what a callback threw. */
   void process() { finish(ibmsg_event_loop_process(l_)); }
   /** Milliseconds until process() must run even if fd() stays quiet (0: at once; -1: not
-   *  until fd() is readable). */
+   *  until fd() is readable, or an empty loop): see next_timeout(). */
   int timeout() noexcept { return ibmsg_event_loop_timeout(l_); }
+  /** How long until process() must run even if fd() stays quiet (zero: at once), or no value
+   *  when nothing but fd() will make it run. Throws ibmsg::error (IBMSG_EINVAL for an empty
+   *  loop). */
+  std::optional<std::chrono::milliseconds> next_timeout() const {
+    if (!l_) throw error(IBMSG_EINVAL);
+    int ms = ibmsg_event_loop_timeout(l_);
+    if (ms < 0) return std::nullopt;
+    return std::chrono::milliseconds(ms);
+  }
 
   /** Runs fn on the loop's thread at the loop's next iteration (ibmsg_event_loop_call(); since
    *  1.7): the one member any thread may call, as long as the loop object is neither moved nor
@@ -1445,6 +1881,13 @@ class loop {
    *  ibmsg::error: IBMSG_EINVAL for an unknown option or a value out of range. */
   void set_option(int option, int value) {
     detail::check(ibmsg_setopt(l_, option, &value, sizeof value));
+  }
+  /** Sets an option of milliseconds (IBMSG_OPT_CONNECT_TIMEOUT, IBMSG_OPT_KEEPALIVE,
+   *  IBMSG_OPT_REQUEST_WINDOW, IBMSG_OPT_VIOLATION_BAN) from a std::chrono duration, rounded up
+   *  to whole milliseconds (see time_limit). Throws ibmsg::error (IBMSG_EINVAL). */
+  template <class Rep, class Period>
+  void set_option(int option, std::chrono::duration<Rep, Period> value) {
+    set_option(option, time_limit(value).ms());
   }
   /** Sets a string option (IBMSG_OPT_SOURCE_ADDR, IBMSG_OPT_DEVICE). Throws ibmsg::error. */
   void set_option(int option, std::string_view value) {
@@ -1522,6 +1965,7 @@ class loop {
   friend class socket;
   friend class message;
   friend class region;
+  friend struct detail::send_box;
 
   void init(struct ev_loop *ev) {
     l_ = new ibmsg_event_loop();
@@ -1563,6 +2007,8 @@ class loop {
     closed_cb_ = nullptr;
     write_cb_ = nullptr;
     incoming_cb_ = nullptr;
+    log_cb_ = nullptr;
+    if (l_) l_->log = nullptr;
   }
   /* Deregisters (and frees) the orphaned regions that are no longer busy: after anything that
    * may have made one so (a message freed, a connection closed, an operation done). */
@@ -1585,6 +2031,26 @@ class loop {
   static void on_closed(ibmsg_socket *s, int reason) noexcept;
   static void on_write(ibmsg_socket *s, std::uint32_t imm, std::size_t length) noexcept;
   static void on_incoming(ibmsg_socket *s, ibmsg_incoming *in) noexcept;
+  static void on_log_line(ibmsg_event_loop *l, ibmsg_socket *s, int level,
+                          const char *text) noexcept;
+  /* The C loops leaked by destructors, process-wide: counted, and kept in a list that is never
+   * freed, so that they stay reachable (a leak checker at exit does not report them). */
+  static std::atomic<unsigned> &leaked_count() noexcept {
+    static std::atomic<unsigned> n{0};
+    return n;
+  }
+  struct leaked_node {
+    ibmsg_event_loop *l;
+    leaked_node *next;
+  };
+  static void keep_leaked(ibmsg_event_loop *l) noexcept {
+    static std::atomic<leaked_node *> head{nullptr};  // trivially destructible: never freed
+    leaked_node *n = new (std::nothrow) leaked_node{l, head.load()};
+    if (n)
+      while (!head.compare_exchange_weak(n->next, n)) {
+      }
+    ++leaked_count();
+  }
   /* A call() on its way to the loop's thread. */
   struct call_box {
     ibmsg_event_loop *l;
@@ -1601,7 +2067,8 @@ class loop {
 
   ibmsg_event_loop *l_ = nullptr;
   bool own_ev_ = true;          // false: runs on the application's libev loop
-  std::size_t closing_ = 0;     // orphaned sockets, messages and regions the library still holds
+  std::size_t closing_ = 0;     // orphaned sockets, messages and regions the library still
+                                // holds, and messages of send() in flight: what drain() awaits
   std::exception_ptr pending_;  // the first exception a callback threw
   connection_request_handler request_cb_;
   connection_established_handler established_cb_;
@@ -1610,7 +2077,9 @@ class loop {
   connection_closed_handler closed_cb_;
   write_received_handler write_cb_;
   message_incoming_handler incoming_cb_;
+  log_handler log_cb_;
   detail::region_box *orphans_ = nullptr;  // regions whose wrappers died while they were busy
+  bool dying_ = false;  // in reset(): no handler of the application runs any more
 };
 
 /* ---------------------------------------------------------------------------------------------
@@ -1679,6 +2148,111 @@ inline void socket::reset() noexcept {
   s_ = nullptr;
 }
 
+namespace detail {
+/* The handlers of a socket's own (socket::on_received(), ...). */
+struct socket_handlers {
+  socket::established_handler established;
+  socket::received_handler received;
+  socket::sent_handler sent;
+  socket::closed_handler closed;
+};
+
+/* True for a std::function: an empty one is no handler. */
+template <class F>
+struct is_std_function : std::false_type {};
+template <class Sig>
+struct is_std_function<std::function<Sig>> : std::true_type {};
+
+/* A message sent through socket::send(), kept with the handler while it is in flight: the
+ * message's user_data points at msg, whose box_ points back here. Made by send(), freed by
+ * loop::on_sent after the handler ran (or without running it, when the socket's wrapper died). */
+struct send_box {
+  message msg;
+  virtual ~send_box() = default;
+  virtual void complete(socket &s, message m, int status) = 0;
+};
+
+/* send_box with the handler F (any callable send() takes, or std::nullptr_t). */
+template <class F>
+struct send_box_of final : send_box {
+  F f;
+  template <class G>
+  explicit send_box_of(G &&g) : f(std::forward<G>(g)) {}
+  void complete(socket &s, message m, int status) override {
+    if constexpr (std::is_same_v<F, std::nullptr_t>) {
+      (void)s;
+      (void)status;
+    } else {
+      if constexpr (is_std_function<F>::value) {
+        if (!f) return;
+      }
+      if constexpr (std::is_invocable_v<F &, socket &, message, int>)
+        f(s, std::move(m), status);
+      else
+        f(status);
+    }
+  }
+};
+
+template <class F>
+std::unique_ptr<send_box> make_send_box(F &&f) {
+  using G = std::decay_t<F>;
+  static_assert(std::is_same_v<G, std::nullptr_t> ||
+                    std::is_invocable_v<G &, socket &, message, int> ||
+                    std::is_invocable_v<G &, int>,
+                "a send() handler takes (ibmsg::socket &, ibmsg::message, int status), "
+                "(int status), or is nullptr");
+  return std::unique_ptr<send_box>(new send_box_of<G>(std::forward<F>(f)));
+}
+}  // namespace detail
+
+inline detail::socket_handlers &socket::handlers() {
+  if (!h_) h_ = std::make_shared<detail::socket_handlers>();
+  return *h_;
+}
+inline void socket::on_established(established_handler h) { handlers().established = std::move(h); }
+inline void socket::on_received(received_handler h) { handlers().received = std::move(h); }
+inline void socket::on_sent(sent_handler h) { handlers().sent = std::move(h); }
+inline void socket::on_closed(closed_handler h) { handlers().closed = std::move(h); }
+
+inline bool socket::post(message &msg) { return msg.post(*this); }
+inline bool socket::post_imm(message &msg, std::uint32_t imm) { return msg.post_imm(*this, imm); }
+
+template <class F>
+bool socket::send(message &msg, F &&done) {
+  return post_box(msg, nullptr, detail::make_send_box(std::forward<F>(done)));
+}
+
+template <class F>
+bool socket::send_imm(message &msg, std::uint32_t imm, F &&done) {
+  return post_box(msg, &imm, detail::make_send_box(std::forward<F>(done)));
+}
+
+template <class F>
+bool socket::send(const_bytes data, F &&done) {
+  message m;
+  if (!m.alloc(*this, data)) return false;
+  return send(m, std::forward<F>(done));  // m is freed here unless sent
+}
+
+inline bool socket::post_box(message &msg, const std::uint32_t *imm,
+                             std::unique_ptr<detail::send_box> box) {
+  if (!msg) throw error(IBMSG_EINVAL);
+  box->msg = std::move(msg);  // its user_data follows: the box's message is the one posted
+  ibmsg_buffer *b = box->msg.handle();
+  // No callback runs inside the call: the box is the library's only once it succeeded.
+  int rc = imm ? ibmsg_post_send_imm(s_, b, *imm) : ibmsg_post_send(s_, b);
+  if (rc != IBMSG_OK) {
+    msg = std::move(box->msg);  // the caller's, as it was
+    if (rc == IBMSG_EAGAIN) return false;
+    throw error(rc);
+  }
+  box->msg.box_ = box.get();
+  if (loop *l = loop::from(s_->loop)) ++l->closing_;  // drain() waits for it
+  box.release();  // freed by loop::on_sent
+  return true;
+}
+
 inline bool message::alloc(socket &s, std::size_t size) {
   ibmsg_buffer *b = new ibmsg_buffer();
   int rc = ibmsg_alloc_msg(b, s.handle(), size);
@@ -1741,30 +2315,36 @@ inline void message::reset() noexcept {
 inline void loop::reset() noexcept {
   if (!l_) return;
   drop_callbacks();
+  dying_ = true;  // the sockets' own handlers and the per-post ones do not run either
   release_regions();
   int rc = ibmsg_destroy_event_loop(l_);
   if (rc == IBMSG_EBUSY && own_ev_) {
-    // Calls posted with call() that have not run yet run now, once (they would be lost).
+    // What is ready runs now, once, without waiting: calls posted with call() that have not
+    // run yet (they would be lost), and events that have arrived.
     (void)ibmsg_event_loop_process(l_);
+    release_regions();
     rc = ibmsg_destroy_event_loop(l_);
-  }
-  if (rc == IBMSG_EBUSY && own_ev_) {
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(close_wait_ms);
-    while (rc == IBMSG_EBUSY && closing_ > 0 && std::chrono::steady_clock::now() < deadline) {
-      (void)ibmsg_dispatch_event_loop_timeout(l_, 50);
-      release_regions();
-      rc = ibmsg_destroy_event_loop(l_);
-    }
   }
   if (rc == IBMSG_OK) {
     delete l_;
     drop_regions();
   } else {
-    l_->user_data = nullptr;  // leaked: the library may still point into it, and nothing may
-  }                           // find this (dead) wrapper through it; the orphans stay with it
+    // Leaked: the library may still point into it, and nothing may find this (dead) wrapper
+    // through it; the orphans stay with it. A wait here could block for as long as a peer
+    // takes to answer, so the destructor leaves that to drain().
+    l_->user_data = nullptr;
+    keep_leaked(l_);
+    std::fprintf(stderr,
+                 "ibmsg.hpp: an ibmsg::loop died with %zu of the wrapper's sockets, messages or "
+                 "regions still closing, or objects of the application still open (%s): its C "
+                 "loop is leaked; call loop::drain() before the loop dies\n",
+                 closing_, ibmsg_err_name(rc));
+  }
   l_ = nullptr;
   orphans_ = nullptr;
   pending_ = nullptr;
+  closing_ = 0;
+  dying_ = false;  // empty now; move-assignment may fill it again
 }
 
 inline void loop::release_regions() noexcept {
@@ -1917,7 +2497,7 @@ inline void socket::on_op_done(ibmsg_socket *s, ibmsg_op *op, int status) noexce
   box->local = nullptr;
   loop *self = loop::from(s->loop);
   socket *sock = from(s);
-  if (!self || !sock) return;
+  if (!self || self->dying_ || !sock) return;
   try {
     if (atomic)
       box->atomic_done(*sock, status, previous);
@@ -1942,16 +2522,16 @@ struct request_box {
 };
 }  // namespace detail
 
-inline bool socket::request(message &msg, int timeout_ms, reply_handler done) {
+inline bool socket::request(message &msg, time_limit timeout, reply_handler done) {
   std::unique_ptr<detail::request_box> box(new detail::request_box());
   box->done = std::move(done);
-  return post_request(msg, timeout_ms, std::move(box));
+  return post_request(msg, timeout.ms(), std::move(box));
 }
 
-inline bool socket::request(message &msg, int timeout_ms, retry_handler done) {
+inline bool socket::request(message &msg, time_limit timeout, retry_handler done) {
   std::unique_ptr<detail::request_box> box(new detail::request_box());
   if (done) box->retry_done = std::make_shared<const retry_handler>(std::move(done));
-  return post_request(msg, timeout_ms, std::move(box));
+  return post_request(msg, timeout.ms(), std::move(box));
 }
 
 inline bool socket::post_request(message &msg, int timeout_ms,
@@ -1982,7 +2562,7 @@ inline void socket::on_reply(ibmsg_socket *s, ibmsg_request *req, ibmsg_buffer *
   message msg = reply ? message::adopt_received(reply, s->loop) : message();
   loop *self = loop::from(s->loop);
   socket *sock = from(s);
-  if (!self || !sock) return;
+  if (!self || self->dying_ || !sock) return;
   try {
     if (box->retry_done) {
       std::shared_ptr<const retry_handler> handler = box->retry_done;
@@ -1997,10 +2577,10 @@ inline void socket::on_reply(ibmsg_socket *s, ibmsg_request *req, ibmsg_buffer *
   }
 }
 
-inline bool unanswered_request::retry(socket &s, message &msg, int timeout_ms) {
+inline bool unanswered_request::retry(socket &s, message &msg, time_limit timeout) {
   if (!b_) throw error(IBMSG_EINVAL);
   // No callback runs inside the call; on failure the box stays here.
-  int rc = ibmsg_retry_request(s.handle(), msg.handle(), &b_->req, timeout_ms);
+  int rc = ibmsg_retry_request(s.handle(), msg.handle(), &b_->req, timeout.ms());
   if (rc == IBMSG_EAGAIN) return false;
   detail::check(rc);
   b_ = nullptr;  // the library's until its done callback (socket::on_reply)
@@ -2018,7 +2598,7 @@ inline void unanswered_request::reset() noexcept { delete std::exchange(b_, null
 inline void loop::on_request(ibmsg_connection_request *r) noexcept {
   loop *self = from(r->loop);
   // A listener whose wrapper died is closing: leave the request undecided, so it is rejected.
-  if (!self || !socket::from(r->listener) || !self->request_cb_) return;
+  if (!self || self->dying_ || !socket::from(r->listener) || !self->request_cb_) return;
   try {
     connection_request req(r);
     self->request_cb_(req);
@@ -2030,9 +2610,14 @@ inline void loop::on_request(ibmsg_connection_request *r) noexcept {
 inline void loop::on_established(ibmsg_socket *s) noexcept {
   loop *self = from(s->loop);
   socket *sock = socket::from(s);
-  if (!self || !sock || !self->established_cb_) return;
+  if (!self || self->dying_ || !sock) return;
+  // A copy: the handler may destroy the socket, and with it the socket's reference.
+  std::shared_ptr<detail::socket_handlers> h = sock->h_;
   try {
-    self->established_cb_(*sock);
+    if (h && h->established)
+      h->established(*sock);
+    else if (self->established_cb_)
+      self->established_cb_(*sock);
   } catch (...) {
     hold(s->loop);
   }
@@ -2043,9 +2628,13 @@ inline void loop::on_received(ibmsg_socket *s, ibmsg_buffer *b) noexcept {
   message msg = message::adopt_received(b, s->loop);
   loop *self = from(s->loop);
   socket *sock = socket::from(s);
-  if (!self || !sock || !self->received_cb_) return;
+  if (!self || self->dying_ || !sock) return;
+  std::shared_ptr<detail::socket_handlers> h = sock->h_;  // see on_established
   try {
-    self->received_cb_(*sock, std::move(msg));
+    if (h && h->received)
+      h->received(*sock, std::move(msg));
+    else if (self->received_cb_)
+      self->received_cb_(*sock, std::move(msg));
   } catch (...) {
     hold(s->loop);
   }
@@ -2062,9 +2651,27 @@ inline void loop::on_sent(ibmsg_socket *s, ibmsg_buffer *b, int status) noexcept
   }
   socket *sock = socket::from(s);
   message *msg = message::from(b);
-  if (!self || !sock || !msg || !self->sent_cb_) return;
+  if (msg && msg->box_) {
+    // A message of socket::send(): the box's handler gets it back, then the box is freed.
+    std::unique_ptr<detail::send_box> box(msg->box_);
+    if (self && self->closing_ > 0) --self->closing_;
+    message out(std::move(box->msg));
+    // The socket's wrapper died (or the loop's is dying): the message and the handler go.
+    if (!self || self->dying_ || !sock) return;
+    try {
+      box->complete(*sock, std::move(out), status);
+    } catch (...) {
+      hold(s->loop);
+    }
+    return;
+  }
+  if (!self || self->dying_ || !sock || !msg) return;
+  std::shared_ptr<detail::socket_handlers> h = sock->h_;  // see on_established
   try {
-    self->sent_cb_(*sock, *msg, status);
+    if (h && h->sent)
+      h->sent(*sock, *msg, status);
+    else if (self->sent_cb_)
+      self->sent_cb_(*sock, *msg, status);
   } catch (...) {
     hold(s->loop);
   }
@@ -2073,7 +2680,7 @@ inline void loop::on_sent(ibmsg_socket *s, ibmsg_buffer *b, int status) noexcept
 inline void loop::on_write(ibmsg_socket *s, std::uint32_t imm, std::size_t length) noexcept {
   loop *self = from(s->loop);
   socket *sock = socket::from(s);
-  if (!self || !sock || !self->write_cb_) return;
+  if (!self || self->dying_ || !sock || !self->write_cb_) return;
   try {
     self->write_cb_(*sock, imm, length);
   } catch (...) {
@@ -2085,7 +2692,7 @@ inline void loop::on_incoming(ibmsg_socket *s, ibmsg_incoming *in) noexcept {
   loop *self = from(s->loop);
   socket *sock = socket::from(s);
   // A socket whose wrapper died is closing: the message stays undecided (a library buffer).
-  if (!self || !sock || !self->incoming_cb_) return;
+  if (!self || self->dying_ || !sock || !self->incoming_cb_) return;
   try {
     incoming view(in);
     self->incoming_cb_(*sock, view);
@@ -2106,15 +2713,43 @@ inline void loop::on_closed(ibmsg_socket *s, int reason) noexcept {
   socket *sock = socket::from(s);
   if (!sock) return;
   sock->open_ = false;
-  if (!self || !self->closed_cb_) return;
+  if (!self || self->dying_) return;
+  // A copy: the closed handler may well destroy the socket.
+  std::shared_ptr<detail::socket_handlers> h = sock->h_;
   try {
-    self->closed_cb_(*sock, reason);
+    if (h && h->closed)
+      h->closed(*sock, reason);
+    else if (self->closed_cb_)
+      self->closed_cb_(*sock, reason);
+  } catch (...) {
+    hold(l);
+  }
+}
+
+inline void loop::on_log_line(ibmsg_event_loop *l, ibmsg_socket *s, int level,
+                              const char *text) noexcept {
+  loop *self = from(l);
+  if (!self || self->dying_ || !self->log_cb_) return;
+  try {
+    self->log_cb_(s ? socket::from(s) : nullptr, level, std::string_view(text ? text : ""));
   } catch (...) {
     hold(l);
   }
 }
 
 }  // namespace ibmsg
+
+/** The C enum's codes as std::error_code (found by argument-dependent lookup: ibmsg_error is in
+ *  the global namespace): std::error_code ec = IBMSG_ETIMEDOUT; ec == std::errc::timed_out. */
+inline std::error_code make_error_code(ibmsg_error code) noexcept {
+  return ibmsg::make_error_code(static_cast<int>(code));
+}
+
+namespace std {
+/** ibmsg_error converts to std::error_code (ibmsg::error_category()). */
+template <>
+struct is_error_code_enum<ibmsg_error> : true_type {};
+}  // namespace std
 
 #endif /* C++17 */
 #endif /* IBMSG_HPP */
