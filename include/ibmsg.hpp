@@ -935,7 +935,8 @@ class socket {
   /**
    * What the connection costs now, in bytes of registered memory (ibmsg_socket_memory()): its
    * eager buffers, and the large buffers its rendezvous messages hold. Throws ibmsg::error
-   * (IBMSG_EINVAL for a listener, a closed or an empty socket).
+   * (IBMSG_ESTATE for a listener, or IBMSG_EINVAL from an older library;
+   * IBMSG_EINVAL for a closed or an empty socket).
    */
   ibmsg_memory memory() const {
     ibmsg_memory m{};
@@ -1141,8 +1142,8 @@ class message {
    * region stays busy until this message is freed (region::deregister() throws IBMSG_EBUSY
    * until then; see region::~region()). Returns false, changing nothing, when all send buffers
    * are in use (IBMSG_EAGAIN). Throws ibmsg::error otherwise: IBMSG_ERANGE if the bytes reach
-   * beyond the region, IBMSG_EINVAL for a listener, an empty region or one of another loop,
-   * IBMSG_EMSGSIZE, IBMSG_ENOTCONN, ...
+   * beyond the region, IBMSG_ESTATE for a listener (IBMSG_EINVAL from an older library),
+   * IBMSG_EINVAL for an empty region, IBMSG_EMSGSIZE, IBMSG_ENOTCONN, ...
    */
   [[nodiscard]] bool from_region(socket &s, region &r, std::size_t offset, std::size_t size);
 
