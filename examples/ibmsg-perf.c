@@ -80,7 +80,8 @@ static const char usage_text[] =
     "\n"
     "Options:\n"
     "  -p, --port PORT       the server's port (default 12345; with --loopback\n"
-    "                        any free port)\n"
+    "                        any free port; with --server, 0 picks a free port,\n"
+    "                        shown in the 'listening' line)\n"
     "  -t, --test TESTS      comma-separated tests (default lat,bw):\n"
     "                          lat         message latency (ping-pong)\n"
     "                          bw          message bandwidth\n"
@@ -99,6 +100,12 @@ static const char usage_text[] =
     "  -s, --sizes SIZES     comma-separated message sizes in bytes, up to\n"
     "                        4294967295 (default 64,4096,65536)\n"
     "  -n, --iters N         timed iterations per test (default 1000)\n"
+    "  -D, --duration SECONDS\n"
+    "                        run each test for SECONDS after its warm-up instead\n"
+    "                        of -n iterations (as perftest's -D, iperf3's -t)\n"
+    "  -i, --interval SECONDS\n"
+    "                        report every SECONDS on stderr: one line per\n"
+    "                        interval with the rate in it\n"
     "  -w, --warmup N        untimed iterations before each test (default 32)\n"
     "  -W, --window N        RDMA operations in flight in write_bw and read_bw\n"
     "                        (1..4096, default 128, like perftest's tx depth);\n"
@@ -129,7 +136,8 @@ static const char usage_text[] =
     "                        16384); larger ones go by rendezvous: the receiver\n"
     "                        reads them from the sender's buffer; give it to the\n"
     "                        server too\n"
-    "      --json            print the results as one JSON document\n"
+    "      --json            print the results as one JSON document, also when a\n"
+    "                        test failed (what was measured, and the error)\n"
     "  -q, --quiet           print only the results and errors\n"
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
@@ -137,9 +145,11 @@ static const char usage_text[] =
     "Sizes may end in K, M or G (times 1024, 1024^2, 1024^3). Latency is in\n"
     "microseconds: one way (round trip / 2) for lat and write_lat, post to done for\n"
     "read_lat, atomic_lat and rpc (a request's whole round trip). MB/s is 10^6\n"
-    "bytes per second (lat, bw); MiB/s is 2^20 bytes per second, what perftest\n"
-    "calls MB/sec (write_bw, read_bw); Mpps is 10^6 messages or operations per\n"
-    "second; req/s is requests answered per second (rpc).\n"
+    "bytes per second in every table, the JSON and the --interval lines (before\n"
+    "1.7 the RDMA tables showed MiB/s, 2^20 bytes per second, what perftest calls\n"
+    "MB/sec); Mpps is 10^6 messages or operations per second; req/s is requests\n"
+    "answered per second (rpc). Completions: events unless --busy-poll or\n"
+    "--poll-us (perftest busy-polls by default); the output says which.\n"
     "Exit status: 0 on success, 1 on an error, 2 on bad usage.\n";
 
 #define MAX_SIZES 64
@@ -307,6 +317,8 @@ struct conn {
   uint64_t posted, sent, received;
   uint64_t server_count; /* bandwidth: from DONE */
   double t_done;         /* bandwidth: its last message_sent */
+  uint64_t total;        /* its iterations, warm-up included: the test's, or with --duration
+                            UINT64_MAX until the time is up, then the ones it posted */
 };
 
 /* The client's connection of an endpoint whose role is ROLE_CLIENT. */
@@ -333,6 +345,12 @@ static struct {
   double t_start, t_end;
   int hellos_sent;       /* bandwidth: connections whose HELLO went */
   uint64_t sent_all;     /* bandwidth: message_sent callbacks of all connections */
+  int conns_done;        /* bandwidth: connections whose last message_sent came */
+  size_t rtt_cap;        /* latency: room in rtt (--duration: it grows) */
+  int stopped;           /* --duration: the time is up, no more posts */
+  double t_last_report;  /* --interval: the last report (or the timed part's start) */
+  uint64_t done_last_report; /* --interval: timed iterations done then */
+  double next_report;    /* --interval: when the next report is due */
   int finished;          /* all iterations done (and DONE came) */
   int failed;            /* reported */
   uint64_t activity; /* client callbacks so far: progress, without reading the clock */
@@ -363,7 +381,7 @@ struct lat_result {
 struct bw_result {
   int test;
   uint64_t size, iters, window, conns; /* iterations per connection */
-  double seconds, mbps, mibps, mpps;    /* all connections together */
+  double seconds, mbps, mpps;          /* all connections together; MB/s: 10^6 bytes/s */
   double conn_mps[MAX_CONNS];          /* bw: each connection's messages per second */
 };
 
@@ -387,6 +405,13 @@ static struct {
   int busy_poll; /* IBMSG_OPT_BUSY_POLL: 0, microseconds, or IBMSG_BUSY_POLL_ALWAYS */
   int busy_poll_given;
   int json, quiet;
+  uint64_t duration;  /* --duration: seconds per test (0: -n iterations) */
+  uint64_t interval;  /* --interval: seconds between reports on stderr (0: none) */
+  int iters_given;
+
+  /* The test that failed, for the JSON: its name, size and timed iterations done. */
+  const char *failed_test;
+  uint64_t failed_size, failed_done;
 
   ibmsg_event_loop loop;
   struct endpoint listener;
@@ -638,8 +663,13 @@ static void session_hello(struct endpoint *s, const ibmsg_buffer *msg) {
     char thread[32] = "";
     if (g.threads > 1)
       snprintf(thread, sizeof thread, " (thread %d)", s->home->index);
-    tool_info(g.quiet, "client %s port %u: %s test, %" PRIu64 " bytes, %" PRIu64 " %s%s",
-              s->peer, s->peer_port, info_of(s->test)->name, s->size, s->count, what, thread);
+    char count[32];
+    if (s->count == UINT64_MAX) /* the client's --duration */
+      snprintf(count, sizeof count, "until the client stops:");
+    else
+      snprintf(count, sizeof count, "%" PRIu64, s->count);
+    tool_info(g.quiet, "client %s port %u: %s test, %" PRIu64 " bytes, %s %s%s", s->peer,
+              s->peer_port, info_of(s->test)->name, s->size, count, what, thread);
   }
   if ((s->test & TESTS_RDMA) && session_setup_rdma(s) != 0)
     return;
@@ -813,6 +843,26 @@ static void client_fail(const char *what, int code) {
 
 static void client_op_done(ibmsg_socket *socket, ibmsg_op *op, int status);
 
+/* Keeps timed round trip i (seconds). With --duration the array grows as the samples come. 0, or
+ * -1 after failing the test. */
+static int record_rtt(uint64_t i, double seconds) {
+  if (i >= cl.rtt_cap) {
+    size_t cap = cl.rtt_cap > 0 ? 2 * cl.rtt_cap : 65536;
+    double *more;
+    while (cap <= i)
+      cap *= 2;
+    more = realloc(cl.rtt, cap * sizeof *more);
+    if (more == NULL) {
+      client_fail("out of memory for the round trips", IBMSG_ENOMEM);
+      return -1;
+    }
+    cl.rtt = more;
+    cl.rtt_cap = cap;
+  }
+  cl.rtt[i] = seconds;
+  return 0;
+}
+
 /* Posts one RDMA operation of the test on op. */
 static int client_post_op(struct conn *c, ibmsg_op *op) {
   ibmsg_socket *sock = &c->ep.socket;
@@ -840,13 +890,15 @@ static void client_pump_rdma(struct conn *c) {
   if (!cl.have_remote)
     return; /* the server's DESC message has not come yet */
   if (cl.test & TESTS_LATENCY) {
+    if (cl.t_start == 0 && c->received == cl.warmup)
+      cl.t_start = tool_now(); /* the timed part starts: for --duration and --interval */
     limit = c->posted == c->received ? c->posted + 1 : c->posted; /* one at a time */
-    if (limit > cl.total)
-      limit = cl.total;
+    if (limit > c->total)
+      limit = c->total;
   } else {
     if (cl.t_start == 0 && c->sent == cl.warmup)
       cl.t_start = tool_now();
-    limit = cl.t_start != 0 ? cl.total : cl.warmup;
+    limit = cl.t_start != 0 ? c->total : cl.warmup;
   }
   while (c->posted < limit && cl.nfree > 0) {
     ibmsg_op *op = cl.free_ops[--cl.nfree];
@@ -882,7 +934,7 @@ static void client_pump_rpc(struct conn *c) {
 
   if (cl.t_start == 0 && c->received == cl.warmup)
     cl.t_start = tool_now();
-  limit = cl.t_start != 0 ? cl.total : cl.warmup;
+  limit = cl.t_start != 0 ? c->total : cl.warmup;
   while (c->posted < limit && cl.nfree_reqs > 0) {
     struct rpc_slot *slot = cl.free_reqs[cl.nfree_reqs - 1];
     rc = tool_sendpool_get(&c->ep.pool, (size_t)cl.size, &msg);
@@ -930,11 +982,13 @@ static void client_pump_one(struct conn *c) {
     return;
   }
   if (cl.test == TEST_LAT) {
+    if (cl.t_start == 0 && c->received == cl.warmup)
+      cl.t_start = tool_now(); /* the timed part starts: for --duration and --interval */
     limit = c->posted == c->received ? c->posted + 1 : c->posted; /* one ping at a time */
-    if (limit > cl.total)
-      limit = cl.total;
+    if (limit > c->total)
+      limit = c->total;
   } else {
-    limit = cl.t_start != 0 ? cl.total : cl.warmup;
+    limit = cl.t_start != 0 ? c->total : cl.warmup;
     /* The window: at most the send buffers (IBMSG_OPT_SEND_DEPTH is set to -W), fewer for
      * large messages. A message_sent gives one back and calls us again. */
     if (limit > c->sent + cl.window)
@@ -983,13 +1037,15 @@ static void client_check_finished(void) {
     int all_in;
     if (cl.test & TESTS_RDMA) {
       /* Also wait for every done callback, so that no op is posted any more. */
-      all_in = (cl.test & TESTS_LATENCY ? c->received : c->sent) == cl.total &&
+      all_in = (cl.test & TESTS_LATENCY ? c->received : c->sent) == c->total &&
                cl.nfree == cl.nops;
     } else {
       /* Also wait for every message_sent, so that the buffers can be freed, and (rpc) for
        * every done callback. */
-      all_in = (cl.test == TEST_BW ? c->server_count : c->received) == cl.total &&
-               c->sent == cl.total && cl.nfree_reqs == cl.nreqs;
+      /* (--duration: no DONE comes; each message_sent says the server has the message) */
+      all_in = (cl.test != TEST_BW ? c->received : g.duration ? c->sent : c->server_count) ==
+                   c->total &&
+               c->sent == c->total && cl.nfree_reqs == cl.nreqs;
     }
     if (!all_in || !c->hello_sent || tool_sendpool_busy(&c->ep.pool) != 0)
       return;
@@ -1042,7 +1098,7 @@ static void client_note_memory(struct conn *c) {
  * memory before it times anything too. As many as the send buffers allow (the HELLO holds one
  * until it is sent) and the test sends; the pool keeps them for the test. */
 static void client_alloc_window(struct conn *c) {
-  uint64_t want = cl.window < cl.total ? cl.window : cl.total;
+  uint64_t want = cl.window < c->total ? cl.window : c->total;
   ibmsg_buffer **held = calloc((size_t)want, sizeof *held);
   size_t n = 0;
 
@@ -1084,7 +1140,7 @@ static void client_established(struct conn *c) {
     client_fail("cannot allocate a message", rc);
     return;
   }
-  encode_hello(msg->data, cl.test, cl.size, cl.total);
+  encode_hello(msg->data, cl.test, cl.size, c->total);
   if (cl.test == TEST_WRITE_LAT)
     memcpy((unsigned char *)msg->data + HELLO_SIZE, desc.bytes, IBMSG_DESCRIPTOR_SIZE);
   rc = ibmsg_post_send(&c->ep.socket, msg);
@@ -1117,10 +1173,12 @@ static void client_sent(struct conn *c, ibmsg_buffer *msg, int status) {
     cl.hellos_sent++;
   } else {
     c->sent++;
-    if (c->sent == cl.total && cl.test == TEST_BW)
+    cl.sent_all++;
+    if (c->sent == c->total && cl.test == TEST_BW) {
       c->t_done = tool_now();
-    if (++cl.sent_all == (uint64_t)cl.nconns * cl.total && cl.test == TEST_BW)
-      cl.t_end = c->t_done;
+      if (++cl.conns_done == cl.nconns)
+        cl.t_end = c->t_done;
+    }
   }
   client_pump(c);
   client_check_finished();
@@ -1150,16 +1208,16 @@ static void client_received(struct conn *c, ibmsg_buffer *msg) {
       memcmp(msg->data, "ibmsgdsc", 8) == 0) {
     client_got_desc(msg);
   } else if (cl.test == TEST_LAT && msg->size == cl.size && c->received < c->posted) {
-    if (c->received >= cl.warmup)
-      cl.rtt[c->received - cl.warmup] = now - cl.t_post;
+    if (c->received >= cl.warmup && record_rtt(c->received - cl.warmup, now - cl.t_post) != 0)
+      return;
     c->received++;
   } else if (cl.test == TEST_BW && msg->size == DONE_SIZE &&
              memcmp(msg->data, "ibmsgend", 8) == 0) {
     c->server_count = get64((const unsigned char *)msg->data + 8);
-    if (c->server_count != cl.total) {
+    if (c->server_count != c->total) {
       char what[256];
       snprintf(what, sizeof what, "the server received %" PRIu64 " of %" PRIu64 " messages",
-               c->server_count, cl.total);
+               c->server_count, c->total);
       client_fail(what, IBMSG_OK);
     }
   } else {
@@ -1179,8 +1237,8 @@ static void client_write_received(struct conn *c, uint32_t imm, size_t length) {
     client_fail("an RDMA write from the server that does not belong to the test", IBMSG_OK);
     return;
   }
-  if (c->received >= cl.warmup)
-    cl.rtt[c->received - cl.warmup] = now - cl.t_post;
+  if (c->received >= cl.warmup && record_rtt(c->received - cl.warmup, now - cl.t_post) != 0)
+    return;
   c->received++;
   client_pump(c);
   client_check_finished();
@@ -1218,9 +1276,11 @@ static void client_reply(ibmsg_socket *socket, ibmsg_request *req, ibmsg_buffer 
   if (reply == NULL || reply->size != cl.size) {
     client_fail("a reply of the wrong size (is the server ibmsg-perf --server?)", IBMSG_OK);
   } else if (c->received < c->posted) {
-    if (slot->index >= cl.warmup)
-      cl.rtt[slot->index - cl.warmup] = now - slot->t_post;
-    if (++c->received == cl.total)
+    if (slot->index >= cl.warmup && record_rtt(slot->index - cl.warmup, now - slot->t_post) != 0) {
+      ibmsg_free_msg(reply);
+      return;
+    }
+    if (++c->received == c->total)
       cl.t_end = now;
   } else {
     client_fail("more replies than requests", IBMSG_OK);
@@ -1252,12 +1312,12 @@ static void client_op_done(ibmsg_socket *socket, ibmsg_op *op, int status) {
       client_fail("fetch-and-add returned a wrong previous value", IBMSG_OK);
       return;
     }
-    if (c->received >= cl.warmup)
-      cl.rtt[c->received - cl.warmup] = now - cl.t_post;
+    if (c->received >= cl.warmup && record_rtt(c->received - cl.warmup, now - cl.t_post) != 0)
+      return;
     c->received++;
   } else if (cl.test & (TEST_WRITE_BW | TEST_READ_BW)) {
     c->sent++;
-    if (c->sent == cl.total)
+    if (c->sent == c->total)
       cl.t_end = tool_now();
   }
   client_pump(c);
@@ -1331,6 +1391,97 @@ static void on_closed(ibmsg_socket *socket, int reason) {
   }
 }
 
+/* ---- --duration and --interval ---------------------------------------------------------------- */
+
+/* The timed iterations done so far, over all connections: round trips (latency tests, rpc),
+ * messages the server has (bw: message_sent), operations done (write_bw, read_bw). */
+static uint64_t timed_done(void) {
+  uint64_t n = 0;
+  for (int i = 0; i < cl.nconns; i++) {
+    const struct conn *c = &cl.conns[i];
+    uint64_t d = cl.test & (TESTS_LATENCY | TEST_RPC) ? c->received : c->sent;
+    n += d > cl.warmup ? d - cl.warmup : 0;
+  }
+  return n;
+}
+
+/* --interval: one line on stderr about the time since the last one (or since the timed part
+ * started), with the rate in it:
+ *   ibmsg-perf: interval 1.00-2.00 s: bw 4096 B: 123456 messages, 505.67 MB/s, 0.123456 Mpps
+ *   ibmsg-perf: interval 1.00-2.00 s: lat 64 B: 45678 iterations, 45678 iterations/s,
+ *               t_avg 10.95 usec   (one line)
+ * The rates in MB/s (10^6 bytes per second) and Mpps, as in the tables. */
+static void report_interval(double now) {
+  uint64_t done = timed_done(), n = done - cl.done_last_report;
+  uint64_t bytes = cl.test == TEST_ATOMIC_LAT ? 8 : cl.size;
+  double dt = now - cl.t_last_report;
+  const struct test_info *ti = info_of(cl.test);
+
+  if (dt <= 0)
+    return;
+  flockfile(stderr);
+  fprintf(stderr, "%s: interval %.2f-%.2f s: %s %" PRIu64 " B: ", tool_name,
+          cl.t_last_report - cl.t_start, now - cl.t_start, ti->name, bytes);
+  if (cl.test & TESTS_LATENCY) {
+    double sum = 0;
+    for (uint64_t i = cl.done_last_report; i < done; i++)
+      sum += cl.rtt[i];
+    fprintf(stderr, "%" PRIu64 " iterations, %.0f iterations/s", n, (double)n / dt);
+    if (n > 0)
+      fprintf(stderr, ", t_avg %.2f usec", sum / (double)n * ti->us_per_s);
+  } else if (cl.test == TEST_RPC) {
+    fprintf(stderr, "%" PRIu64 " requests, %.0f req/s", n, (double)n / dt);
+  } else {
+    fprintf(stderr, "%" PRIu64 " %s, %.2f MB/s, %.6f Mpps", n,
+            cl.test == TEST_BW ? "messages" : "operations", (double)(n * bytes) / dt / 1e6,
+            (double)n / dt / 1e6);
+  }
+  fputc('\n', stderr);
+  funlockfile(stderr);
+  cl.t_last_report = now;
+  cl.done_last_report = done;
+}
+
+/* --duration: the time is up. Each connection stops posting (its last iteration is the last it
+ * posted); the test ends when those are done. */
+static void client_stop_posting(double now) {
+  if (g.interval > 0 && timed_done() > cl.done_last_report)
+    report_interval(now);
+  cl.stopped = 1;
+  for (int i = 0; i < cl.nconns; i++) {
+    struct conn *c = &cl.conns[i];
+    c->total = c->posted;
+    /* Nothing in flight: no callback will say it is the last. */
+    if (cl.test == TEST_BW && c->sent == c->total) {
+      c->t_done = now;
+      if (++cl.conns_done == cl.nconns)
+        cl.t_end = now;
+    } else if ((cl.test & (TEST_WRITE_BW | TEST_READ_BW)) && c->sent == c->total) {
+      cl.t_end = now;
+    } else if (cl.test == TEST_RPC && c->received == c->total) {
+      cl.t_end = now;
+    }
+  }
+  client_check_finished();
+}
+
+/* After a dispatch, in the timed part of a test with --duration or --interval. */
+static void client_tick(double now) {
+  if (g.interval > 0) {
+    if (cl.next_report == 0) {
+      cl.t_last_report = cl.t_start;
+      cl.next_report = cl.t_start + (double)g.interval;
+    }
+    if (now >= cl.next_report) {
+      report_interval(now);
+      while (cl.next_report <= now)
+        cl.next_report += (double)g.interval;
+    }
+  }
+  if (g.duration > 0 && now >= cl.t_start + (double)g.duration)
+    client_stop_posting(now);
+}
+
 /* ---- running the loop ------------------------------------------------------------------------ */
 
 /* Dispatches until *flag is set. Returns 0, or -1 after reporting why it stopped waiting: the
@@ -1339,13 +1490,16 @@ static int client_wait(const int *flag) {
   /* The clock is read only after a dispatch that brought the client nothing: a test's hot path
    * reads it for its timings alone (where clock_gettime is a system call, as in emulated
    * machines, each read costs as much as one). The quiet time starts at the first such
-   * dispatch, which is at most one dispatch late. */
+   * dispatch, which is at most one dispatch late. --duration and --interval read it after
+   * every dispatch once the timed part has started. */
   uint64_t seen = cl.activity;
   double quiet_since = tool_now();
   int rc;
   while (!*flag) {
     if (cl.failed)
       return -1;
+    if ((g.duration > 0 || g.interval > 0) && cl.t_start != 0 && !cl.stopped)
+      client_tick(tool_now());
     for (int i = 0; i < cl.nconns; i++) {
       struct conn *c = &cl.conns[i];
       if (!c->closed)
@@ -1457,8 +1611,14 @@ static void print_banner(const char *title) {
   print_rule();
   printf("%*s%s\n", (int)(46 - strlen(title) / 2), "", title);
   printf(" Peer: %s port %u   Device: %s\n", g.ip, g.port, g.device[0] ? g.device : "?");
-  printf(" Iterations: %" PRIu64 " per size, after %" PRIu64 " warm-up\n", g.iters, g.warmup);
-  printf(" Completions: %s\n", poll_mode(mode, sizeof mode));
+  if (g.duration > 0)
+    printf(" Duration: %" PRIu64 " s per size, after %" PRIu64 " warm-up iterations\n",
+           g.duration, g.warmup);
+  else
+    printf(" Iterations: %" PRIu64 " per size, after %" PRIu64 " warm-up\n", g.iters, g.warmup);
+  printf(" Completions: %s%s\n", poll_mode(mode, sizeof mode),
+         g.busy_poll_given ? "" : " (the default; perftest busy-polls: see --busy-poll)");
+  printf(" Units: usec = microseconds, MB/s = 10^6 bytes/s, Mpps = 10^6 per second\n");
   print_rule();
 }
 
@@ -1497,12 +1657,13 @@ static void report_bw(const struct bw_result *r) {
            " %-14.2f %-14.6f %-14.0f %.6f\n",
            r->size, r->iters, r->window, r->conns, r->mbps, r->mpps, r->mpps * 1e6, r->seconds);
   } else {
-    /* MiB/s: what perftest's ib_write_bw and ib_read_bw print as MB/sec. */
+    /* MB/s as in the message tables (perftest's ib_write_bw and ib_read_bw print MiB/s and
+     * call it MB/sec: theirs is 1.048576 times smaller for the same rate). */
     if (table_header(r->test))
       printf(" %-10s %-11s %-8s %-14s %-14s %-14s %s\n", "#bytes", "#iterations", "#window",
-             "BW[MiB/s]", "MsgRate[Mpps]", "ops/s", "seconds");
+             "BW[MB/s]", "MsgRate[Mpps]", "ops/s", "seconds");
     printf(" %-10" PRIu64 " %-11" PRIu64 " %-8" PRIu64 " %-14.2f %-14.6f %-14.0f %.6f\n",
-           r->size, r->iters, r->window, r->mibps, r->mpps, r->mpps * 1e6, r->seconds);
+           r->size, r->iters, r->window, r->mbps, r->mpps, r->mpps * 1e6, r->seconds);
   }
   fflush(stdout);
 }
@@ -1558,8 +1719,7 @@ static void json_bw(const struct bw_result *r, int first) {
       printf("%s%.1f", i ? ", " : "", r->conn_mps[i]);
     putchar(']');
   } else
-    printf(", \"window\": %" PRIu64 ", \"bw_mib_per_s\": %.3f, \"ops_per_s\": %.1f", r->window,
-           r->mibps, r->mpps * 1e6);
+    printf(", \"window\": %" PRIu64 ", \"ops_per_s\": %.1f", r->window, r->mpps * 1e6);
   putchar('}');
 }
 
@@ -1604,14 +1764,22 @@ static void print_memory(void) {
   fflush(stdout);
 }
 
-static void print_json(void) {
+static void print_json(int failed) {
   printf("{\n  \"tool\": \"ibmsg-perf\",\n  \"version\": ");
   json_string(ibmsg_version_string());
   printf(",\n  \"peer\": {\"address\": ");
-  json_string(g.ip);
+  json_string(g.ip != NULL ? g.ip : "");
   printf(", \"port\": %u},\n  \"device\": ", g.port);
   json_string(g.device);
   printf(",\n  \"warmup\": %" PRIu64 ",\n  \"busy_poll_us\": %d", g.warmup, g.busy_poll);
+  printf(",\n  \"completions\": ");
+  json_string(g.busy_poll == IBMSG_BUSY_POLL_ALWAYS ? "busy_poll"
+              : g.busy_poll > 0                    ? "adaptive"
+                                                   : "events");
+  if (g.duration > 0)
+    printf(",\n  \"duration_s\": %" PRIu64, g.duration);
+  else
+    printf(",\n  \"iterations\": %" PRIu64, g.iters);
   if (g.have_conn_memory)
     printf(",\n  \"connection_memory\": {\"buffers\": %zu, \"shared\": %zu, \"large\": %zu}",
            g.conn_memory.buffers, g.conn_memory.shared, g.conn_memory.large);
@@ -1620,6 +1788,18 @@ static void print_json(void) {
   for (int i = 0; i < NTESTS; i++)
     if ((test_infos[i].test & (TESTS_RDMA | TEST_RPC)) && (g.tests & test_infos[i].test))
       json_test(test_infos[i].test, test_infos[i].name);
+  /* A run that failed: what was measured above, and the error. */
+  printf(",\n  \"ok\": %s", failed ? "false" : "true");
+  if (failed) {
+    printf(",\n  \"error\": ");
+    json_string(tool_first_error() != NULL ? tool_first_error() : "failed");
+    if (g.failed_test != NULL) {
+      printf(",\n  \"failed_test\": {\"test\": ");
+      json_string(g.failed_test);
+      printf(", \"bytes\": %" PRIu64 ", \"timed_iterations_done\": %" PRIu64 "}",
+             g.failed_size, g.failed_done);
+    }
+  }
   printf("\n}\n");
   fflush(stdout);
 }
@@ -1656,9 +1836,8 @@ static int client_free(void) {
 }
 
 /* The statistics of the round trips in cl.rtt (which it sorts). */
-static void lat_stats(int test, uint64_t size, struct lat_result *r) {
+static void lat_stats(int test, uint64_t size, uint64_t n, struct lat_result *r) {
   double sum = 0, f = info_of(test)->us_per_s;
-  uint64_t n = cl.iters;
   qsort(cl.rtt, (size_t)n, sizeof *cl.rtt, cmp_double);
   for (uint64_t i = 0; i < n; i++)
     sum += cl.rtt[i];
@@ -1678,13 +1857,14 @@ static void lat_stats(int test, uint64_t size, struct lat_result *r) {
 
 static int run_test(int test, uint64_t size) {
   int rc, still_open;
+  uint64_t n;
 
   memset(&cl, 0, sizeof cl);
   cl.test = test;
   cl.size = size;
   cl.warmup = g.warmup;
   cl.iters = g.iters;
-  cl.total = g.warmup + g.iters;
+  cl.total = g.warmup + g.iters; /* --duration: UINT64_MAX per connection until the time is up */
   cl.window = g.msg_window;
   if (test == TEST_BW && !g.window_given && size * cl.window > MSG_WINDOW_BYTES) {
     cl.window = MSG_WINDOW_BYTES / size;
@@ -1693,12 +1873,15 @@ static int run_test(int test, uint64_t size) {
   }
   /* Only the message bandwidth test uses more than one connection. */
   cl.nconns = test == TEST_BW ? (int)g.conns : 1;
-  if (test & (TESTS_LATENCY | TEST_RPC)) {
+  for (int i = 0; i < cl.nconns; i++)
+    cl.conns[i].total = g.duration > 0 ? UINT64_MAX : cl.total;
+  if ((test & (TESTS_LATENCY | TEST_RPC)) && g.duration == 0) {
     cl.rtt = malloc((size_t)g.iters * sizeof *cl.rtt);
     if (cl.rtt == NULL) {
       tool_error("out of memory for %" PRIu64 " samples", g.iters);
       return -1;
     }
+    cl.rtt_cap = (size_t)g.iters;
   }
   if (test == TEST_RPC) {
     cl.reqs = calloc((size_t)g.outstanding, sizeof *cl.reqs);
@@ -1747,39 +1930,59 @@ static int run_test(int test, uint64_t size) {
   for (int i = 0; i < cl.nconns; i++)
     if (cl.conns[i].ep.open && cl.conns[i].established)
       client_note_memory(&cl.conns[i]);
+  /* --interval without --duration: the last part of the last interval. */
+  if (rc == 0 && g.interval > 0 && !cl.stopped && cl.t_start != 0 &&
+      timed_done() > cl.done_last_report) {
+    if (cl.t_last_report == 0)
+      cl.t_last_report = cl.t_start;
+    report_interval(tool_now());
+  }
+  if (rc != 0) {
+    g.failed_test = info_of(test)->name;
+    g.failed_size = test == TEST_ATOMIC_LAT ? 8 : size;
+    g.failed_done = timed_done();
+  }
   still_open = client_close();
   if (rc != 0 || still_open) {
     if (!still_open)
       client_free();
     return -1;
   }
+  n = timed_done(); /* all connections' timed iterations: -n each, or what --duration allowed */
+  if (n == 0) {
+    tool_error("%s test, %" PRIu64 " bytes: no timed iteration was done", info_of(test)->name,
+               size);
+    g.failed_test = info_of(test)->name;
+    g.failed_size = test == TEST_ATOMIC_LAT ? 8 : size;
+    g.failed_done = 0;
+    client_free();
+    return -1;
+  }
 
   if (test == TEST_RPC) {
     struct rpc_result *r = &g.rpc[g.nrpc++];
-    lat_stats(test, size, &r->lat);
+    lat_stats(test, size, n, &r->lat);
     r->outstanding = g.outstanding;
     r->seconds = cl.t_end - cl.t_start;
-    r->rate = r->seconds > 0 ? (double)g.iters / r->seconds : 0;
+    r->rate = r->seconds > 0 ? (double)n / r->seconds : 0;
     report_rpc(r);
   } else if (test & TESTS_LATENCY) {
     struct lat_result *r = &g.lat[g.nlat++];
-    lat_stats(test, size, r);
+    lat_stats(test, size, n, r);
     report_lat(r);
   } else {
     struct bw_result *r = &g.bw[g.nbw++];
-    uint64_t n = g.iters * (uint64_t)cl.nconns; /* all connections' messages or operations */
     r->test = test;
     r->size = size;
-    r->iters = g.iters;
+    r->iters = n / (uint64_t)cl.nconns; /* per connection (-n, or their mean with --duration) */
     r->window = test & TESTS_RDMA ? g.window : cl.window;
     r->conns = (uint64_t)cl.nconns;
     r->seconds = cl.t_end - cl.t_start;
     r->mbps = r->seconds > 0 ? (double)(size * n) / r->seconds / 1e6 : 0;
-    r->mibps = r->seconds > 0 ? (double)(size * n) / r->seconds / 1048576.0 : 0;
     r->mpps = r->seconds > 0 ? (double)n / r->seconds / 1e6 : 0;
     for (int i = 0; i < cl.nconns && test == TEST_BW; i++) {
       double t = cl.conns[i].t_done - cl.t_start;
-      r->conn_mps[i] = t > 0 ? (double)g.iters / t : 0;
+      r->conn_mps[i] = t > 0 ? (double)(cl.conns[i].total - cl.warmup) / t : 0;
     }
     report_bw(r);
   }
@@ -1859,6 +2062,7 @@ static int parse_args(int argc, char **argv) {
     OPT_JSON,
     OPT_VERSION
   };
+  const char *client_option = NULL; /* the first client-only option given */
   static const struct option options[] = {
       {"server", no_argument, NULL, OPT_SERVER},
       {"loopback", no_argument, NULL, OPT_LOOPBACK},
@@ -1876,6 +2080,8 @@ static int parse_args(int argc, char **argv) {
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
       {"eager-size", required_argument, NULL, OPT_EAGER_SIZE},
       {"json", no_argument, NULL, OPT_JSON},
+      {"duration", required_argument, NULL, 'D'},
+      {"interval", required_argument, NULL, 'i'},
       {"quiet", no_argument, NULL, 'q'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, OPT_VERSION},
@@ -1896,12 +2102,12 @@ static int parse_args(int argc, char **argv) {
   g.threads_arg = 1;
   g.outstanding = 1;
   opterr = 0; /* we print our own one-line errors */
-  while ((opt = getopt_long(argc, argv, ":p:t:s:n:w:W:c:T:o:qh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":p:t:s:n:w:W:c:T:o:D:i:qh", options, NULL)) != -1) {
     switch (opt) {
     case OPT_SERVER: g.server = 1; break;
     case OPT_LOOPBACK: g.loopback = 1; break;
     case 'p':
-      if (tool_parse_port(optarg, 0, &g.port) != 0)
+      if (tool_parse_port("-p", optarg, 1, &g.port) != 0) /* 0: checked below */
         return -1;
       g.port_given = 1;
       break;
@@ -1916,6 +2122,17 @@ static int parse_args(int argc, char **argv) {
     case 'n':
       if (tool_parse_uint("-n", optarg, 1, 100000000, &g.iters) != 0)
         return -1;
+      g.iters_given = 1;
+      break;
+    case 'D':
+      if (tool_parse_uint("--duration", optarg, 1, 86400, &g.duration) != 0)
+        return -1;
+      client_option = client_option ? client_option : "--duration";
+      break;
+    case 'i':
+      if (tool_parse_uint("--interval", optarg, 1, 86400, &g.interval) != 0)
+        return -1;
+      client_option = client_option ? client_option : "--interval";
       break;
     case 'w':
       if (tool_parse_uint("-w", optarg, 0, 100000000, &g.warmup) != 0)
@@ -1982,6 +2199,15 @@ static int parse_args(int argc, char **argv) {
     tool_usage_error("--threads is for --server");
     return -1;
   }
+  if (g.server && client_option != NULL) {
+    tool_usage_error("%s is a client option: it does not go with --server (the client tells "
+                     "the server how long a test runs)", client_option);
+    return -1;
+  }
+  if (g.duration > 0 && g.iters_given) {
+    tool_usage_error("-n and --duration exclude each other: a test runs for a count or a time");
+    return -1;
+  }
   g.threads = (int)g.threads_arg;
   if (optind < argc)
     g.ip = argv[optind++];
@@ -1991,6 +2217,11 @@ static int parse_args(int argc, char **argv) {
   }
   if (g.ip == NULL && !g.server) {
     tool_usage_error("no IP address given");
+    return -1;
+  }
+  if (g.port_given && g.port == 0 && !g.server && !g.loopback) {
+    tool_usage_error("-p 0 (any free port) is for --server and --loopback only: a client needs "
+                     "the server's port");
     return -1;
   }
   for (int i = 0; i < g.nsizes; i++) {
@@ -2221,6 +2452,8 @@ int main(int argc, char **argv) {
   rc = ibmsg_init_event_loop(&g.loop);
   if (rc != IBMSG_OK) {
     tool_error("cannot create the event loop: %s", ibmsg_strerror(rc));
+    if (g.json && !g.server)
+      print_json(1);
     return TOOL_EXIT_FAILURE;
   }
   g.loop.connection_request = on_request;
@@ -2240,6 +2473,8 @@ int main(int argc, char **argv) {
     send_depth = g.outstanding;
   if (configure_loop(&g.loop, send_depth) != 0) {
     ibmsg_destroy_event_loop(&g.loop);
+    if (g.json && !g.server)
+      print_json(1);
     return TOOL_EXIT_FAILURE;
   }
   g.server_quiet = g.loopback;
@@ -2253,6 +2488,8 @@ int main(int argc, char **argv) {
   if ((g.server || g.loopback) && start_listener() != 0) {
     stop_loops();
     ibmsg_destroy_event_loop(&g.loop);
+    if (g.json && !g.server)
+      print_json(1);
     return TOOL_EXIT_FAILURE;
   }
 
@@ -2278,8 +2515,8 @@ int main(int argc, char **argv) {
         failed = run_test(test, g.sizes[i]) != 0;
       }
     }
-    if (!failed && g.json) {
-      print_json();
+    if (g.json) {
+      print_json(failed); /* also when a test failed: what was measured, and the error */
     } else if (!failed) {
       print_memory();
       if (!g.quiet)

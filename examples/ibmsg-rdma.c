@@ -2,8 +2,8 @@
  * ibmsg-rdma - one-sided RDMA the classic way: write into a peer's buffer, read it back, compare.
  *
  *   ibmsg-rdma --server [OPTIONS] [IP]         offer a buffer to every client until interrupted
- *   ibmsg-rdma [OPTIONS] -s STRING IP           write STRING into it, read it back, compare
- *   ibmsg-rdma [OPTIONS] --size SIZE IP         the same with SIZE random bytes
+ *   ibmsg-rdma [OPTIONS] --string STRING IP     write STRING into it, read it back, compare
+ *   ibmsg-rdma [OPTIONS] -s SIZE IP             the same with SIZE random bytes
  *
  * How it uses ibmsg: the server allocates one region with ibmsg_alloc_region() that peers may
  * read and write. When a connection is established it makes a descriptor of the whole region
@@ -13,7 +13,9 @@
  * callback it reads the same range back into a second local region with ibmsg_rdma_read(), and
  * from the read's done callback it compares. The server's CPU takes no part in the transfers:
  * it only hands out the descriptor. Every client gets the same buffer; clients that run at the
- * same time should use ranges of their own (--offset).
+ * same time should use ranges of their own (--offset). The server numbers its clients as
+ * ibmsg's log lines number their connections: a log callback learns each one's number from the
+ * first line about it.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -28,8 +30,8 @@
 #include "tool.h"
 
 static const char usage_text[] =
-    "Usage: ibmsg-rdma [OPTIONS] -s STRING IP\n"
-    "       ibmsg-rdma [OPTIONS] --size SIZE IP\n"
+    "Usage: ibmsg-rdma [OPTIONS] --string STRING IP\n"
+    "       ibmsg-rdma [OPTIONS] -s SIZE IP\n"
     "       ibmsg-rdma --server [OPTIONS] [IP]\n"
     "Show one-sided RDMA: the server offers a buffer to every client; the client\n"
     "writes into it with an RDMA write, reads the same bytes back with an RDMA\n"
@@ -45,17 +47,20 @@ static const char usage_text[] =
     "                        picks a free port, shown in the 'listening' line)\n"
     "  -b, --buffer-size BYTES\n"
     "                        --server: the size of the buffer (default 1M)\n"
-    "  -s, --string STRING   client: write the bytes of STRING\n"
-    "      --size SIZE       client: write SIZE random bytes instead\n"
+    "      --string STRING   client: write the bytes of STRING (before 1.7: -s)\n"
+    "  -s, --size SIZE       client: write SIZE random bytes instead\n"
     "      --repeat N        client: write, read back and compare N times, with\n"
     "                        fresh random bytes each time (default 1)\n"
     "      --offset OFFSET   client: where to write in the server's buffer\n"
     "                        (default 0)\n"
     "  -q, --quiet           print only the result and errors\n"
+    "  -v, --verbose         print ibmsg's log lines (connections, errors)\n"
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
     "\n"
     "BYTES, SIZE and OFFSET may end in K, M or G (times 1024, 1024^2, 1024^3).\n"
+    "The server's \"client N\" is the connection ibmsg's log lines call\n"
+    "\"connection N\".\n"
     "Exit status: client: 0 if every read returned what was written, 1 on an\n"
     "error or a mismatch; server: 0 when ended by SIGINT or SIGTERM, 1 on an\n"
     "error; 2 on bad usage.\n";
@@ -99,7 +104,7 @@ static uint64_t get_le(const unsigned char *p, int n) {
 struct client {
   ibmsg_socket socket;
   struct client *next; /* the list of open connections */
-  unsigned number;     /* 1, 2, ... in the order they were accepted */
+  unsigned long number; /* ibmsg's number of the connection (its log lines'), 0 until known */
   char peer[64];
   unsigned short peer_port;
   ibmsg_buffer offer;  /* the descriptor message: it must keep its address until freed */
@@ -111,11 +116,12 @@ static struct {
   const char *ip;
   unsigned short port;
   uint64_t buffer_size; /* --server */
-  char *string;         /* client: -s (registered where it is, in argv) */
-  uint64_t size;        /* client: bytes to write (strlen of -s, or --size) */
+  char *string;         /* client: --string (registered where it is, in argv) */
+  uint64_t size;        /* client: bytes to write (strlen of --string, or -s) */
   uint64_t repeat;
   uint64_t offset;
   int quiet;
+  int verbose;
 
   ibmsg_event_loop loop;
   int failed;   /* exit with 1 */
@@ -162,13 +168,13 @@ static void server_stop(void) {
   for (struct client *c = g.clients; c != NULL; c = c->next) {
     rc = ibmsg_disconnect(&c->socket);
     if (rc != IBMSG_OK && rc != IBMSG_ESTATE)
-      tool_error("client %u: cannot disconnect: %s", c->number, ibmsg_strerror(rc));
+      tool_error("client %lu: cannot disconnect: %s", c->number, ibmsg_strerror(rc));
   }
 }
 
 /* A client's connection cannot be served: say why and close it. The server goes on. */
 static void client_fail(struct client *c, const char *what, int code) {
-  tool_error("client %u from %s port %u: %s: %s", c->number, c->peer, c->peer_port, what,
+  tool_error("client %lu from %s port %u: %s: %s", c->number, c->peer, c->peer_port, what,
              ibmsg_strerror(code));
   ibmsg_disconnect(&c->socket); /* IBMSG_ESTATE when it is closing already: fine */
 }
@@ -189,6 +195,7 @@ static void server_request(ibmsg_connection_request *request) {
   }
   snprintf(c->peer, sizeof c->peer, "%s", request->peer_address);
   c->peer_port = request->peer_port;
+  c->socket.user_data = c; /* before the accept: ibmsg's log lines about it find it */
   rc = ibmsg_accept(request, &c->socket);
   if (rc != IBMSG_OK) {
     /* No callback will come for this socket: it was never set up. */
@@ -197,8 +204,7 @@ static void server_request(ibmsg_connection_request *request) {
     free(c);
     return;
   }
-  c->socket.user_data = c;
-  c->number = ++g.accepted;
+  g.accepted++;
   c->next = g.clients;
   g.clients = c;
 }
@@ -236,7 +242,7 @@ static void server_established(ibmsg_socket *socket) {
     client_fail(c, "cannot send the descriptor", rc);
     return;
   }
-  tool_info(g.quiet, "client %u from %s port %u (%s): sent the descriptor of the %zu-byte buffer",
+  tool_info(g.quiet, "client %lu from %s port %u (%s): sent the descriptor of the %zu-byte buffer",
             c->number, c->peer, c->peer_port, dev ? dev : "?", g.buffer.length);
 }
 
@@ -268,10 +274,10 @@ static void server_closed(ibmsg_socket *socket, int reason) {
   /* ECONNRESET: the client disconnected, the normal end. A client's failure is the client's:
    * the server reports it and serves the next one. */
   if (reason != IBMSG_OK && reason != IBMSG_ECONNRESET)
-    tool_error("client %u from %s port %u: connection failed: %s", c->number, c->peer,
+    tool_error("client %lu from %s port %u: connection failed: %s", c->number, c->peer,
                c->peer_port, ibmsg_strerror(reason));
   else
-    tool_info(g.quiet, "client %u from %s port %u: closed", c->number, c->peer, c->peer_port);
+    tool_info(g.quiet, "client %lu from %s port %u: closed", c->number, c->peer, c->peer_port);
   for (struct client **p = &g.clients; *p != NULL; p = &(*p)->next) {
     if (*p == c) {
       *p = c->next;
@@ -279,6 +285,19 @@ static void server_closed(ibmsg_socket *socket, int reason) {
     }
   }
   free(c); /* ibmsg never touches the socket after this callback */
+}
+
+/* The server's log callback: learns each client's number from ibmsg's first line about its
+ * connection, and with -v prints the lines. */
+static void server_log(ibmsg_event_loop *loop, ibmsg_socket *socket, int level,
+                       const char *text) {
+  if (socket != NULL && socket != &g.listener && socket->user_data != NULL) {
+    struct client *c = socket->user_data;
+    if (c->number == 0)
+      c->number = tool_log_number(text);
+  }
+  if (g.verbose)
+    tool_log(loop, socket, level, text);
 }
 
 static void run_server(void) {
@@ -291,6 +310,7 @@ static void run_server(void) {
   g.loop.message_received = server_received;
   g.loop.message_sent = server_sent;
   g.loop.connection_closed = server_closed;
+  g.loop.log = server_log;
 
   /* Zeroed, page-aligned memory that peers may read and write once they have a descriptor. */
   rc = ibmsg_alloc_region(&g.loop, &g.buffer, (size_t)g.buffer_size,
@@ -546,6 +566,8 @@ static void run_client(void) {
   g.loop.connection_established = client_established;
   g.loop.message_received = client_received;
   g.loop.connection_closed = client_closed;
+  if (g.verbose)
+    g.loop.log = tool_log;
 
   /* The source: the string where it is (registered in place; a write reads it, so it needs no
    * right), or fresh memory for random bytes. The destination of the read must be writable. */
@@ -605,33 +627,36 @@ static void run_client(void) {
 /* ---- main ------------------------------------------------------------------------------------ */
 
 static int parse_args(int argc, char **argv) {
-  enum { OPT_SERVER = 256, OPT_SIZE, OPT_REPEAT, OPT_OFFSET, OPT_VERSION };
+  enum { OPT_SERVER = 256, OPT_STRING, OPT_REPEAT, OPT_OFFSET, OPT_VERSION };
   static const struct option options[] = {
       {"server", no_argument, NULL, OPT_SERVER},
       {"port", required_argument, NULL, 'p'},
       {"buffer-size", required_argument, NULL, 'b'},
-      {"string", required_argument, NULL, 's'},
-      {"size", required_argument, NULL, OPT_SIZE},
+      {"string", required_argument, NULL, OPT_STRING},
+      {"size", required_argument, NULL, 's'},
       {"repeat", required_argument, NULL, OPT_REPEAT},
       {"offset", required_argument, NULL, OPT_OFFSET},
       {"quiet", no_argument, NULL, 'q'},
+      {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
       {"version", no_argument, NULL, OPT_VERSION},
       {NULL, 0, NULL, 0}};
   const char *client_option = NULL; /* the first client-only option given */
   int buffer_given = 0, size_given = 0;
-  int opt;
+  int opt, longindex = -1;
 
   g.port = TOOL_DEFAULT_PORT;
   g.buffer_size = DEFAULT_BUFFER_SIZE;
   g.repeat = 1;
   opterr = 0; /* we print our own one-line errors */
-  while ((opt = getopt_long(argc, argv, ":p:b:s:qh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":p:b:s:qvh", options, &longindex)) != -1) {
+    int is_long = longindex >= 0;
+    longindex = -1;
     switch (opt) {
     case OPT_SERVER: g.server = 1; break;
     case 'p':
       /* 0 (any free port) only makes sense for a server; checked below. */
-      if (tool_parse_port(optarg, 1, &g.port) != 0)
+      if (tool_parse_port("-p", optarg, 1, &g.port) != 0)
         return -1;
       break;
     case 'b':
@@ -639,15 +664,21 @@ static int parse_args(int argc, char **argv) {
         return -1;
       buffer_given = 1;
       break;
-    case 's':
+    case OPT_STRING:
       g.string = optarg;
-      client_option = client_option ? client_option : "-s";
+      client_option = client_option ? client_option : "--string";
       break;
-    case OPT_SIZE:
-      if (tool_parse_size("--size", optarg, 1, MAX_TRANSFER, &g.size) != 0)
+    case 's':
+      if (!is_long && (optarg[0] < '0' || optarg[0] > '9')) {
+        /* Before 1.7, -s was --string: say so rather than only "not a number". */
+        tool_usage_error("-s: '%s' is not a size: -s is --size (since 1.7); a string to write "
+                         "goes with --string", optarg);
+        return -1;
+      }
+      if (tool_parse_size(is_long ? "--size" : "-s", optarg, 1, MAX_TRANSFER, &g.size) != 0)
         return -1;
       size_given = 1;
-      client_option = client_option ? client_option : "--size";
+      client_option = client_option ? client_option : is_long ? "--size" : "-s";
       break;
     case OPT_REPEAT:
       if (tool_parse_uint("--repeat", optarg, 1, 1000000000, &g.repeat) != 0)
@@ -660,6 +691,7 @@ static int parse_args(int argc, char **argv) {
       client_option = client_option ? client_option : "--offset";
       break;
     case 'q': g.quiet = 1; break;
+    case 'v': g.verbose = 1; break;
     case 'h': fputs(usage_text, stdout); exit(TOOL_EXIT_OK);
     case OPT_VERSION: tool_print_version(); exit(TOOL_EXIT_OK);
     case ':': tool_usage_error("option %s needs a value", tool_bad_option(argv)); return -1;
@@ -693,21 +725,21 @@ static int parse_args(int argc, char **argv) {
     return -1;
   }
   if (g.string != NULL && size_given) {
-    tool_usage_error("-s and --size exclude each other");
+    tool_usage_error("--string and -s (--size) exclude each other");
     return -1;
   }
   if (g.string == NULL && !size_given) {
-    tool_usage_error("nothing to write: give -s STRING or --size SIZE");
+    tool_usage_error("nothing to write: give --string STRING or -s SIZE");
     return -1;
   }
   if (g.string != NULL) {
     g.size = strlen(g.string);
     if (g.size == 0) {
-      tool_usage_error("-s: the string is empty");
+      tool_usage_error("--string: the string is empty");
       return -1;
     }
     if (g.size > MAX_TRANSFER) {
-      tool_usage_error("-s: the string is longer than %" PRIu64 " bytes", MAX_TRANSFER);
+      tool_usage_error("--string: the string is longer than %" PRIu64 " bytes", MAX_TRANSFER);
       return -1;
     }
   }

@@ -1,7 +1,8 @@
 /*
  * ibmsg-recv - receive messages from ibmsg-send and report the throughput.
  *
- *   ibmsg-recv [OPTIONS] IP [PORT]
+ *   ibmsg-recv [OPTIONS] [-p PORT] IP
+ *   ibmsg-recv [OPTIONS] IP PORT          (the old form, still taken)
  *
  * How it uses ibmsg: one event loop and one listening socket. Each connection request is
  * accepted into a socket the tool allocates (freed again in connection_closed, after which ibmsg
@@ -11,7 +12,8 @@
  * above the eager size come by rendezvous (ibmsg reads them into a buffer of its own, which
  * ibmsg_free_msg() gives back): any size up to the library's maximum takes no option. With
  * --memory it samples ibmsg_loop_memory() while connections are up and prints it with its peak
- * RSS.
+ * RSS. Its connections are numbered as ibmsg's log lines number them: a log callback learns each
+ * one's number from the first line about it; with --json it prints one JSON object at the end.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -25,12 +27,15 @@
 #include "tool.h"
 
 static const char usage_text[] =
-    "Usage: ibmsg-recv [OPTIONS] IP [PORT]\n"
+    "Usage: ibmsg-recv [OPTIONS] [-p PORT] IP\n"
+    "       ibmsg-recv [OPTIONS] IP PORT   (the old form: the port after IP)\n"
     "Listen at IP and PORT (default 12345) for ibmsg-send, receive its messages\n"
     "over RDMA and report the throughput. IP may be 0.0.0.0 or :: for all\n"
     "addresses.\n"
     "\n"
     "Options:\n"
+    "  -p, --port PORT       the port to listen on (default 12345; 0: any free\n"
+    "                        port, shown in the 'listening' line)\n"
     "  -n, --count COUNT     exit after COUNT messages in total (default 0: run\n"
     "                        until interrupted)\n"
     "  -s, --size SIZE       expect messages of SIZE bytes: any other size is an\n"
@@ -46,9 +51,13 @@ static const char usage_text[] =
     "                        reads them (default: ibmsg's, 16384)\n"
     "      --memory          print the peak RSS and the registered memory\n"
     "                        (ibmsg_loop_memory) while the connections were up\n"
+    "      --json            print one JSON object on stdout at the end (counts,\n"
+    "                        bytes, rates, each connection's counters, the error\n"
+    "                        if the run failed); the other lines go to stderr\n"
     "  -q, --quiet           print only the summary and errors\n"
     "  -v, --verbose         print ibmsg's log lines (connections, errors, keepalive\n"
     "                        misses) and each connection's counters at its close\n"
+    "                        (connection N: the number ibmsg's log lines give it)\n"
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
     "\n"
@@ -71,7 +80,7 @@ static const char usage_text[] =
 struct conn {
   ibmsg_socket socket;
   struct conn *next; /* the list of open connections */
-  unsigned number;   /* 1, 2, ... in the order they were accepted */
+  unsigned long number; /* ibmsg's number of the connection (its log lines'), 0 until known */
   int established;
   char peer[64];
   unsigned short peer_port;
@@ -93,6 +102,8 @@ static struct {
   int quiet;
   int verbose;
   int memory;         /* --memory */
+  int json;           /* --json */
+  int port_given;     /* -p */
 
   ibmsg_event_loop loop;
   ibmsg_socket listener;
@@ -113,7 +124,42 @@ static struct {
   double t_end;       /* last message received */
   struct tool_progress progress;
   struct tool_memwatch mem;
+  struct record *records; /* --json: the connections that closed */
+  size_t nrecords, records_cap;
 } g;
+
+/* --json: what is left of a connection once it closed. */
+struct record {
+  unsigned long number;
+  char peer[64];
+  unsigned short peer_port;
+  int established;
+  uint64_t received;
+  int reason;
+  int have_stats;
+  ibmsg_stats stats;
+};
+
+static void keep_record(const struct conn *c, int reason) {
+  struct record *r;
+  if (g.nrecords == g.records_cap) {
+    size_t cap = g.records_cap > 0 ? 2 * g.records_cap : 16;
+    struct record *more = realloc(g.records, cap * sizeof *more);
+    if (more == NULL)
+      return; /* the JSON lacks it; the counts stay right */
+    g.records = more;
+    g.records_cap = cap;
+  }
+  r = &g.records[g.nrecords++];
+  memset(r, 0, sizeof *r);
+  r->number = c->number;
+  snprintf(r->peer, sizeof r->peer, "%s", c->peer);
+  r->peer_port = c->peer_port;
+  r->established = c->established;
+  r->received = c->received;
+  r->reason = reason;
+  r->have_stats = ibmsg_socket_stats(&c->socket, &r->stats, sizeof r->stats) == IBMSG_OK;
+}
 
 static void stop_listening(void) {
   int rc;
@@ -134,7 +180,7 @@ static void stop_all(void) {
   for (struct conn *c = g.conns; c != NULL; c = c->next) {
     rc = ibmsg_disconnect(&c->socket);
     if (rc != IBMSG_OK && rc != IBMSG_ESTATE)
-      tool_error("connection %u: cannot disconnect: %s", c->number, ibmsg_strerror(rc));
+      tool_error("connection %lu: cannot disconnect: %s", c->number, ibmsg_strerror(rc));
   }
 }
 
@@ -169,6 +215,7 @@ static void on_request(ibmsg_connection_request *request) {
   }
   snprintf(c->peer, sizeof c->peer, "%s", request->peer_address);
   c->peer_port = request->peer_port;
+  c->socket.user_data = c; /* before the accept: ibmsg's log lines about it find it */
   rc = ibmsg_accept(request, &c->socket);
   if (rc != IBMSG_OK) {
     /* No callback will come for this socket: it was never set up. */
@@ -180,8 +227,7 @@ static void on_request(ibmsg_connection_request *request) {
     check_done();
     return;
   }
-  c->socket.user_data = c;
-  c->number = ++g.accepted;
+  g.accepted++;
   c->sender_conn = -1;
   c->next = g.conns;
   g.conns = c;
@@ -196,7 +242,7 @@ static void on_established(ibmsg_socket *socket) {
   g.up++;
   if (g.t_start == 0)
     g.t_start = tool_now();
-  tool_info(g.quiet, "connection %u from %s port %u (%s)", c->number, c->peer, c->peer_port,
+  tool_info(g.quiet, "connection %lu from %s port %u (%s)", c->number, c->peer, c->peer_port,
             dev ? dev : "?");
   if (g.limit > 1 && g.established == g.limit) {
     tool_info(g.quiet, "all %u connections established, %.3f s after the first request",
@@ -215,7 +261,7 @@ static void on_received(ibmsg_socket *socket, ibmsg_buffer *msg) {
   if (g.count == 0 || g.received < g.count) {
     if (g.check_size && msg->size != g.size) {
       if (!c->bad)
-        tool_error("connection %u: message %" PRIu64 " has %zu bytes, expected %" PRIu64,
+        tool_error("connection %lu: message %" PRIu64 " has %zu bytes, expected %" PRIu64,
                    c->number, c->received, msg->size, g.size);
       c->bad = 1;
       g.bad_messages++;
@@ -223,7 +269,7 @@ static void on_received(ibmsg_socket *socket, ibmsg_buffer *msg) {
                tool_payload_check(msg->data, msg->size, c->received, &c->sender_conn, why,
                                   sizeof why) != 0) {
       if (!c->bad) /* one line per connection: the rest would repeat it */
-        tool_error("--verify: connection %u from %s port %u: %s", c->number, c->peer,
+        tool_error("--verify: connection %lu from %s port %u: %s", c->number, c->peer,
                    c->peer_port, why);
       c->bad = 1;
       g.bad_messages++;
@@ -237,7 +283,7 @@ static void on_received(ibmsg_socket *socket, ibmsg_buffer *msg) {
   /* Lent, not given: freeing it returns the buffer to the sender as a credit. */
   rc = ibmsg_free_msg(msg);
   if (rc != IBMSG_OK) {
-    tool_error("connection %u: cannot free a message: %s", c->number, ibmsg_strerror(rc));
+    tool_error("connection %lu: cannot free a message: %s", c->number, ibmsg_strerror(rc));
     g.failed = 1;
     stop_all();
     return;
@@ -264,18 +310,20 @@ static void on_closed(ibmsg_socket *socket, int reason) {
   if (c->established)
     g.up--;
   if (g.verbose) {
-    char what[32];
-    snprintf(what, sizeof what, "connection %u", c->number);
+    char what[48];
+    snprintf(what, sizeof what, "connection %lu", c->number);
     tool_print_stats(what, socket);
   }
+  if (g.json)
+    keep_record(c, reason);
   /* ECONNRESET: the sender disconnected, the normal end of a connection. */
   if (reason != IBMSG_OK && reason != IBMSG_ECONNRESET) {
-    tool_error("connection %u from %s port %u failed after %" PRIu64 " message%s: %s",
+    tool_error("connection %lu from %s port %u failed after %" PRIu64 " message%s: %s",
                c->number, c->peer, c->peer_port, c->received, TOOL_S(c->received),
                ibmsg_strerror(reason));
     g.failed = 1;
   } else {
-    tool_info(g.quiet, "connection %u closed after %" PRIu64 " message%s", c->number,
+    tool_info(g.quiet, "connection %lu closed after %" PRIu64 " message%s", c->number,
               c->received, TOOL_S(c->received));
   }
   for (struct conn **p = &g.conns; *p != NULL; p = &(*p)->next) {
@@ -288,9 +336,23 @@ static void on_closed(ibmsg_socket *socket, int reason) {
   check_done();
 }
 
+/* The log callback: learns each connection's number from ibmsg's first line about it (the
+ * socket's user_data is set before ibmsg_accept(), so every line finds its connection), and with
+ * -v prints the lines. */
+static void on_log(ibmsg_event_loop *loop, ibmsg_socket *socket, int level, const char *text) {
+  if (socket != NULL && socket != &g.listener && socket->user_data != NULL) {
+    struct conn *c = socket->user_data;
+    if (c->number == 0)
+      c->number = tool_log_number(text);
+  }
+  if (g.verbose)
+    tool_log(loop, socket, level, text);
+}
+
 static int parse_args(int argc, char **argv) {
-  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_EAGER_SIZE, OPT_MEMORY, OPT_VERSION };
+  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_EAGER_SIZE, OPT_MEMORY, OPT_JSON, OPT_VERSION };
   static const struct option options[] = {
+      {"port", required_argument, NULL, 'p'},
       {"count", required_argument, NULL, 'n'},
       {"size", required_argument, NULL, 's'},
       {"connections", required_argument, NULL, 'c'},
@@ -298,6 +360,7 @@ static int parse_args(int argc, char **argv) {
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
       {"eager-size", required_argument, NULL, OPT_EAGER_SIZE},
       {"memory", no_argument, NULL, OPT_MEMORY},
+      {"json", no_argument, NULL, OPT_JSON},
       {"quiet", no_argument, NULL, 'q'},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
@@ -308,8 +371,14 @@ static int parse_args(int argc, char **argv) {
 
   g.port = TOOL_DEFAULT_PORT;
   opterr = 0; /* we print our own one-line errors */
-  while ((opt = getopt_long(argc, argv, ":n:s:c:qvh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":p:n:s:c:qvh", options, NULL)) != -1) {
     switch (opt) {
+    case 'p':
+      if (tool_parse_port("-p", optarg, 1, &g.port) != 0)
+        return -1;
+      g.port_given = 1;
+      break;
+    case OPT_JSON: g.json = 1; break;
     case 'n':
       if (tool_parse_uint("-n", optarg, 0, UINT64_MAX / 2, &g.count) != 0)
         return -1;
@@ -347,8 +416,15 @@ static int parse_args(int argc, char **argv) {
     return -1;
   }
   g.ip = argv[optind++];
-  if (optind < argc && tool_parse_port(argv[optind++], 1, &g.port) != 0)
-    return -1;
+  if (optind < argc) {
+    /* The old form: the port after IP. */
+    if (g.port_given) {
+      tool_usage_error("the port is given twice: -p and '%s' after IP", argv[optind]);
+      return -1;
+    }
+    if (tool_parse_port("PORT", argv[optind++], 1, &g.port) != 0)
+      return -1;
+  }
   if (optind < argc) {
     tool_usage_error("unexpected argument '%s'", argv[optind]);
     return -1;
@@ -360,6 +436,61 @@ static int parse_args(int argc, char **argv) {
   return 0;
 }
 
+/* --json: one object on stdout, whatever the outcome. */
+static void print_json(const char *addr, unsigned short port) {
+  double seconds = g.received > 0 ? g.t_end - g.t_start : 0.0;
+
+  printf("{\n  \"tool\": \"ibmsg-recv\",\n  \"version\": ");
+  tool_json_string(stdout, ibmsg_version_string());
+  printf(",\n  \"listen\": {\"address\": ");
+  tool_json_string(stdout, addr);
+  printf(", \"port\": %u},\n", port);
+  printf("  \"count\": %" PRIu64 ",\n  \"size\": ", g.count);
+  if (g.check_size)
+    printf("%" PRIu64, g.size);
+  else
+    printf("null");
+  printf(",\n  \"verify\": %s,\n  \"connections\": %u,\n  \"not_accepted\": %u,\n"
+         "  \"established\": %u,\n", g.verify ? "true" : "false", g.accepted, g.not_accepted,
+         g.established);
+  printf("  \"messages\": %" PRIu64 ",\n  \"bytes\": %" PRIu64 ",\n  \"bad_messages\": %" PRIu64
+         ",\n  \"seconds\": %.6f,\n  \"mb_per_s\": %.3f,\n  \"msg_per_s\": %.1f,\n",
+         g.received, g.bytes, g.bad_messages, seconds,
+         seconds > 0 ? (double)g.bytes / seconds / 1e6 : 0.0,
+         seconds > 0 ? (double)g.received / seconds : 0.0);
+  printf("  \"per_connection\": [");
+  for (size_t i = 0; i < g.nrecords; i++) {
+    const struct record *r = &g.records[i];
+    printf("%s\n    {\"connection\": ", i ? "," : "");
+    if (r->number > 0)
+      printf("%lu", r->number);
+    else
+      printf("null");
+    printf(", \"peer\": {\"address\": ");
+    tool_json_string(stdout, r->peer);
+    printf(", \"port\": %u}, \"established\": %s, \"messages\": %" PRIu64 ", \"close\": ",
+           r->peer_port, r->established ? "true" : "false", r->received);
+    tool_json_string(stdout, ibmsg_err_name(r->reason));
+    printf(", \"stats\": ");
+    if (r->have_stats)
+      tool_json_stats(stdout, &r->stats);
+    else
+      printf("null");
+    putchar('}');
+  }
+  printf("%s],\n", g.nrecords > 0 ? "\n  " : "");
+  if (g.memory) {
+    printf("  \"memory\": ");
+    tool_memwatch_json(stdout, &g.mem);
+    printf(",\n");
+  }
+  printf("  \"ok\": %s,\n  \"error\": ", g.failed ? "false" : "true");
+  tool_json_string(stdout, g.failed ? (tool_first_error() ? tool_first_error() : "failed")
+                                    : NULL);
+  printf("\n}\n");
+  fflush(stdout);
+}
+
 int main(int argc, char **argv) {
   char extra[160], addr[64];
   unsigned short port;
@@ -369,24 +500,35 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* a script waiting for "listening" sees it at once */
   if (parse_args(argc, argv) != 0)
     return TOOL_EXIT_USAGE;
+  if (g.json) {
+    tool_json_mode();
+    setvbuf(stderr, NULL, _IOLBF, 0);
+  }
+  snprintf(addr, sizeof addr, "%s", g.ip);
+  port = g.port;
   tool_catch_signals();
   tool_progress_init(&g.progress, g.quiet);
 
   rc = ibmsg_init_event_loop(&g.loop);
   if (rc != IBMSG_OK) {
     tool_error("cannot create the event loop: %s", ibmsg_strerror(rc));
+    g.failed = 1;
+    if (g.json)
+      print_json(addr, port);
     return TOOL_EXIT_FAILURE;
   }
   g.loop.connection_request = on_request;
   g.loop.connection_established = on_established;
   g.loop.message_received = on_received;
   g.loop.connection_closed = on_closed;
-  if (g.verbose)
-    g.loop.log = tool_log;
+  g.loop.log = on_log;
   if ((g.max_size != 0 && tool_setopt_max_size(&g.loop, g.max_size) != 0) ||
       (g.eager_size != 0 && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
                                             (int)g.eager_size) != 0)) {
     ibmsg_destroy_event_loop(&g.loop);
+    g.failed = 1;
+    if (g.json)
+      print_json(addr, port);
     return TOOL_EXIT_FAILURE;
   }
   rc = ibmsg_listen(&g.loop, &g.listener, g.ip, g.port,
@@ -394,6 +536,9 @@ int main(int argc, char **argv) {
   if (rc != IBMSG_OK) {
     tool_error("cannot listen on %s port %u: %s", g.ip, g.port, ibmsg_strerror(rc));
     ibmsg_destroy_event_loop(&g.loop);
+    g.failed = 1;
+    if (g.json)
+      print_json(addr, port);
     return TOOL_EXIT_FAILURE;
   }
   g.listening = 1;
@@ -449,5 +594,8 @@ int main(int argc, char **argv) {
       g.failed = 1;
     }
   }
+  if (g.json)
+    print_json(addr, port);
+  free(g.records);
   return g.failed ? TOOL_EXIT_FAILURE : TOOL_EXIT_OK;
 }

@@ -82,7 +82,8 @@ static const char usage_text[] =
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
     "\n"
-    "Options go before IP. KEY has 1 to 256 bytes, VALUE at most 1048576 (1 MiB);\n"
+    "The server's \"client N\" is the connection ibmsg's log lines call\n"
+    "\"connection N\". Options go before IP. KEY has 1 to 256 bytes, VALUE at most 1048576 (1 MiB);\n"
     "the server holds at most 10000 keys and 256 MiB of values.\n"
     "Exit status: client: 0 on success, 1 on an error (the key is not found, no\n"
     "reply came, the connection failed, the server refused the request); server:\n"
@@ -292,7 +293,7 @@ struct pending {
 struct client {
   ibmsg_socket socket;
   struct client *next; /* the list of open connections */
-  unsigned number;     /* 1, 2, ... in the order they were accepted */
+  unsigned long number; /* ibmsg's number of the connection (its log lines'), 0 until known */
   char peer[64];
   unsigned short peer_port;
   uint64_t requests;   /* requests it ran */
@@ -314,7 +315,7 @@ static void server_stop(void) {
   for (struct client *c = g.clients; c != NULL; c = c->next) {
     rc = ibmsg_disconnect(&c->socket);
     if (rc != IBMSG_OK && rc != IBMSG_ESTATE)
-      tool_error("client %u: cannot disconnect: %s", c->number, ibmsg_strerror(rc));
+      tool_error("client %lu: cannot disconnect: %s", c->number, ibmsg_strerror(rc));
   }
 }
 
@@ -335,6 +336,7 @@ static void server_request(ibmsg_connection_request *request) {
   snprintf(c->peer, sizeof c->peer, "%s", request->peer_address);
   c->peer_port = request->peer_port;
   c->pending_tail = &c->pending;
+  c->socket.user_data = c; /* before the accept: ibmsg's log lines about it find it */
   rc = ibmsg_accept(request, &c->socket);
   if (rc != IBMSG_OK) {
     /* No callback will come for this socket: it was never set up. */
@@ -343,8 +345,7 @@ static void server_request(ibmsg_connection_request *request) {
     free(c);
     return;
   }
-  c->socket.user_data = c;
-  c->number = ++g.accepted;
+  g.accepted++;
   c->next = g.clients;
   g.clients = c;
 }
@@ -352,7 +353,7 @@ static void server_request(ibmsg_connection_request *request) {
 static void server_established(ibmsg_socket *socket) {
   struct client *c = socket->user_data;
   const char *dev = ibmsg_socket_device(socket);
-  tool_info(g.quiet, "client %u from %s port %u (%s)", c->number, c->peer, c->peer_port,
+  tool_info(g.quiet, "client %lu from %s port %u (%s)", c->number, c->peer, c->peer_port,
             dev ? dev : "?");
 }
 
@@ -416,15 +417,15 @@ static void run_request(struct client *c, const ibmsg_buffer *msg, Kv__Reply *re
     size_t shown = req != NULL && req->op == KV__REQUEST__OP__PUT ? req->value.len
                                                                   : reply->value.len;
     if (req == NULL)
-      tool_info(0, "client %u: request %" PRIu64 ": refused: %s", c->number, c->requests, error);
+      tool_info(0, "client %lu: request %" PRIu64 ": refused: %s", c->number, c->requests, error);
     else if (reply->status == KV__REPLY__STATUS__ERROR)
-      tool_info(0, "client %u: request %" PRIu64 ": %s %s: refused: %s", c->number, c->requests,
+      tool_info(0, "client %lu: request %" PRIu64 ": %s %s: refused: %s", c->number, c->requests,
                 what, key, error);
     else if (reply->status == KV__REPLY__STATUS__NOT_FOUND)
-      tool_info(0, "client %u: request %" PRIu64 ": %s %s: not found", c->number, c->requests,
+      tool_info(0, "client %lu: request %" PRIu64 ": %s %s: not found", c->number, c->requests,
                 what, key);
     else
-      tool_info(0, "client %u: request %" PRIu64 ": %s %s (%zu byte%s): ok", c->number,
+      tool_info(0, "client %lu: request %" PRIu64 ": %s %s (%zu byte%s): ok", c->number,
                 c->requests, what, key, shown, TOOL_S(shown));
   }
   if (req != NULL)
@@ -465,7 +466,7 @@ static void flush_pending(struct client *c) {
     if (rc == IBMSG_EAGAIN)
       return;
     if (rc != IBMSG_OK && rc != IBMSG_ENOTCONN) /* ENOTCONN: closing; connection_closed says */
-      tool_error("client %u: cannot send a reply: %s", c->number, ibmsg_strerror(rc));
+      tool_error("client %lu: cannot send a reply: %s", c->number, ibmsg_strerror(rc));
     c->pending = p->next;
     if (c->pending == NULL)
       c->pending_tail = &c->pending;
@@ -486,7 +487,7 @@ static void server_received(ibmsg_socket *socket, ibmsg_buffer *msg) {
 
   if ((msg->flags & IBMSG_MSG_REQUEST) == 0) {
     /* A plain message has no one waiting for an answer. */
-    tool_error("client %u from %s port %u: a plain message of %zu byte%s, not a request: "
+    tool_error("client %lu from %s port %u: a plain message of %zu byte%s, not a request: "
                "ignored (is the peer ibmsg-rpc?)", c->number, c->peer, c->peer_port, msg->size,
                TOOL_S(msg->size));
     ibmsg_free_msg(msg);
@@ -498,7 +499,7 @@ static void server_received(ibmsg_socket *socket, ibmsg_buffer *msg) {
   size = kv__reply__get_packed_size(&reply); /* 0 for a put's OK: every field is default */
   bytes = malloc(size > 0 ? size : 1);
   if (bytes == NULL) {
-    tool_error("client %u: out of memory for a reply", c->number);
+    tool_error("client %lu: out of memory for a reply", c->number);
     ibmsg_free_msg(msg); /* unanswered: the client's request times out */
     return;
   }
@@ -520,7 +521,7 @@ static void server_received(ibmsg_socket *socket, ibmsg_buffer *msg) {
     rc = IBMSG_ENOMEM;
   }
   if (rc != IBMSG_OK && rc != IBMSG_ENOTCONN) /* ENOTCONN: closing; connection_closed says */
-    tool_error("client %u: cannot send a reply: %s", c->number, ibmsg_strerror(rc));
+    tool_error("client %lu: cannot send a reply: %s", c->number, ibmsg_strerror(rc));
   ibmsg_free_msg(msg); /* answered: the request's buffer goes back to the client as a credit */
   free(bytes);
 }
@@ -529,7 +530,7 @@ static void server_sent(ibmsg_socket *socket, ibmsg_buffer *msg, int status) {
   struct client *c = socket->user_data;
   /* ECANCELED: the client went away first; connection_closed tells. */
   if (status != IBMSG_OK && status != IBMSG_ECANCELED)
-    tool_error("client %u: a reply was not delivered: %s", c->number, ibmsg_strerror(status));
+    tool_error("client %lu: a reply was not delivered: %s", c->number, ibmsg_strerror(status));
   ibmsg_free_msg(msg);
   free(msg); /* send_reply's */
   flush_pending(c);
@@ -548,8 +549,8 @@ static void server_closed(ibmsg_socket *socket, int reason) {
     return;
   }
   if (g.verbose) {
-    char what[32];
-    snprintf(what, sizeof what, "client %u", c->number);
+    char what[48];
+    snprintf(what, sizeof what, "client %lu", c->number);
     tool_print_stats(what, socket);
   }
   /* Requests still waiting for a send buffer are not answered now. */
@@ -563,11 +564,11 @@ static void server_closed(ibmsg_socket *socket, int reason) {
   /* ECONNRESET: the client disconnected, the normal end. A client's failure is the client's:
    * the server reports it and serves the next one. */
   if (reason != IBMSG_OK && reason != IBMSG_ECONNRESET)
-    tool_error("client %u from %s port %u: connection failed after %" PRIu64 " request%s: %s",
+    tool_error("client %lu from %s port %u: connection failed after %" PRIu64 " request%s: %s",
                c->number, c->peer, c->peer_port, c->requests, TOOL_S(c->requests),
                ibmsg_strerror(reason));
   else
-    tool_info(g.quiet, "client %u from %s port %u: closed after %" PRIu64 " request%s",
+    tool_info(g.quiet, "client %lu from %s port %u: closed after %" PRIu64 " request%s",
               c->number, c->peer, c->peer_port, c->requests, TOOL_S(c->requests));
   for (struct client **p = &g.clients; *p != NULL; p = &(*p)->next) {
     if (*p == c) {
@@ -576,6 +577,19 @@ static void server_closed(ibmsg_socket *socket, int reason) {
     }
   }
   free(c); /* ibmsg never touches the socket after this callback */
+}
+
+/* The server's log callback: learns each client's number from ibmsg's first line about its
+ * connection, and with -v prints the lines. */
+static void server_log(ibmsg_event_loop *loop, ibmsg_socket *socket, int level,
+                       const char *text) {
+  if (socket != NULL && socket != &g.listener && socket->user_data != NULL) {
+    struct client *c = socket->user_data;
+    if (c->number == 0)
+      c->number = tool_log_number(text);
+  }
+  if (g.verbose)
+    tool_log(loop, socket, level, text);
 }
 
 static void run_server(void) {
@@ -588,6 +602,7 @@ static void run_server(void) {
   g.loop.message_received = server_received;
   g.loop.message_sent = server_sent;
   g.loop.connection_closed = server_closed;
+  g.loop.log = server_log;
 
   rc = ibmsg_listen(&g.loop, &g.listener, g.ip, g.port, MAX_CLIENTS);
   if (rc != IBMSG_OK) {
@@ -905,7 +920,7 @@ static int parse_args(int argc, char **argv) {
     case OPT_SERVER: g.server = 1; break;
     case 'p':
       /* 0 (any free port) only makes sense for a server; checked below. */
-      if (tool_parse_port(optarg, 1, &g.port) != 0)
+      if (tool_parse_port("-p", optarg, 1, &g.port) != 0)
         return -1;
       break;
     case OPT_TIMEOUT:

@@ -1,7 +1,8 @@
 /*
  * ibmsg-send - send messages to ibmsg-recv and report the throughput.
  *
- *   ibmsg-send [OPTIONS] IP [PORT]
+ *   ibmsg-send [OPTIONS] [-p PORT] IP
+ *   ibmsg-send [OPTIONS] IP PORT          (the old form, still taken)
  *
  * How it uses ibmsg: one event loop; -c connections opened with ibmsg_connect() at once; when
  * all of them are established, each starts sending. On each, the send buffers are taken from
@@ -10,7 +11,9 @@
  * when many connections or large messages would hold too much memory (see set_window). When
  * every message of a connection is confirmed, the connection is closed with ibmsg_disconnect();
  * the tool ends when every socket's connection_closed has come. With --memory it samples
- * ibmsg_loop_memory() while the connections are up and prints it with its peak RSS.
+ * ibmsg_loop_memory() while the connections are up and prints it with its peak RSS. Its
+ * connections are numbered as ibmsg's log lines number them: a log callback learns each one's
+ * number from the first line about it; with --json it prints one JSON object at the end.
  *
  * Any size up to the library's maximum goes without options: messages above the eager size
  * (IBMSG_OPT_EAGER_SIZE) go by rendezvous, the receiver reading them from the send buffer.
@@ -28,21 +31,24 @@
 #include "tool.h"
 
 static const char usage_text[] =
-    "Usage: ibmsg-send [OPTIONS] IP [PORT]\n"
+    "Usage: ibmsg-send [OPTIONS] [-p PORT] IP\n"
+    "       ibmsg-send [OPTIONS] IP PORT   (the old form: the port after IP)\n"
     "Send messages to ibmsg-recv listening at IP and PORT (default 12345) over\n"
     "RDMA and report the throughput.\n"
     "\n"
     "Options:\n"
+    "  -p, --port PORT       the receiver's port (default 12345)\n"
     "  -n, --count COUNT     send COUNT messages in total (default 1000, fewer\n"
     "                        above 1 MiB: as many as make 1 GiB, at least 1)\n"
     "  -s, --size SIZE       bytes per message, 0 to 4294967295 (default 4096)\n"
     "  -c, --connections N   open N connections and spread the messages over\n"
     "                        them (default 1); they start sending once all of\n"
     "                        them are established\n"
-    "  -w, --window N        messages in flight per connection, at most (default:\n"
+    "  -W, --window N        messages in flight per connection, at most (default:\n"
     "                        32, ibmsg's send depth, or fewer so that all\n"
     "                        connections together hold about 32 MiB of buffers,\n"
-    "                        at least 2, and at most 512 MiB per connection)\n"
+    "                        at least 2, and at most 512 MiB per connection);\n"
+    "                        -w N, the old letter, is taken too\n"
     "      --verify          fill each message with a pattern ibmsg-recv --verify\n"
     "                        checks\n"
     "      --max-size BYTES  largest message size to offer, at least SIZE\n"
@@ -55,9 +61,13 @@ static const char usage_text[] =
     "      --connect-timeout MS\n"
     "                        give each connection MS milliseconds to be\n"
     "                        established (default: ibmsg's, 5000)\n"
+    "      --json            print one JSON object on stdout at the end (counts,\n"
+    "                        bytes, rates, each connection's counters, the error\n"
+    "                        if the run failed); the other lines go to stderr\n"
     "  -q, --quiet           print only the summary and errors\n"
     "  -v, --verbose         print ibmsg's log lines (connections, errors, keepalive\n"
     "                        misses) and each connection's counters at its close\n"
+    "                        (connection N: the number ibmsg's log lines give it)\n"
     "  -h, --help            print this help and exit\n"
     "      --version         print the version and exit\n"
     "\n"
@@ -89,7 +99,11 @@ static const char usage_text[] =
  * embedded so that the callbacks find the connection from the socket pointer they get. */
 struct conn {
   ibmsg_socket socket;
-  uint32_t index;
+  uint32_t index;         /* 0, 1, ...: its place in g.conns */
+  unsigned long number;   /* ibmsg's number of the connection (its log lines'), 0 until known */
+  ibmsg_stats stats;      /* at its close, for --json */
+  int have_stats;
+  int close_reason;
   uint64_t to_send;   /* this connection's share of COUNT */
   uint64_t posted;    /* also the sequence number of the next message */
   uint64_t confirmed; /* message_sent with IBMSG_OK */
@@ -113,6 +127,8 @@ static struct {
   int quiet;
   int verbose;
   int memory;          /* --memory */
+  int json;            /* --json */
+  int port_given;      /* -p */
 
   ibmsg_event_loop loop;
   struct conn *conns;
@@ -140,13 +156,13 @@ static void pump(struct conn *c) {
     if (rc == IBMSG_EAGAIN)
       return; /* every buffer is in flight: a message_sent will call us again */
     if (rc != IBMSG_OK) {
-      tool_error("connection %" PRIu32 ": cannot allocate a %" PRIu64 "-byte message: %s",
-                 c->index, g.size, ibmsg_strerror(rc));
+      tool_error("connection %lu: cannot allocate a %" PRIu64 "-byte message: %s",
+                 c->number, g.size, ibmsg_strerror(rc));
       g.failed = 1;
       stop_all();
       return;
     }
-    tool_payload_fill(msg->data, msg->size, c->index, c->posted, g.verify);
+    tool_payload_fill(msg->data, msg->size, (uint32_t)c->number, c->posted, g.verify);
     rc = ibmsg_post_send(&c->socket, msg);
     if (rc == IBMSG_EAGAIN) {
       /* The send queue is full; nothing was sent. Keep the buffer for the next try. */
@@ -161,7 +177,7 @@ static void pump(struct conn *c) {
     }
     if (rc != IBMSG_OK) {
       tool_sendpool_put(&c->pool, msg);
-      tool_error("connection %" PRIu32 ": cannot send message %" PRIu64 ": %s", c->index,
+      tool_error("connection %lu: cannot send message %" PRIu64 ": %s", c->number,
                  c->posted, ibmsg_strerror(rc));
       g.failed = 1;
       stop_all();
@@ -178,7 +194,7 @@ static void finish(struct conn *c) {
   tool_sendpool_release(&c->pool);
   rc = ibmsg_disconnect(&c->socket);
   if (rc != IBMSG_OK && rc != IBMSG_ESTATE) /* ESTATE: it is closing already */
-    tool_error("connection %" PRIu32 ": cannot disconnect: %s", c->index, ibmsg_strerror(rc));
+    tool_error("connection %lu: cannot disconnect: %s", c->number, ibmsg_strerror(rc));
 }
 
 static void stop_all(void) {
@@ -194,6 +210,10 @@ static void stop_all(void) {
  * at once (the first ones would otherwise be done before the last ones are up). */
 static void start_all(void) {
   g.t_start = tool_now();
+  /* Every connection knows its number now: without -v the log lines are not needed any more
+   * (with a callback, ibmsg would format each of them). */
+  if (!g.verbose)
+    g.loop.log = NULL;
   if (g.nconns > 1)
     tool_info(g.quiet, "all %" PRIu32 " connections established in %.3f s", g.nconns,
               g.t_start - g.t_connect);
@@ -215,7 +235,7 @@ static void on_established(ibmsg_socket *socket) {
   c->established = 1;
   g.established++;
   g.up++;
-  tool_info(g.quiet, "connection %" PRIu32 " to %s port %u (%s)", c->index, g.ip, g.port,
+  tool_info(g.quiet, "connection %lu to %s port %u (%s)", c->number, g.ip, g.port,
             ibmsg_socket_device(socket) ? ibmsg_socket_device(socket) : "?");
   if (g.size > max) {
     /* Ours is at least SIZE (parse_args): the receiver's is smaller. */
@@ -237,7 +257,7 @@ static void on_sent(ibmsg_socket *socket, ibmsg_buffer *msg, int status) {
     return; /* the connection is closing: connection_closed tells why */
   if (status != IBMSG_OK) {
     if (!g.failed)
-      tool_error("connection %" PRIu32 ": a message was not delivered: %s", c->index,
+      tool_error("connection %lu: a message was not delivered: %s", c->number,
                  ibmsg_strerror(status));
     g.failed = 1;
     stop_all();
@@ -255,10 +275,12 @@ static void on_sent(ibmsg_socket *socket, ibmsg_buffer *msg, int status) {
 
 static void on_closed(ibmsg_socket *socket, int reason) {
   struct conn *c = socket->user_data;
-  char what[32];
+  char what[48];
 
+  c->have_stats = ibmsg_socket_stats(socket, &c->stats, sizeof c->stats) == IBMSG_OK;
+  c->close_reason = reason;
   if (g.verbose) {
-    snprintf(what, sizeof what, "connection %" PRIu32, c->index);
+    snprintf(what, sizeof what, "connection %lu", c->number);
     tool_print_stats(what, socket);
   }
   c->open = 0;
@@ -278,26 +300,41 @@ static void on_closed(ibmsg_socket *socket, int reason) {
     else
       tool_error("cannot connect to %s port %u: %s", g.ip, g.port, ibmsg_strerror(reason));
   } else {
-    tool_error("connection %" PRIu32 " closed after %" PRIu64 " of %" PRIu64 " messages: %s",
-               c->index, c->confirmed, c->to_send, ibmsg_strerror(reason));
+    tool_error("connection %lu closed after %" PRIu64 " of %" PRIu64 " messages: %s",
+               c->number, c->confirmed, c->to_send, ibmsg_strerror(reason));
   }
   g.failed = 1;
   stop_all();
 }
 
+/* The log callback: learns each connection's number from ibmsg's first line about it (the
+ * socket's user_data is set before ibmsg_connect(), so every line finds its connection), and with
+ * -v prints the lines. */
+static void on_log(ibmsg_event_loop *loop, ibmsg_socket *socket, int level, const char *text) {
+  if (socket != NULL && socket->user_data != NULL) {
+    struct conn *c = socket->user_data;
+    if (c->number == 0)
+      c->number = tool_log_number(text);
+  }
+  if (g.verbose)
+    tool_log(loop, socket, level, text);
+}
+
 static int parse_args(int argc, char **argv) {
   enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_EAGER_SIZE, OPT_MEMORY, OPT_CONNECT_TIMEOUT,
-         OPT_VERSION };
+         OPT_JSON, OPT_VERSION };
   static const struct option options[] = {
+      {"port", required_argument, NULL, 'p'},
       {"count", required_argument, NULL, 'n'},
       {"size", required_argument, NULL, 's'},
       {"connections", required_argument, NULL, 'c'},
-      {"window", required_argument, NULL, 'w'},
+      {"window", required_argument, NULL, 'W'},
       {"verify", no_argument, NULL, OPT_VERIFY},
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
       {"eager-size", required_argument, NULL, OPT_EAGER_SIZE},
       {"memory", no_argument, NULL, OPT_MEMORY},
       {"connect-timeout", required_argument, NULL, OPT_CONNECT_TIMEOUT},
+      {"json", no_argument, NULL, OPT_JSON},
       {"quiet", no_argument, NULL, 'q'},
       {"verbose", no_argument, NULL, 'v'},
       {"help", no_argument, NULL, 'h'},
@@ -310,8 +347,13 @@ static int parse_args(int argc, char **argv) {
   g.size = 4096;
   g.nconns = 1;
   opterr = 0; /* we print our own one-line errors */
-  while ((opt = getopt_long(argc, argv, ":n:s:c:w:qvh", options, NULL)) != -1) {
+  while ((opt = getopt_long(argc, argv, ":p:n:s:c:W:w:qvh", options, NULL)) != -1) {
     switch (opt) {
+    case 'p':
+      if (tool_parse_port("-p", optarg, 0, &g.port) != 0)
+        return -1;
+      g.port_given = 1;
+      break;
     case 'n':
       if (tool_parse_uint("-n", optarg, 0, UINT64_MAX / 2, &g.count) != 0)
         return -1;
@@ -326,10 +368,12 @@ static int parse_args(int argc, char **argv) {
         return -1;
       g.nconns = (uint32_t)v;
       break;
-    case 'w':
-      if (tool_parse_uint("-w", optarg, 1, MAX_WINDOW, &g.window) != 0)
+    case 'W':
+    case 'w': /* the old letter of --window: ibmsg-perf's -w is --warmup, its -W --window */
+      if (tool_parse_uint(opt == 'W' ? "-W" : "-w", optarg, 1, MAX_WINDOW, &g.window) != 0)
         return -1;
       break;
+    case OPT_JSON: g.json = 1; break;
     case OPT_VERIFY: g.verify = 1; break;
     case OPT_MEMORY: g.memory = 1; break;
     case OPT_CONNECT_TIMEOUT:
@@ -357,8 +401,15 @@ static int parse_args(int argc, char **argv) {
     return -1;
   }
   g.ip = argv[optind++];
-  if (optind < argc && tool_parse_port(argv[optind++], 0, &g.port) != 0)
-    return -1;
+  if (optind < argc) {
+    /* The old form: the port after IP. */
+    if (g.port_given) {
+      tool_usage_error("the port is given twice: -p and '%s' after IP", argv[optind]);
+      return -1;
+    }
+    if (tool_parse_port("PORT", argv[optind++], 0, &g.port) != 0)
+      return -1;
+  }
   if (optind < argc) {
     tool_usage_error("unexpected argument '%s'", argv[optind]);
     return -1;
@@ -422,6 +473,62 @@ static int set_window(void) {
   return 0;
 }
 
+/* --json: one object on stdout, whatever the outcome. */
+static void print_json(void) {
+  double seconds = g.confirmed > 0 ? g.t_end - g.t_start : 0.0;
+  uint64_t bytes = g.confirmed * g.size;
+
+  printf("{\n  \"tool\": \"ibmsg-send\",\n  \"version\": ");
+  tool_json_string(stdout, ibmsg_version_string());
+  printf(",\n  \"peer\": {\"address\": ");
+  tool_json_string(stdout, g.ip);
+  printf(", \"port\": %u},\n", g.port);
+  printf("  \"size\": %" PRIu64 ",\n  \"count\": %" PRIu64 ",\n  \"connections\": %" PRIu32
+         ",\n  \"window\": %" PRIu64 ",\n  \"verify\": %s,\n  \"established\": %" PRIu32 ",\n",
+         g.size, g.count, g.nconns, g.window, g.verify ? "true" : "false", g.established);
+  printf("  \"messages\": %" PRIu64 ",\n  \"bytes\": %" PRIu64 ",\n  \"seconds\": %.6f,\n"
+         "  \"mb_per_s\": %.3f,\n  \"msg_per_s\": %.1f,\n",
+         g.confirmed, bytes, seconds, seconds > 0 ? (double)bytes / seconds / 1e6 : 0.0,
+         seconds > 0 ? (double)g.confirmed / seconds : 0.0);
+  printf("  \"per_connection\": [");
+  for (uint32_t i = 0; g.conns != NULL && i < g.nconns; i++) {
+    const struct conn *c = &g.conns[i];
+    printf("%s\n    {\"connection\": ", i ? "," : "");
+    if (c->number > 0)
+      printf("%lu", c->number);
+    else
+      printf("null");
+    printf(", \"established\": %s, \"to_send\": %" PRIu64 ", \"messages\": %" PRIu64
+           ", \"close\": ", c->established ? "true" : "false", c->to_send, c->confirmed);
+    tool_json_string(stdout, c->open ? NULL : ibmsg_err_name(c->close_reason));
+    printf(", \"stats\": ");
+    if (c->have_stats)
+      tool_json_stats(stdout, &c->stats);
+    else
+      printf("null");
+    putchar('}');
+  }
+  printf("%s],\n", g.conns != NULL && g.nconns > 0 ? "\n  " : "");
+  if (g.memory) {
+    printf("  \"memory\": ");
+    tool_memwatch_json(stdout, &g.mem);
+    printf(",\n");
+  }
+  printf("  \"ok\": %s,\n  \"error\": ", g.failed ? "false" : "true");
+  tool_json_string(stdout, g.failed ? (tool_first_error() ? tool_first_error() : "failed")
+                                    : NULL);
+  printf("\n}\n");
+  fflush(stdout);
+}
+
+/* A failure before any connection: the error was printed; with --json the object says it too. */
+static int fail_early(void) {
+  g.failed = 1;
+  if (g.json)
+    print_json();
+  return TOOL_EXIT_FAILURE;
+}
+
 int main(int argc, char **argv) {
   int rc;
   char extra[128];
@@ -430,19 +537,20 @@ int main(int argc, char **argv) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (parse_args(argc, argv) != 0)
     return TOOL_EXIT_USAGE;
+  if (g.json)
+    tool_json_mode();
   tool_catch_signals();
   tool_progress_init(&g.progress, g.quiet);
 
   rc = ibmsg_init_event_loop(&g.loop);
   if (rc != IBMSG_OK) {
     tool_error("cannot create the event loop: %s", ibmsg_strerror(rc));
-    return TOOL_EXIT_FAILURE;
+    return fail_early();
   }
   g.loop.connection_established = on_established;
   g.loop.message_sent = on_sent;
   g.loop.connection_closed = on_closed;
-  if (g.verbose)
-    g.loop.log = tool_log;
+  g.loop.log = on_log;
   if ((g.max_size != 0 && tool_setopt_max_size(&g.loop, g.max_size) != 0) ||
       (g.eager_size != 0 && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
                                             (int)g.eager_size) != 0) ||
@@ -451,14 +559,14 @@ int main(int argc, char **argv) {
                        (int)g.connect_timeout) != 0) ||
       set_window() != 0) {
     ibmsg_destroy_event_loop(&g.loop);
-    return TOOL_EXIT_FAILURE;
+    return fail_early();
   }
 
   g.conns = calloc(g.nconns, sizeof *g.conns);
   if (g.conns == NULL) {
     tool_error("out of memory for %" PRIu32 " connections", g.nconns);
     ibmsg_destroy_event_loop(&g.loop);
-    return TOOL_EXIT_FAILURE;
+    return fail_early();
   }
   g.t_connect = tool_now();
   for (uint32_t i = 0; i < g.nconns && !g.stopping; i++) {
@@ -466,6 +574,7 @@ int main(int argc, char **argv) {
     c->index = i;
     /* An equal share of COUNT each; each connection numbers its own messages from 0. */
     c->to_send = g.count / g.nconns + (i < g.count % g.nconns ? 1 : 0);
+    c->socket.user_data = c; /* before the connect: ibmsg's log lines about it find it */
     rc = tool_sendpool_init(&c->pool, &c->socket, &g.loop);
     if (rc != IBMSG_OK) {
       tool_error("cannot make the send buffer list: %s", ibmsg_strerror(rc));
@@ -480,7 +589,6 @@ int main(int argc, char **argv) {
       stop_all();
       break;
     }
-    c->socket.user_data = c;
     c->open = 1;
     g.open++;
   }
@@ -519,6 +627,8 @@ int main(int argc, char **argv) {
       g.failed = 1;
     }
   }
+  if (g.json)
+    print_json();
   for (uint32_t i = 0; i < g.nconns; i++)
     tool_sendpool_destroy(&g.conns[i].pool);
   free(g.conns);

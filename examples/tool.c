@@ -17,6 +17,12 @@
 
 const char *tool_name = "ibmsg";
 volatile sig_atomic_t tool_stop = 0;
+FILE *tool_out;
+
+/* The first error line, for --json. */
+static char first_error[512];
+
+static FILE *out(void) { return tool_out != NULL ? tool_out : stdout; }
 
 /* The progress line on the screen, if any: erased before any other line is printed. */
 static struct tool_progress *active_progress;
@@ -38,12 +44,22 @@ void tool_error(const char *fmt, ...) {
   fflush(stdout); /* keep the order of stdout and stderr when both go to one place */
   fprintf(stderr, "%s: error: ", tool_name);
   va_start(ap, fmt);
+  if (first_error[0] == '\0') {
+    va_list copy;
+    va_copy(copy, ap);
+    vsnprintf(first_error, sizeof first_error, fmt, copy);
+    va_end(copy);
+  }
   vfprintf(stderr, fmt, ap);
   va_end(ap);
   fputc('\n', stderr);
   funlockfile(stderr);
   funlockfile(stdout);
 }
+
+const char *tool_first_error(void) { return first_error[0] != '\0' ? first_error : NULL; }
+
+void tool_json_mode(void) { tool_out = stderr; }
 
 void tool_usage_error(const char *fmt, ...) {
   va_list ap;
@@ -56,16 +72,17 @@ void tool_usage_error(const char *fmt, ...) {
 
 void tool_info(int quiet, const char *fmt, ...) {
   va_list ap;
+  FILE *f = out();
   if (quiet)
     return;
-  flockfile(stdout);
+  flockfile(f);
   clear_progress();
-  printf("%s: ", tool_name);
+  fprintf(f, "%s: ", tool_name);
   va_start(ap, fmt);
-  vprintf(fmt, ap);
+  vfprintf(f, fmt, ap);
   va_end(ap);
-  putchar('\n');
-  funlockfile(stdout);
+  fputc('\n', f);
+  funlockfile(f);
 }
 
 void tool_print_version(void) {
@@ -129,9 +146,9 @@ int tool_parse_size(const char *option, const char *arg, uint64_t min, uint64_t 
   return parse_number(option, arg, 1, min, max, value);
 }
 
-int tool_parse_port(const char *arg, int allow_zero, unsigned short *port) {
+int tool_parse_port(const char *option, const char *arg, int allow_zero, unsigned short *port) {
   uint64_t v;
-  if (parse_number("PORT", arg, 0, allow_zero ? 0 : 1, 65535, &v) != 0)
+  if (parse_number(option, arg, 0, allow_zero ? 0 : 1, 65535, &v) != 0)
     return -1;
   *port = (unsigned short)v;
   return 0;
@@ -218,13 +235,14 @@ void tool_print_summary(const char *verb, uint64_t messages, uint64_t bytes, dou
                         const char *extra) {
   double mbps = seconds > 0 ? (double)bytes / seconds / 1e6 : 0.0;
   double rate = seconds > 0 ? (double)messages / seconds : 0.0;
+  FILE *f = out();
   clear_progress();
-  printf("%s: %s %" PRIu64 " message%s, %" PRIu64 " bytes in %.3f s: %.2f MB/s, %.0f msg/s",
-         tool_name, verb, messages, TOOL_S(messages), bytes, seconds, mbps, rate);
+  fprintf(f, "%s: %s %" PRIu64 " message%s, %" PRIu64 " bytes in %.3f s: %.2f MB/s, %.0f msg/s",
+          tool_name, verb, messages, TOOL_S(messages), bytes, seconds, mbps, rate);
   if (extra != NULL && *extra != '\0')
-    printf(" (%s)", extra);
-  putchar('\n');
-  fflush(stdout);
+    fprintf(f, " (%s)", extra);
+  fputc('\n', f);
+  fflush(f);
 }
 
 void tool_progress_init(struct tool_progress *p, int quiet) {
@@ -475,22 +493,35 @@ void tool_memwatch_tick(struct tool_memwatch *w, ibmsg_event_loop *loop, uint64_
 
 void tool_memwatch_print(const struct tool_memwatch *w) {
   uint64_t peak = tool_peak_rss_kib();
+  FILE *f = out();
 
   clear_progress();
-  printf("%s: memory: peak RSS %" PRIu64 " KiB (%.1f MiB)", tool_name, peak, peak / 1024.0);
+  fprintf(f, "%s: memory: peak RSS %" PRIu64 " KiB (%.1f MiB)", tool_name, peak, peak / 1024.0);
   if (w->failed)
-    printf("; ibmsg_loop_memory failed\n");
+    fprintf(f, "; ibmsg_loop_memory failed\n");
   else
-    printf("; most registered (ibmsg_loop_memory): buffers %zu, shared %zu, large %zu bytes "
-           "(%.1f, %.1f, %.1f MiB)\n", w->most.buffers, w->most.shared, w->most.large,
-           MIB(w->most.buffers), MIB(w->most.shared), MIB(w->most.large));
+    fprintf(f, "; most registered (ibmsg_loop_memory): buffers %zu, shared %zu, large %zu bytes "
+            "(%.1f, %.1f, %.1f MiB)\n", w->most.buffers, w->most.shared, w->most.large,
+            MIB(w->most.buffers), MIB(w->most.shared), MIB(w->most.large));
   if (!w->failed && w->conns_up > 0)
-    printf("%s: memory with %" PRIu64 " connection%s up: RSS %" PRIu64 " KiB (%.1f MiB); "
-           "registered: buffers %zu, shared %zu, large %zu bytes (%.1f, %.1f, %.1f MiB)\n",
-           tool_name, w->conns_up, TOOL_S(w->conns_up), w->rss_at_up_kib,
-           w->rss_at_up_kib / 1024.0, w->at_up.buffers, w->at_up.shared, w->at_up.large,
-           MIB(w->at_up.buffers), MIB(w->at_up.shared), MIB(w->at_up.large));
-  fflush(stdout);
+    fprintf(f, "%s: memory with %" PRIu64 " connection%s up: RSS %" PRIu64 " KiB (%.1f MiB); "
+            "registered: buffers %zu, shared %zu, large %zu bytes (%.1f, %.1f, %.1f MiB)\n",
+            tool_name, w->conns_up, TOOL_S(w->conns_up), w->rss_at_up_kib,
+            w->rss_at_up_kib / 1024.0, w->at_up.buffers, w->at_up.shared, w->at_up.large,
+            MIB(w->at_up.buffers), MIB(w->at_up.shared), MIB(w->at_up.large));
+  fflush(f);
+}
+
+void tool_memwatch_json(FILE *f, const struct tool_memwatch *w) {
+  fprintf(f, "{\"peak_rss_kib\": %" PRIu64, tool_peak_rss_kib());
+  if (!w->failed)
+    fprintf(f, ", \"most_registered\": {\"buffers\": %zu, \"shared\": %zu, \"large\": %zu}",
+            w->most.buffers, w->most.shared, w->most.large);
+  if (!w->failed && w->conns_up > 0)
+    fprintf(f, ", \"at_most_connections\": {\"connections\": %" PRIu64 ", \"rss_kib\": %" PRIu64
+            ", \"buffers\": %zu, \"shared\": %zu, \"large\": %zu}",
+            w->conns_up, w->rss_at_up_kib, w->at_up.buffers, w->at_up.shared, w->at_up.large);
+  fputc('}', f);
 }
 
 /* ---- send buffers ---------------------------------------------------------------------------- */
@@ -626,4 +657,50 @@ void tool_log(ibmsg_event_loop *loop, ibmsg_socket *socket, int level, const cha
   (void)socket;
   if (level <= IBMSG_LOG_INFO && level >= IBMSG_LOG_ERROR)
     fprintf(stderr, "%s: log: %s: %s\n", tool_name, names[level], text);
+}
+
+unsigned long tool_log_number(const char *text) {
+  static const char prefix[] = "connection ";
+  unsigned long n = 0;
+  const char *p;
+
+  if (strncmp(text, prefix, sizeof prefix - 1) != 0)
+    return 0;
+  for (p = text + sizeof prefix - 1; *p >= '0' && *p <= '9'; p++) {
+    if (n > (ULONG_MAX - 9) / 10)
+      return 0;
+    n = n * 10 + (unsigned long)(*p - '0');
+  }
+  return *p == ':' ? n : 0;
+}
+
+/* ---- JSON ---------------------------------------------------------------------------------- */
+
+void tool_json_string(FILE *f, const char *s) {
+  if (s == NULL) {
+    fputs("null", f);
+    return;
+  }
+  fputc('"', f);
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      fprintf(f, "\\%c", ch);
+    else if (ch < 0x20 || ch == 0x7f)
+      fprintf(f, "\\u%04x", ch);
+    else
+      fputc(ch, f);
+  }
+  fputc('"', f);
+}
+
+void tool_json_stats(FILE *f, const ibmsg_stats *st) {
+  fprintf(f, "{\"msgs_sent\": %" PRIu64 ", \"bytes_sent\": %" PRIu64 ", \"msgs_received\": %" PRIu64
+          ", \"bytes_received\": %" PRIu64 ", \"credit_stalls\": %" PRIu64
+          ", \"keepalives_sent\": %" PRIu64 ", \"keepalives_received\": %" PRIu64
+          ", \"keepalive_misses\": %" PRIu64 ", \"requests_timed_out\": %" PRIu64
+          ", \"replies_dropped\": %" PRIu64 ", \"replies_resent\": %" PRIu64 "}",
+          st->msgs_sent, st->bytes_sent, st->msgs_received, st->bytes_received, st->credit_stalls,
+          st->keepalives_sent, st->keepalives_received, st->keepalive_misses,
+          st->requests_timed_out, st->replies_dropped, st->replies_resent);
 }

@@ -1,6 +1,6 @@
 /*
- * tool.h - helpers shared by the command-line tools ibmsg-send, ibmsg-recv, ibmsg-perf and
- * ibmsg-rdma.
+ * tool.h - helpers shared by the command-line tools ibmsg-send, ibmsg-recv, ibmsg-perf,
+ * ibmsg-rdma and ibmsg-rpc.
  *
  * Nothing here is part of the ibmsg API: it is the plumbing every tool needs (messages to the
  * user, option values, time, the summary and progress lines, the --verify payload, random
@@ -47,8 +47,16 @@
 /** The tool's name, used as the prefix of every line it prints ("ibmsg-send"). */
 extern const char *tool_name;
 
-/** Prints "NAME: error: ...". */
+/** Where tool_info(), tool_print_summary() and tool_memwatch_print() write: stdout (NULL), or
+ *  stderr after tool_json_mode(). */
+extern FILE *tool_out;
+/** --json: stdout is for the JSON object alone; the lines that went there go to stderr. */
+void tool_json_mode(void);
+
+/** Prints "NAME: error: ...". The first one is kept for tool_first_error(). */
 void tool_error(const char *fmt, ...) TOOL_PRINTF(1, 2);
+/** The text of the first tool_error() line (without "NAME: error: "), or NULL if none came. */
+const char *tool_first_error(void);
 /** Prints "NAME: error: ... (try 'NAME --help')" for a bad command line. */
 void tool_usage_error(const char *fmt, ...) TOOL_PRINTF(1, 2);
 /** Prints "NAME: ..." on stdout unless quiet (information, not results). */
@@ -58,6 +66,12 @@ void tool_print_version(void);
 /** -v: the connection's counters (ibmsg_socket_stats) on stderr, prefixed with what. Call it
  *  from connection_closed, or while the connection is open. */
 void tool_print_stats(const char *what, const ibmsg_socket *socket);
+/** The library's number of a connection, from one of its log lines (the callback's text): each
+ *  line of a connection starts with "connection N: ", N unique in the process, counted from 1 as
+ *  connections get their RDMA device (ibmsg(7), IBMSG_DEBUG). 0 for a line without one (the
+ *  loop's, a listener's, a connection still resolving its address). The tools number their
+ *  connections with it, so that their lines and ibmsg's name a connection alike. */
+unsigned long tool_log_number(const char *text);
 /** -v: a log callback (ibmsg_event_loop.log) printing the library's lines up to
  *  IBMSG_LOG_INFO (IBMSG_DEBUG=4 in the environment prints all of them) on stderr. */
 void tool_log(ibmsg_event_loop *loop, ibmsg_socket *socket, int level, const char *text);
@@ -71,8 +85,9 @@ int tool_parse_uint(const char *option, const char *arg, uint64_t min, uint64_t 
  *  (times 1024, 1024^2, 1024^3). */
 int tool_parse_size(const char *option, const char *arg, uint64_t min, uint64_t max,
                     uint64_t *value);
-/** A port number: 1..65535, or also 0 when allow_zero (a listener picks any free port). */
-int tool_parse_port(const char *arg, int allow_zero, unsigned short *port);
+/** A port number: 1..65535, or also 0 when allow_zero (a listener picks any free port). option
+ *  names it in the error ("-p", "PORT"). */
+int tool_parse_port(const char *option, const char *arg, int allow_zero, unsigned short *port);
 /** The option getopt_long() just stumbled on ('?' or ':'), as the user wrote it. */
 const char *tool_bad_option(char **argv);
 /** Sets an int option of the loop; prints what failed. */
@@ -180,6 +195,16 @@ void tool_memwatch_tick(struct tool_memwatch *w, ibmsg_event_loop *loop, uint64_
  *          bytes
  *  each on one line. */
 void tool_memwatch_print(const struct tool_memwatch *w);
+
+/** --json: the memory as one JSON object (peak_rss_kib, most_registered, at_most_connections). */
+void tool_memwatch_json(FILE *f, const struct tool_memwatch *w);
+
+/* ---- JSON ---------------------------------------------------------------------------------- */
+
+/** s as a JSON string, escaped; null for NULL. */
+void tool_json_string(FILE *f, const char *s);
+/** A connection's counters (ibmsg_socket_stats) as one JSON object, the fields' names as keys. */
+void tool_json_stats(FILE *f, const ibmsg_stats *st);
 
 /* ---- send buffers ---------------------------------------------------------------------------- */
 
