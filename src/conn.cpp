@@ -27,6 +27,11 @@ namespace {
 // an open socket (on any loop) instead of orphaning it. Not on the data path.
 std::mutex open_lock;
 List<Socket, &Socket::open_node> open_sockets;
+// The same by their struct's address, so that the check is not a walk over thousands of them;
+// those it had no memory to index (unindexed) are found by the walk.
+PtrMap<Socket> open_index;
+size_t unindexed = 0;
+uint64_t key_of(const ibmsg_socket *pub) { return uint64_t(reinterpret_cast<uintptr_t>(pub)); }
 // Structs accepted onto another loop whose loop has not set them up yet (spread.cpp): open too.
 struct HandedOver {
   const ibmsg_socket *pub;
@@ -39,6 +44,8 @@ HandedOver *handed_over = nullptr;
 void register_open(Socket *s) {
   std::lock_guard<std::mutex> g(open_lock);
   open_sockets.push_back(s);
+  s->open_indexed = open_index.put(key_of(s->pub), s);
+  if (!s->open_indexed) ++unindexed;
 }
 
 int format_address(const sockaddr *sa, char *buf, size_t len, unsigned short *port) {
@@ -98,7 +105,8 @@ bool set_state(Socket *s, Event ev) {
 namespace {
 
 bool is_open_locked(const ibmsg_socket *pub) {
-  for (Socket *s = open_sockets.front(); s; s = open_sockets.next(s))
+  if (open_index.get(key_of(pub))) return true;
+  for (Socket *s = open_sockets.front(); unindexed && s; s = open_sockets.next(s))
     if (s->pub == pub) return true;
   for (HandedOver *h = handed_over; h; h = h->next)
     if (h->pub == pub) return true;
@@ -135,7 +143,11 @@ void socket_handed(const ibmsg_socket *pub) {
 
 void socket_unregister(Socket *s) {
   std::lock_guard<std::mutex> g(open_lock);
+  if (!s->open_node.linked()) return;  // never registered
   open_sockets.remove(s);
+  if (s->open_indexed) open_index.erase(key_of(s->pub));
+  else --unindexed;
+  s->open_indexed = false;
 }
 
 wire::Hello my_hello(const Socket *s) {

@@ -77,6 +77,7 @@ struct RecvBuffers {
   uint32_t qp_num = 0;     // its queue pair's (shared receives name it)
   uint32_t ctrl_lost = 0;  // its control buffers the shared queue refused back
   uint32_t freed_later = 0;  // its messages freed in the round, waiting in Loop::freed
+  uint32_t routed = 0;       // shared buffers that name it (Slot::sock): recv.cpp's route_to
 };
 
 // Its send buffers (send_slots.cpp): the device's ones it takes its messages from, and how many
@@ -148,6 +149,7 @@ struct ibmsg__socket {
   ibmsg::Options opts;
   ibmsg::ListNode loop_node;     // the loop's open sockets
   ibmsg::ListNode open_node;     // every open socket of the process (see socket_is_open)
+  bool open_indexed = false;     // in the process's index of open sockets too (conn.cpp)
   ibmsg::Timer connect_timer;    // connecting, or lingering (cm.cpp, close.cpp)
   ibmsg_stats stats{};           // ibmsg_socket_stats (each counter by the file that counts)
 

@@ -1,6 +1,7 @@
 // Queue pair numbers to connections (pure logic): a receive taken from a shared receive queue
 // names no connection, only its queue pair's number. Open addressing with linear probing; grows
-// (doubling) past half full; never allocates while it has room.
+// (doubling) past half full; never allocates while it has room. The key may also be an address
+// (PtrMap, K = uint64_t: the process's open sockets by their struct's address).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -8,7 +9,7 @@
 
 namespace ibmsg {
 
-template <typename T>
+template <typename T, typename K = uint32_t>
 class QpMap {
  public:
   QpMap() = default;
@@ -17,7 +18,7 @@ class QpMap {
   ~QpMap() { free(slots_); }
 
   // false when out of memory (the map is as before).
-  bool put(uint32_t qp, T *value) {
+  bool put(K qp, T *value) {
     if (2 * (used_ + 1) > cap_ && !grow()) return false;
     Slot *free_slot = nullptr;
     for (size_t i = hash(qp);; i = (i + 1) & (cap_ - 1)) {
@@ -39,7 +40,7 @@ class QpMap {
     ++size_;
     return true;
   }
-  T *get(uint32_t qp) const {
+  T *get(K qp) const {
     if (!cap_) return nullptr;
     for (size_t i = hash(qp);; i = (i + 1) & (cap_ - 1)) {
       const Slot &s = slots_[i];
@@ -47,7 +48,7 @@ class QpMap {
       if (s.state == kFull && s.qp == qp) return s.value;
     }
   }
-  void erase(uint32_t qp) {
+  void erase(K qp) {
     if (!cap_) return;
     for (size_t i = hash(qp);; i = (i + 1) & (cap_ - 1)) {
       Slot &s = slots_[i];
@@ -65,11 +66,17 @@ class QpMap {
  private:
   enum : uint8_t { kEmpty = 0, kFull, kGone };
   struct Slot {
-    uint32_t qp;
+    K qp;
     uint8_t state;
     T *value;
   };
   size_t hash(uint32_t qp) const { return size_t(qp * 2654435761u) & (cap_ - 1); }
+  size_t hash(uint64_t key) const {  // an address: its low bits are alignment, mix them in
+    key ^= key >> 33;
+    key *= 0xff51afd7ed558ccdull;
+    key ^= key >> 33;
+    return size_t(key) & (cap_ - 1);
+  }
   bool grow() {
     size_t cap = cap_ ? 2 * cap_ : 16;
     while (2 * (size_ + 1) > cap) cap *= 2;
@@ -93,5 +100,8 @@ class QpMap {
   size_t used_ = 0;  // slots not empty (full or gone)
   size_t size_ = 0;  // full ones
 };
+
+template <typename T>
+using PtrMap = QpMap<T, uint64_t>;
 
 }  // namespace ibmsg

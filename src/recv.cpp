@@ -8,7 +8,11 @@
 // IBMSG_OPT_RECV_DEPTH. The pool grows by a slab when connections wait for credits, up to what
 // its connections reserve plus a spare of eight connections' worth; it never shrinks while it
 // lives (a posted receive cannot be taken back), and goes with its last connection and lent
-// buffer.
+// buffer. A shared queue holds at most kSrqMax receives (about 5400 connections' reservations
+// with the defaults); when every pool of a buffer size is full, the next connection opens
+// another pool with a queue of its own, so that a device's connections all stay on shared
+// buffers however many there are (before, they fell back to buffers of their own: 36 instead of
+// 6 per connection, and the memory per connection grew past the first queue's worth).
 #include "recv.hpp"
 
 #include <new>
@@ -87,9 +91,18 @@ uint64_t shared_limit(const SharedRecv *r) {
   return uint64_t(r->conns) * (r->credits.base() + kCtrlDepth) + r->lent + 8 * uint64_t(r->cap);
 }
 
+// Names the connection a shared buffer's message is of (nullptr: none), keeping each
+// connection's count of the buffers that name it, so that its leave looks for them only when
+// there are some.
+inline void route_to(Slot *slot, Socket *s) {
+  if (slot->sock) --slot->sock->rx.routed;
+  slot->sock = s;
+  if (s) ++s->rx.routed;
+}
+
 // A buffer back into the shared queue; false if the device refused it (it is lost to the pool).
-bool shared_post(SharedRecv *r, Slot *slot) {
-  slot->sock = nullptr;
+inline bool shared_post(SharedRecv *r, Slot *slot) {
+  route_to(slot, nullptr);
   slot->credited = false;
   if (tp::srq_post_recv(r->srq, &slot->work.wr, slot->buf, uint32_t(r->slot_size),
                         slot->pool->mr)) {
@@ -109,20 +122,37 @@ size_t msg_slot_size(const Socket *s) {
   return size + wire::kMaxTrailer;
 }
 
+namespace {
+
+// Whether r has a new connection's reservation unassigned, growing it by slabs as far as it
+// may.
+bool shared_has_room(SharedRecv *r) {
+  const uint32_t need = r->credits.base() + kCtrlDepth;
+  while (r->credits.unassigned() < need && shared_grow(r)) continue;
+  return r->credits.unassigned() >= need;
+}
+
+// The pool of this buffer size and cap that takes a new connection: the first with room, else a
+// new one (with a shared queue of its own); nullptr if none can be made.
+SharedRecv *shared_for(Device *dev, size_t size, uint32_t cap) {
+  for (SharedRecv *r = dev->shared.front(); r; r = dev->shared.next(r))
+    if (r->slot_size == size && r->cap == cap && shared_has_room(r)) return r;
+  SharedRecv *r = shared_create(dev, size, cap);
+  if (r && !shared_has_room(r)) {
+    shared_maybe_destroy(r);
+    return nullptr;
+  }
+  return r;
+}
+
+}  // namespace
+
 void recv_join(Socket *s, tp::QpCaps *caps) {
   Device *dev = s->dev;
   if (!s->opts.shared_recv || !tp::device_info(dev->tp).max_srq_wr) return;
   const size_t size = (msg_slot_size(s) + 63) & ~size_t(63);
-  const uint32_t cap = uint32_t(s->opts.recv_depth);
-  SharedRecv *r = dev->shared.front();
-  while (r && (r->slot_size != size || r->cap != cap)) r = dev->shared.next(r);
-  if (!r && !(r = shared_create(dev, size, cap))) return;  // buffers of its own, then
-  const uint32_t need = r->credits.base() + kCtrlDepth;
-  while (r->credits.unassigned() < need && shared_grow(r)) continue;
-  if (r->credits.unassigned() < need) {
-    shared_maybe_destroy(r);
-    return;
-  }
+  SharedRecv *r = shared_for(dev, size, uint32_t(s->opts.recv_depth));
+  if (!r) return;  // buffers of its own, then
   r->credits.take_buffers(kCtrlDepth);  // its control buffers: re-posted as soon as used
   r->credits.join(&s->rx.share);
   r->credits.take_owed(&s->rx.share);  // the hello grants the base
@@ -164,10 +194,11 @@ void recv_leave(Socket *s) {
   if (r->last_sock == s) r->last_sock = nullptr;
   r->credits.leave(&s->rx.share);
   r->credits.add_buffers(kCtrlDepth - (s->rx.ctrl_lost < kCtrlDepth ? s->rx.ctrl_lost : kCtrlDepth));
-  // Messages of it the application still holds: their buffers go to the pool when freed.
-  for (Pool *p = r->slabs.front(); p; p = r->slabs.next(p))
+  // Messages of it the application still holds: their buffers go to the pool when freed. (Only
+  // when some buffer names it: the walk over every slab made closing n connections cost n^2.)
+  for (Pool *p = r->slabs.front(); s->rx.routed && p; p = r->slabs.next(p))
     for (uint32_t i = 0; i < p->count; ++i)
-      if (p->slots[i].sock == s) p->slots[i].sock = nullptr;
+      if (p->slots[i].sock == s) route_to(&p->slots[i], nullptr);
   --r->conns;
   s->rx.shared = nullptr;
   shared_serve(r);
@@ -179,8 +210,12 @@ Socket *recv_owner(const Slot *slot) { return slot->pool->shared ? slot->sock : 
 Socket *recv_route(Slot *slot, uint32_t qp_num) {
   SharedRecv *r = slot->pool->shared;
   if (!r) return slot->pool->user;
-  if (qp_num == r->last_qp && r->last_sock) return slot->sock = r->last_sock;
-  slot->sock = r->by_qp.get(qp_num);
+  // (A posted buffer names no connection: shared_post cleared it.)
+  if (qp_num == r->last_qp && r->last_sock) {
+    ++r->last_sock->rx.routed;
+    return slot->sock = r->last_sock;
+  }
+  route_to(slot, r->by_qp.get(qp_num));
   if (!slot->sock) {
     shared_post(r, slot);  // its connection is gone: back into the queue
     return nullptr;

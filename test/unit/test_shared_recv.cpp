@@ -681,6 +681,47 @@ void device_without_srq_gives_buffers_of_its_own(void **state) {
   stream(h, *first.c, *first.a, 50);
 }
 
+// A shared queue is full (here the device's limit, 64 receives: ten connections' base and
+// control buffers): the next connection opens another pool with a queue of its own instead of
+// falling back to buffers of its own, so every connection costs an idle one's share however
+// many there are (before, each one past the first queue's worth cost its 36 buffers of its own).
+void a_full_shared_queue_opens_another_instead_of_buffers_of_their_own(void **state) {
+  H *h = h_of(state);
+  fake::set_max_srq_wr(64);  // before the device opens: its limit
+  Conn &l = listener(h);
+  std::vector<Pair> pairs;
+  for (int i = 0; i < 15; ++i) pairs.push_back(connect_to(h, l));  // 30 ends on one device
+  settle(h);
+  for (Pair &p : pairs) {
+    for (Conn *c : {p.c, p.a}) {
+      ibmsg_memory m;
+      expect_code(ibmsg_socket_memory(&c->s, &m), IBMSG_OK);
+      assert_int_equal(m.buffers, 0);  // none of its own
+      assert_int_equal(m.shared, kIdle);
+      assert_non_null(core(*c)->rx.shared);
+      assert_true(core(*c)->rx.shared->buffers <= 64);
+    }
+  }
+  const int srqs = fake::open_objects().srqs;
+  print_message("30 connection ends on %d shared queues of at most 64 receives\n", srqs);
+  assert_true(srqs >= 3);  // ten ends' reservations each at most
+  assert_true(core(*pairs.front().a)->rx.shared != core(*pairs.back().a)->rx.shared);
+  // Messages go both ways on connections of the first pool and of the last.
+  stream_both(h, pairs.front(), 100);
+  stream_both(h, pairs.back(), 100);
+  settle(h);
+  assert_int_equal(fake::stats().rnr_errors, 0);
+  for (Pair &p : pairs) expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  expect_code(ibmsg_disconnect(&l.s), IBMSG_OK);
+  RUN_UNTIL(h, l.closed && [&] {
+    for (Pair &p : pairs)
+      if (!p.c->closed || !p.a->closed) return false;
+    return true;
+  }());
+  settle(h);
+  assert_int_equal(fake::open_objects().srqs, 0);  // each pool went with its last connection
+}
+
 // === 7. closing while the application holds messages ==========================================
 
 void close_while_messages_are_held(void **state) {
@@ -749,6 +790,7 @@ int main(void) {
       T(peer_of_protocol_1_2_gets_at_most_the_base_and_no_wants_bit),
       T(shared_recv_option_0_gives_buffers_of_its_own),
       T(device_without_srq_gives_buffers_of_its_own),
+      T(a_full_shared_queue_opens_another_instead_of_buffers_of_their_own),
       T(close_while_messages_are_held),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
