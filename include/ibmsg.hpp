@@ -935,12 +935,11 @@ class socket {
   /**
    * What the connection costs now, in bytes of registered memory (ibmsg_socket_memory()): its
    * eager buffers, and the large buffers its rendezvous messages hold. Throws ibmsg::error
-   * (IBMSG_ESTATE for a listener, or IBMSG_EINVAL from an older library;
-   * IBMSG_EINVAL for a closed or an empty socket).
+   * (IBMSG_ESTATE for a listener; IBMSG_EINVAL for a closed or an empty socket).
    */
   ibmsg_memory memory() const {
     ibmsg_memory m{};
-    detail::check(ibmsg_socket_memory(s_, &m));
+    detail::check(ibmsg_socket_memory_info(s_, &m, sizeof m));  // (ibmsg 1.7)
     return m;
   }
 
@@ -1142,7 +1141,7 @@ class message {
    * region stays busy until this message is freed (region::deregister() throws IBMSG_EBUSY
    * until then; see region::~region()). Returns false, changing nothing, when all send buffers
    * are in use (IBMSG_EAGAIN). Throws ibmsg::error otherwise: IBMSG_ERANGE if the bytes reach
-   * beyond the region, IBMSG_ESTATE for a listener (IBMSG_EINVAL from an older library),
+   * beyond the region, IBMSG_ESTATE for a listener (IBMSG_EINVAL before ibmsg 1.7),
    * IBMSG_EINVAL for an empty region, IBMSG_EMSGSIZE, IBMSG_ENOTCONN, ...
    */
   [[nodiscard]] bool from_region(socket &s, region &r, std::size_t offset, std::size_t size);
@@ -1859,8 +1858,8 @@ class loop {
    *  when nothing but fd() will make it run. Throws ibmsg::error (IBMSG_EINVAL for an empty
    *  loop). */
   std::optional<std::chrono::milliseconds> next_timeout() const {
-    if (!l_) throw error(IBMSG_EINVAL);
-    int ms = ibmsg_event_loop_timeout(l_);
+    int ms = -1;
+    detail::check(ibmsg_event_loop_next_timeout(l_, &ms));  // (ibmsg 1.7)
     if (ms < 0) return std::nullopt;
     return std::chrono::milliseconds(ms);
   }
@@ -1943,7 +1942,7 @@ class loop {
    */
   ibmsg_memory memory() const {
     ibmsg_memory m{};
-    detail::check(ibmsg_loop_memory(l_, &m));
+    detail::check(ibmsg_loop_memory_info(l_, &m, sizeof m));  // (ibmsg 1.7)
     return m;
   }
 
