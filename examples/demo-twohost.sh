@@ -37,7 +37,7 @@ listening() {
 failed=0
 if [ "$host" = 2 ]; then
   echo "=== two hosts, round 1: host 2 receives 5000 verified messages of 4096 bytes"
-  "$bindir/ibmsg-recv" "$IBMSG_TEST_ADDR" 12400 -n 5000 --verify >"$tmp/recv.out" 2>&1 &
+  "$bindir/ibmsg-recv" -p 12400 -n 5000 --verify "$IBMSG_TEST_ADDR" >"$tmp/recv.out" 2>&1 &
   pid=$!
   listening "$tmp/recv.out"
   mark listening-1
@@ -45,7 +45,7 @@ if [ "$host" = 2 ]; then
   sed 's/^/  | /' "$tmp/recv.out"
 
   echo "=== two hosts, round 2: host 2 receives until host 1 cuts the link"
-  "$bindir/ibmsg-recv" "$IBMSG_TEST_ADDR" 12401 -c 1 -v >"$tmp/recv.out" 2>&1 &
+  "$bindir/ibmsg-recv" -p 12401 -c 1 -v "$IBMSG_TEST_ADDR" >"$tmp/recv.out" 2>&1 &
   pid=$!
   listening "$tmp/recv.out"
   mark listening-2
@@ -58,13 +58,13 @@ if [ "$host" = 2 ]; then
 else
   echo "=== two hosts, round 1: host 1 sends 5000 verified messages of 4096 bytes to host 2"
   await listening-1 60 || exit 1
-  "$bindir/ibmsg-send" "$IBMSG_TEST_PEER_ADDR" 12400 -n 5000 -s 4096 --verify >"$tmp/send.out" 2>&1 ||
+  "$bindir/ibmsg-send" -p 12400 -n 5000 -s 4096 --verify "$IBMSG_TEST_PEER_ADDR" >"$tmp/send.out" 2>&1 ||
     failed=1
   sed 's/^/  | /' "$tmp/send.out"
 
   echo "=== two hosts, round 2: host 1 streams to host 2 and cuts the link after 3 s"
   await listening-2 60 || exit 1
-  "$bindir/ibmsg-send" "$IBMSG_TEST_PEER_ADDR" 12401 -n 100000000 -s 1024 -v >"$tmp/send.out" 2>&1 &
+  "$bindir/ibmsg-send" -p 12401 -n 100000000 -s 1024 -v "$IBMSG_TEST_PEER_ADDR" >"$tmp/send.out" 2>&1 &
   pid=$!
   sleep 3
   ibmsg-link cut

@@ -88,7 +88,7 @@ run_round() {
   echo
   echo "=== round $round: $count messages of $size bytes over $conns connection(s) ==="
 
-  "$bindir/ibmsg-recv" "$addr" "$port" -n "$count" --verify >"$tmp/recv.out" 2>&1 &
+  "$bindir/ibmsg-recv" -p "$port" -n "$count" --verify "$addr" >"$tmp/recv.out" 2>&1 &
   recv_pid=$!
   # The receiver says "listening" once it is ready for the sender.
   n=0
@@ -100,7 +100,7 @@ run_round() {
     n=$((n + 1))
   done
 
-  "$bindir/ibmsg-send" "$addr" "$port" -n "$count" -s "$size" -c "$conns" --verify \
+  "$bindir/ibmsg-send" -p "$port" -n "$count" -s "$size" -c "$conns" --verify "$addr" \
     >"$tmp/send.out" 2>&1
   send_status=$?
 
@@ -116,9 +116,9 @@ run_round() {
   fi
   recv_pid=
 
-  echo "receiver: ibmsg-recv $addr $port -n $count --verify (exit status $recv_status)"
+  echo "receiver: ibmsg-recv -p $port -n $count --verify $addr (exit status $recv_status)"
   show "|" "$tmp/recv.out"
-  echo "sender: ibmsg-send $addr $port -n $count -s $size -c $conns --verify" \
+  echo "sender: ibmsg-send -p $port -n $count -s $size -c $conns --verify $addr" \
     "(exit status $send_status)"
   show "|" "$tmp/send.out"
   if [ "$send_status" = 0 ] && [ "$recv_status" = 0 ]; then
@@ -149,7 +149,7 @@ run_rdma_round() {
     n=$((n + 1))
   done
 
-  "$bindir/ibmsg-rdma" -p "$port" -s "$string" "$addr" >"$tmp/client.out" 2>&1
+  "$bindir/ibmsg-rdma" -p "$port" --string "$string" "$addr" >"$tmp/client.out" 2>&1
   client_status=$?
 
   # The server serves until interrupted: SIGINT is its normal end (exit status 0).
@@ -167,7 +167,7 @@ run_rdma_round() {
 
   echo "server: ibmsg-rdma --server -p $port $addr (exit status $server_status)"
   show "|" "$tmp/server.out"
-  echo "client: ibmsg-rdma -p $port -s \"$string\" $addr (exit status $client_status)"
+  echo "client: ibmsg-rdma -p $port --string \"$string\" $addr (exit status $client_status)"
   show "|" "$tmp/client.out"
   if [ "$client_status" = 0 ] && [ "$server_status" = 0 ] && grep -q "^SUCCESS" "$tmp/client.out"
   then

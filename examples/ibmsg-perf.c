@@ -1018,9 +1018,17 @@ static void client_pump_one(struct conn *c) {
   }
 }
 
+static void client_tick(double now);
+
 /* client_pump_one() for c, and for every connection at the moment the bandwidth test's clock
- * starts: when every connection has its HELLO sent and its warm-up drained. */
+ * starts: when every connection has its HELLO sent and its warm-up drained. With --duration or
+ * --interval every 64th callback reads the clock first: a dispatch need not return while
+ * completions keep coming (a window of RDMA writes keeps it busy), so client_wait() alone would
+ * not see the time. */
 static void client_pump(struct conn *c) {
+  if ((g.duration > 0 || g.interval > 0) && cl.t_start != 0 && !cl.stopped &&
+      (cl.activity & 63) == 0)
+    client_tick(tool_now());
   if (cl.test == TEST_BW && cl.t_start == 0 && cl.hellos_sent == cl.nconns &&
       cl.sent_all == (uint64_t)cl.nconns * cl.warmup) {
     cl.t_start = tool_now();
