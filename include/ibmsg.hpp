@@ -28,11 +28,13 @@
  * does not fit where incoming::to_region() would put it (IBMSG_ERANGE), which returns false as
  * well: in both cases nothing changed, and the caller may try again or otherwise.
  *
- * Handlers: each callback of the C API reaches the application as a std::function, found in this
- * order: the socket's own handler (socket::on_established(), on_received(), on_sent(),
- * on_closed()), else the loop's (loop::on_connection_established(), ...). So a connection
- * object of the application sets its socket's handlers (capturing itself) and needs no map from
- * sockets to connections:
+ * Handlers: each callback of the C API reaches the application as a std::function. For
+ * connection_established, message_received, message_sent and connection_closed the socket's
+ * own handler runs if it has one (socket::on_established(), on_received(), on_sent(),
+ * on_closed()), else the loop's (loop::on_connection_established(), ...); the other callbacks
+ * (connection requests, large incoming messages, writes with immediate, log lines) are the
+ * loop's. So a connection object of the application sets its socket's handlers (capturing
+ * itself) and needs no map from sockets to connections:
  *
  *     struct session {
  *       ibmsg::socket sock;
