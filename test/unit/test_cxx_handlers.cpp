@@ -117,7 +117,7 @@ void socket_handlers_take_the_callbacks_before_the_loops(void **) {
   f.before_accept = [&](ibmsg::socket &s) {
     s.on_received([&](ibmsg::socket &rs, ibmsg::message m) {
       recv_sock = &rs;
-      got.push_back(text(m));
+      got.push_back(text(m) + (m.has_imm() ? "+" + std::to_string(m.imm()) : ""));
     });
     s.on_closed([&](ibmsg::socket &, int reason) { server_closed = reason == IBMSG_ECONNRESET ? 1 : -1; });
   };
@@ -143,9 +143,11 @@ void socket_handlers_take_the_callbacks_before_the_loops(void **) {
 
   // An empty handler hands the callback back to the loop.
   f.client.on_sent(nullptr);
-  assert_true(m.post_imm(f.client, 7));
+  assert_true(f.client.post_imm(m, 7));  // post_imm() on the socket, as post()
   assert_true(f.run([&] { return f.loop_sent == 2 && got.size() == 2; }));
   assert_int_equal(sent, 1);
+  assert_int_equal(f.server.stats().msgs_received, 2);
+  assert_string_equal(got[1].c_str(), "one+7");
 
   f.close_all();
   assert_int_equal(closed, 1);
