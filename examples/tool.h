@@ -59,7 +59,7 @@ void tool_error(const char *fmt, ...) TOOL_PRINTF(1, 2);
 const char *tool_first_error(void);
 /** Prints "NAME: error: ... (try 'NAME --help')" for a bad command line. */
 void tool_usage_error(const char *fmt, ...) TOOL_PRINTF(1, 2);
-/** Prints "NAME: ..." on stdout unless quiet (information, not results). */
+/** Prints "NAME: ..." on stdout (tool_out) unless quiet (information, not results). */
 void tool_info(int quiet, const char *fmt, ...) TOOL_PRINTF(2, 3);
 /** Prints "NAME X.Y.Z (libibmsg X.Y.Z)": the version built against and the one linked. */
 void tool_print_version(void);
@@ -108,7 +108,7 @@ double tool_now(void);
 
 /* ---- summary and progress ------------------------------------------------------------------ */
 
-/** The line every tool ends with:
+/** The line every tool ends with, on stdout (tool_out):
  *  "NAME: VERB N messages, B bytes in S s: X MB/s, Y msg/s (EXTRA)". MB is 10^6 bytes. */
 void tool_print_summary(const char *verb, uint64_t messages, uint64_t bytes, double seconds,
                         const char *extra);
@@ -188,7 +188,7 @@ void tool_memwatch_sample(struct tool_memwatch *w, ibmsg_event_loop *loop, uint6
 /** tool_memwatch_sample() if at least interval seconds passed since the last sample. */
 void tool_memwatch_tick(struct tool_memwatch *w, ibmsg_event_loop *loop, uint64_t conns,
                         double interval);
-/** Prints two lines (also when quiet, as the summary):
+/** Prints two lines on stdout (tool_out; also when quiet, as the summary):
  *    NAME: memory: peak RSS R KiB (M MiB); most registered (ibmsg_loop_memory): buffers B,
  *          shared S, large L bytes
  *    NAME: memory with N connections up: RSS R KiB; registered: buffers B, shared S, large L
