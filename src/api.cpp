@@ -22,6 +22,14 @@ using namespace ibmsg;
 
 namespace {
 
+// A query's answer copied into the caller's struct, at most size bytes of it: a caller built
+// against an older, smaller struct gets its part (ibmsg_socket_stats, the memory queries).
+template <typename T>
+int copy_sized(T *out, const T &value, size_t size) {
+  memcpy(out, &value, size < sizeof value ? size : sizeof value);
+  return IBMSG_OK;
+}
+
 bool valid_request(const ibmsg_connection_request *req) {
   return req && req->impl && req->impl->id && req->impl->listener &&
          req->impl->listener->magic == kSocketMagic;
@@ -255,8 +263,7 @@ int ibmsg_socket_memory_info(const ibmsg_socket *socket, ibmsg_memory *out, size
   if (s->listener) return IBMSG_ESTATE;
   ibmsg_memory m;
   memory_of_socket(s, &m);
-  memcpy(out, &m, size < sizeof m ? size : sizeof m);
-  return IBMSG_OK;
+  return copy_sized(out, m, size);
 }
 
 int ibmsg_socket_memory(const ibmsg_socket *socket, ibmsg_memory *out) {
@@ -273,8 +280,7 @@ int ibmsg_socket_stats(const ibmsg_socket *socket, ibmsg_stats *out, size_t size
     st = &l->closed_stats;  // in its connection_closed callback
   }
   if (!st) return IBMSG_EINVAL;
-  memcpy(out, st, size < sizeof *st ? size : sizeof *st);
-  return IBMSG_OK;
+  return copy_sized(out, *st, size);
 }
 
 int ibmsg_loop_stats(ibmsg_event_loop *loop, ibmsg_loop_counters *out, size_t size) {
@@ -287,8 +293,7 @@ int ibmsg_loop_memory_info(ibmsg_event_loop *loop, ibmsg_memory *out, size_t siz
   if (!l || !out) return IBMSG_EINVAL;
   ibmsg_memory m;
   memory_of_loop(l, &m);
-  memcpy(out, &m, size < sizeof m ? size : sizeof m);
-  return IBMSG_OK;
+  return copy_sized(out, m, size);
 }
 
 int ibmsg_loop_memory(ibmsg_event_loop *loop, ibmsg_memory *out) {

@@ -210,12 +210,9 @@ Socket *recv_owner(const Slot *slot) { return slot->pool->shared ? slot->sock : 
 Socket *recv_route(Slot *slot, uint32_t qp_num) {
   SharedRecv *r = slot->pool->shared;
   if (!r) return slot->pool->user;
-  // (A posted buffer names no connection: shared_post cleared it.)
-  if (qp_num == r->last_qp && r->last_sock) {
-    ++r->last_sock->rx.routed;
-    return slot->sock = r->last_sock;
-  }
-  route_to(slot, r->by_qp.get(qp_num));
+  const bool last = qp_num == r->last_qp && r->last_sock;
+  route_to(slot, last ? r->last_sock : r->by_qp.get(qp_num));
+  if (last) return slot->sock;
   if (!slot->sock) {
     shared_post(r, slot);  // its connection is gone: back into the queue
     return nullptr;
