@@ -186,6 +186,10 @@ int conn_open(Socket *s) {
   static std::atomic<uint64_t> serials{0};
   s->res.serial = ++serials;
   const uint32_t recv_slots = uint32_t(s->opts.recv_depth) + kCtrlDepth;
+  // The send queue's work requests: 32 + 4 + 16 + 4 + 4 = 60 with the defaults. Providers round
+  // a queue up to a power of two of slots (rxe: of the depth + 1, 512 bytes a slot), so staying
+  // under 64 halves what each connection maps: 36 KiB on Soft-RoCE instead of 68 (measured,
+  // 1.7), 320 MiB at 10000 connections.
   const uint32_t send_wrs = uint32_t(s->opts.send_depth) + kCtrlDepth +
                             uint32_t(s->opts.rdma ? s->opts.rdma_depth : 0) +
                             (rndv_offered(s) ? kRndvReads : 0) +

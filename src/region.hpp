@@ -19,8 +19,9 @@ namespace ibmsg {
 struct Device;
 constexpr uint32_t kRegionMagic = 0x1b5e610a;
 // Binds of memory windows a connection has in flight at once: its queue pair has room for them
-// beside its messages and operations.
-constexpr uint32_t kBindDepth = 8;
+// beside its messages and operations. (4, not 8: with the defaults the send queue then takes 60
+// work requests, under 64 -- conn.cpp, conn_open, says why that matters.)
+constexpr uint32_t kBindDepth = 4;
 
 // A grant (made on a connection's loop thread; a connection's is used and dropped there too, a
 // device-wide one holds only the shared protection domain and goes from any loop): the exact-range

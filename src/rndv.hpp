@@ -7,7 +7,9 @@
 
 namespace ibmsg {
 
-constexpr uint32_t kRndvReads = 8;  // a connection's rendezvous reads in flight
+// A connection's rendezvous reads in flight (with kReadAhead bytes at most: four reads of up to
+// a chunk keep a message's reads going; 8 made the send queue outgrow 64: conn.cpp, conn_open).
+constexpr uint32_t kRndvReads = 4;
 // A read completed: -1 if the connection closes, 1 if its message is complete (the caller
 // delivers it: deliver_ready), else 0; then (unless -1) rndv_read_more.
 int rndv_on_read(Socket *s, Slot *slot, const tp::Completion &wc);

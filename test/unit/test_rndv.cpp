@@ -29,6 +29,7 @@
 
 #include "internal.hpp"
 #include "errors.hpp"    // ibmsg::invalid_transitions
+#include "rndv.hpp"      // ibmsg::kRndvReads
 
 namespace fake = ibmsg::fake;
 namespace wire = ibmsg::wire;
@@ -230,13 +231,13 @@ void reads_are_chunked_at_the_devices_largest_message(void **state) {
     }
     assert_int_equal(sum, k.size);
   }
-  // At most 8 reads in flight: with their completions held back, the ninth is not posted.
+  // At most kRndvReads reads in flight: with their completions held back, no more is posted.
   const size_t before = reads_on(rx);
   fake::delay_send_completions(true, rx);
   expect_code(send_msg(*p.c, kMiB), IBMSG_OK);
-  RUN_UNTIL(h, reads_on(rx) - before >= 8);
+  RUN_UNTIL(h, reads_on(rx) - before >= size_t(ibmsg::kRndvReads));
   settle(h, 10);
-  assert_int_equal(reads_on(rx) - before, 8);
+  assert_int_equal(reads_on(rx) - before, size_t(ibmsg::kRndvReads));
   assert_int_equal(p.a->received, 4);
   assert_int_equal(p.c->msgs_done, 4);
   fake::delay_send_completions(false);
@@ -270,7 +271,7 @@ void eager_messages_wait_behind_a_rendezvous_being_read(void **state) {
   fake::delay_send_completions(true, p.a->local_port);
   const std::vector<size_t> sizes = {5, kMiB, 6, 7, 8, 300000, 9};
   send_all(*p.c, sizes);
-  RUN_UNTIL(h, p.a->received == 1 && reads_on(p.a->local_port) == 8);
+  RUN_UNTIL(h, p.a->received == 1 && reads_on(p.a->local_port) == size_t(ibmsg::kRndvReads));
   settle(h, 10);
   assert_int_equal(p.a->received, 1);  // 6, 7, 8 wait for the megabyte
   // message_sent too: the eager ones behind the rendezvous wait for it to be read
@@ -482,16 +483,16 @@ void close_after_part_of_the_reads_from_either_side(void **state) {
     const unsigned short rx = p.a->local_port;
     const size_t before = reads_on(rx);
     const unsigned long ops = fake::stats().rdma_ops;
-    // Eight reads execute (their bytes land) but do not complete; then eight more are posted
-    // and held on the wire: the message is partly read, partly in flight.
+    // kRndvReads reads execute (their bytes land) but do not complete; then as many more are
+    // posted and held on the wire: the message is partly read, partly in flight.
     fake::delay_send_completions(true, rx);
     expect_code(send_msg(*p.c, kMiB), IBMSG_OK);
-    RUN_UNTIL(h, reads_on(rx) - before == 8 && fake::stats().rdma_ops - ops == 8);
+    RUN_UNTIL(h, reads_on(rx) - before == size_t(ibmsg::kRndvReads) && fake::stats().rdma_ops - ops == size_t(ibmsg::kRndvReads));
     fake::pause_wire(true);
     fake::delay_send_completions(false);
-    RUN_UNTIL(h, reads_on(rx) - before == 16);
+    RUN_UNTIL(h, reads_on(rx) - before == 2 * size_t(ibmsg::kRndvReads));
     settle(h, 5);
-    assert_int_equal(fake::stats().rdma_ops - ops, 8);
+    assert_int_equal(fake::stats().rdma_ops - ops, size_t(ibmsg::kRndvReads));
     assert_int_equal(p.a->received, 0);
     assert_int_equal(p.c->msgs_done, 0);
     expect_code(ibmsg_disconnect(closer ? &p.a->s : &p.c->s), IBMSG_OK);
@@ -523,7 +524,7 @@ void receiver_closing_with_reads_in_flight_and_a_message_behind_them(void **stat
   expect_code(send_msg(*p.c, kMiB), IBMSG_OK);
   expect_code(send_msg(*p.c, 20), IBMSG_OK);
   // The RTS and the small message arrived, and reads are in flight, none complete.
-  RUN_UNTIL(h, reads_on(rx) - before >= 8 && fake::stats().delivered - delivered >= 2);
+  RUN_UNTIL(h, reads_on(rx) - before >= size_t(ibmsg::kRndvReads) && fake::stats().delivered - delivered >= 2);
   settle(h, 5);
   assert_int_equal(p.a->received, 0);
   expect_code(ibmsg_disconnect(&p.a->s), IBMSG_OK);
