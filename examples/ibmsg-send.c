@@ -294,11 +294,21 @@ static void on_closed(ibmsg_socket *socket, int reason) {
     return; /* we closed it early because of an error or a signal, which was reported */
 
   if (!c->established) {
-    if (reason == IBMSG_EREJECTED && socket->reject_reason[0] != '\0')
-      tool_error("cannot connect to %s port %u: %s: %s", g.ip, g.port, ibmsg_strerror(reason),
-                 socket->reject_reason);
-    else
-      tool_error("cannot connect to %s port %u: %s", g.ip, g.port, ibmsg_strerror(reason));
+    /* One connection that cannot be made ends the run before anything is sent: the messages
+     * are shared out over all -c connections, and fewer would measure something else. With
+     * several, the line says how far the set-up got; only the first failure is reported. */
+    char far[96] = "";
+    if (g.nconns > 1)
+      snprintf(far, sizeof far, " (%" PRIu32 " of %" PRIu32 " connections were up; nothing sent)",
+               g.established, g.nconns);
+    if (g.failed) {
+      /* reported already */
+    } else if (reason == IBMSG_EREJECTED && socket->reject_reason[0] != '\0') {
+      tool_error("cannot connect to %s port %u: %s: %s%s", g.ip, g.port, ibmsg_strerror(reason),
+                 socket->reject_reason, far);
+    } else {
+      tool_error("cannot connect to %s port %u: %s%s", g.ip, g.port, ibmsg_strerror(reason), far);
+    }
   } else {
     tool_error("connection %lu closed after %" PRIu64 " of %" PRIu64 " messages: %s",
                c->number, c->confirmed, c->to_send, ibmsg_strerror(reason));

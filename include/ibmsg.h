@@ -378,7 +378,9 @@ enum ibmsg_option {
                                       message in bytes either way, 1 .. 2^32 - 1 (2^32 - 1);
                                       those above IBMSG_OPT_EAGER_SIZE go by rendezvous (1.2).
                                       ibmsg_getopt into an int says at most INT_MAX */
-  IBMSG_OPT_CONNECT_TIMEOUT = 5, /**< int: ms for ibmsg_connect() or ibmsg_accept() to reach CONNECTED (5000) */
+  IBMSG_OPT_CONNECT_TIMEOUT = 5, /**< int: ms for ibmsg_connect() or ibmsg_accept() to reach CONNECTED (5000);
+                                      a connect that waits for its turn (IBMSG_OPT_CONNECT_LIMIT)
+                                      counts from the start of its attempt */
   IBMSG_OPT_RNR_RETRY = 6,       /**< int 0..7: RNR retries (7); credits make RNR impossible */
   IBMSG_OPT_SOURCE_ADDR = 7,     /**< string: local address ibmsg_connect() binds to ("": any) */
   IBMSG_OPT_DEVICE = 8,          /**< string: RDMA device connections must use, e.g. "rxe0" ("": any) */
@@ -431,9 +433,15 @@ enum ibmsg_option {
                                       their reads until ibmsg_free_msg; more wait their turn, in
                                       order. A message larger than this is declined unless
                                       message_incoming puts it in a region (1.6) */
-  IBMSG_OPT_VIOLATION_BAN = 21   /**< int ms (10000), listener: after a peer made an invalid
+  IBMSG_OPT_VIOLATION_BAN = 21,  /**< int ms (10000), listener: after a peer made an invalid
                                       remote access, connection requests from its address are
                                       rejected for this long (0: never) (1.6) */
+  IBMSG_OPT_CONNECT_LIMIT = 22   /**< int (64), loop-wide: the most ibmsg_connect() attempts of
+                                      the loop under way at once, from the address resolution
+                                      to CONNECTED or the close; later ones wait their turn in
+                                      order (IBMSG_UNCONNECTED, as while the address of one is
+                                      resolved), and their IBMSG_OPT_CONNECT_TIMEOUT
+                                      counts from the start of their attempt (1.7) */
 };
 
 /** IBMSG_OPT_BUSY_POLL value: poll without ever sleeping while the connection is open. */

@@ -12,6 +12,7 @@
 #include "datapath.hpp"
 #include "dedup.hpp"
 #include "errors.hpp"
+#include "pace.hpp"
 #include "recv.hpp"
 #include "wake.hpp"
 
@@ -119,6 +120,7 @@ void close_begin(Socket *s, int reason) {
   const bool violated = reason == IBMSG_ECONNRESET && violation_seen(s);
   if (violated) reason = IBMSG_EREMOTEACCESS;
   s->close_reason = reason;
+  pace_done(s);  // its connect's turn (or its place in the line) goes to the next one
   recv_closing(s);
   set_state(s, close_event(s));
   if (violated) violation_note(s);

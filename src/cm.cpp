@@ -12,6 +12,7 @@
 #include "internal.hpp"
 #include "conn.hpp"
 #include "datapath.hpp"
+#include "pace.hpp"
 #include "poll.hpp"
 #include "rndv.hpp"
 
@@ -143,6 +144,7 @@ void establish(Socket *s, bool by_data) {
   if (by_data) tp::cm_notify_established(s->id);  // the CM must hear it too, or it times out
   timer_stop(&s->connect_timer);
   set_state(s, Event::Established);
+  pace_done(s);  // the next connect waiting for its turn starts
   s->was_connected = true;
   grants_established(s);  // ahead of what waited: the peer may use the descriptors it gets
   poll_touch(s);

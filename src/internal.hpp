@@ -46,6 +46,7 @@ using Loop = ::ibmsg__loop;
 #include "requests.hpp"   // requests and replies
 #include "handover.hpp"   // calls from other threads
 #include "violations.hpp"  // remote access violations
+#include "pace.hpp"        // connects waiting for their turn
 
 namespace ibmsg {
 
@@ -151,6 +152,8 @@ struct ibmsg__socket {
   ibmsg::ListNode open_node;     // every open socket of the process (see socket_is_open)
   bool open_indexed = false;     // in the process's index of open sockets too (conn.cpp)
   ibmsg::Timer connect_timer;    // connecting, or lingering (cm.cpp, close.cpp)
+  ibmsg::PaceState pace = ibmsg::PaceState::None;  // its connect's turn (pace.cpp)
+  ibmsg::PaceWait *pace_wait = nullptr;            // its addresses while it waits
   ibmsg_stats stats{};           // ibmsg_socket_stats (each counter by the file that counts)
 
   // accepted connection: its listener (nullptr once the listener closed)
@@ -186,6 +189,7 @@ struct ibmsg__socket {
   ibmsg::ListNode rndv_mem_node;  // waiting for rendezvous memory (rndv_memory.cpp)
   ibmsg::ListNode close_node;     // due for teardown (close.cpp)
   ibmsg::ListNode poll_node;      // busy polling now (poll.cpp): the poller walks only these
+  ibmsg::ListNode pace_node;      // waiting for its connect's turn (pace.cpp)
   int close_reason = IBMSG_OK;    // the first reason it closed for (close.cpp)
 };
 
@@ -234,6 +238,11 @@ struct ibmsg__loop {
   // the order they asked (rndv.cpp).
   size_t rndv_mem = 0;
   ibmsg::List<Socket, &Socket::rndv_mem_node> rndv_mem_waiters;
+  // Outgoing connection attempts under way, and those waiting for their turn, in order
+  // (IBMSG_OPT_CONNECT_LIMIT, pace.cpp).
+  uint32_t pace_under_way = 0;
+  bool pace_filling = false;
+  ibmsg::List<Socket, &Socket::pace_node> pace_waiting;
 };
 
 // An options set (ibmsg_options_new).

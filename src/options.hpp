@@ -63,7 +63,9 @@ using Name = char[kNameMax];                  // a string option, NUL-terminated
   /* the library's rendezvous destinations */                                                 \
   X(RNDV_MEMORY, rndv_memory, uint64_t, 1, 1ull << 48, 512 << 20, loop, bytes)                \
   /* refuse a violator's address this long */                                                 \
-  X(VIOLATION_BAN, violation_ban_ms, int, 0, 24 * 3600 * 1000, 10000, listener, ms)
+  X(VIOLATION_BAN, violation_ban_ms, int, 0, 24 * 3600 * 1000, 10000, listener, ms)          \
+  /* outgoing connection attempts under way at once */                                        \
+  X(CONNECT_LIMIT, connect_limit, int, 1, 1 << 20, 64, loop, none)
 
 // One field per option, with its default.
 struct Options {

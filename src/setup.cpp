@@ -15,6 +15,7 @@
 #include "cm.hpp"
 #include "conn.hpp"
 #include "errors.hpp"
+#include "pace.hpp"
 
 namespace ibmsg {
 namespace {
@@ -111,9 +112,9 @@ int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short
   Socket *s = new_socket(loop, pub, opts);
   if (!s) return IBMSG_ENOMEM;
   err = tp::cm_id_create(loop->cm, s, &s->id);
-  if (!err)
-    err = tp::cm_resolve_addr(s->id, have_src ? reinterpret_cast<sockaddr *>(&src) : nullptr,
-                              reinterpret_cast<sockaddr *>(&dst), s->opts.connect_timeout_ms);
+  // It starts now (its address resolved, its connect timer running) or waits for its turn
+  // (IBMSG_OPT_CONNECT_LIMIT): pace.cpp.
+  if (!err) err = pace_connect(s, have_src ? &src : nullptr, dst);
   if (err) {
     log_write(loop, nullptr, IBMSG_LOG_ERROR, "cannot connect to %s port %u: %s", ip ? ip : "(null)", port,
               error_text(err));
@@ -122,7 +123,6 @@ int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short
     return err;
   }
   open_socket(s, Event::Connect);
-  timer_start(&s->connect_timer, s->opts.connect_timeout_ms / 1000.0);
   return IBMSG_OK;
 }
 

@@ -9,7 +9,7 @@
 //
 // tier 6 api: api
 // tier 5 loop: loop
-// tier 4 lifecycle: setup spread cm keepalive close violations conn
+// tier 4 lifecycle: setup pace spread cm keepalive close violations conn
 // tier 3 engine: completion rdma inbound deliver requests dedup message incoming rndv datapath
 // tier 2 resources: device_release usage device cq memory send_slots recv region poll timer batch wake handover internal
 // tier 1 transport: transport/cm transport/device transport/qp transport/srq transport/transport transport/verbs
@@ -18,6 +18,7 @@
 // api         every extern "C" entry point: checks the handles and arguments, calls the core
 // loop        the libev loop: CM channel, idle work, foreign-loop fd and timeout; registers the hooks
 // setup       listen / connect / accept / reject (the application's side of set-up)
+// pace        connects under way at once (IBMSG_OPT_CONNECT_LIMIT), the others wait their turn
 // spread      connections accepted onto other loops (ibmsg_accept_on, ibmsg_listen_spread)
 // cm          connection-manager events, the hello, establishment, connect timeouts
 // keepalive   probes of a silent peer, and closing a dead one

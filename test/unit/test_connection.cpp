@@ -2147,12 +2147,149 @@ void the_log_callback_hears_establishment_and_close_and_stats_last_into_closed(v
   h->loop.log = nullptr;
 }
 
+
+// --- connect pacing (IBMSG_OPT_CONNECT_LIMIT) ---
+
+void set_connect_limit(H *h, int limit) {
+  expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_CONNECT_LIMIT, &limit, sizeof limit), IBMSG_OK);
+}
+
+bool waiting_turn(const Conn &c) {
+  return c.s.impl && c.s.impl->pace == ibmsg::PaceState::Waiting;
+}
+
+void connects_beyond_the_limit_wait_their_turn_in_order(void **state) {
+  H *h = h_of(state);
+  int v = 0;
+  size_t len = sizeof v;
+  expect_code(ibmsg_getopt(&h->loop, IBMSG_OPT_CONNECT_LIMIT, &v, &len), IBMSG_OK);
+  assert_int_equal(v, 64);  // the default
+  set_connect_limit(h, 4);
+  v = 0;
+  expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_CONNECT_LIMIT, &v, sizeof v), IBMSG_EINVAL);
+  Conn &l = listener(h, nullptr, 100);
+  std::vector<Conn *> cs;
+  for (int i = 0; i < 20; ++i) cs.push_back(&client(h, port_of(l)));
+  // Four under way, sixteen waiting; the application sees no difference.
+  int waiting = 0;
+  for (Conn *c : cs) {
+    waiting += waiting_turn(*c);
+    assert_int_equal(c->s.status, IBMSG_UNCONNECTED);  // as while an address is resolved
+  }
+  assert_int_equal(waiting, 16);
+  assert_int_equal(h->loop.impl->pace_under_way, 4u);
+  // The round in which each one started: in the order of the calls, never more than four.
+  std::vector<int> started(cs.size(), -1);
+  int round = 0;
+  uint32_t most = 0;
+  auto all_up = [&] {
+    ++round;
+    most = std::max(most, h->loop.impl->pace_under_way);
+    for (size_t i = 0; i < cs.size(); ++i)
+      if (started[i] < 0 && !waiting_turn(*cs[i])) started[i] = round;
+    return std::all_of(cs.begin(), cs.end(), [](Conn *c) { return c->established == 1; });
+  };
+  RUN_UNTIL(h, all_up());
+  assert_true(most <= 4);
+  for (size_t i = 1; i < cs.size(); ++i)
+    if (started[i] < started[i - 1])
+      fail_msg("connect %zu started in round %d, before connect %zu (round %d)", i, started[i],
+               i - 1, started[i - 1]);
+  assert_int_equal(h->loop.impl->pace_under_way, 0u);
+  assert_true(h->loop.impl->pace_waiting.empty());
+  for (Conn *c : cs) expect_code(send_msg(*c, 16), IBMSG_OK);
+  RUN_UNTIL(h, std::all_of(h->accepted.begin(), h->accepted.end(),
+                           [](Conn *a) { return a->received == 1; }) &&
+                   h->accepted.size() == cs.size());
+}
+
+void a_waiting_connect_closed_by_the_application_gives_its_turn_on(void **state) {
+  H *h = h_of(state);
+  set_connect_limit(h, 1);
+  Conn &l = listener(h);
+  Conn &a = client(h, port_of(l));
+  Conn &b = client(h, port_of(l));
+  Conn &c = client(h, port_of(l));
+  assert_false(waiting_turn(a));
+  assert_true(waiting_turn(b) && waiting_turn(c));
+  expect_code(ibmsg_disconnect(&b.s), IBMSG_OK);
+  RUN_UNTIL(h, b.closed && a.established && c.established);
+  expect_code(b.close_reason, IBMSG_OK);
+  assert_int_equal(b.established, 0);
+  assert_int_equal(h->requests, 2);  // b never reached the listener
+  // A waiting one closed by its loop's end: covered by the teardown's checks (every socket
+  // closes once).
+  Conn &d = client(h, port_of(l));
+  Conn &e = client(h, port_of(l));
+  assert_true(waiting_turn(e));
+  (void)d;
+}
+
+void a_waiting_connects_timeout_counts_from_the_start_of_its_attempt(void **state) {
+  H *h = h_of(state);
+  set_connect_limit(h, 1);
+  Raw *r = new_raw(h);  // accepts nothing: the first attempt times out
+  expect_code(r->listen(), IBMSG_OK);
+  Conn &l = listener(h);
+  ibmsg_options *o = options(h, {{IBMSG_OPT_CONNECT_TIMEOUT, 150}});
+  Conn &a = client(h, r->port(), o);
+  Conn &b = client(h, port_of(l), o);
+  assert_true(waiting_turn(b));
+  const double t0 = now_ms();
+  auto done = [&] { return a.closed && (b.established || b.closed); };
+  if (!run_until(h, done, 2000, 5)) fail_msg("the connects never ended");
+  expect_code(a.close_reason, IBMSG_ETIMEDOUT);
+  // b waited about 150 ms for its turn: with its timeout counted from the call it would have
+  // timed out with a; counted from its start it is established.
+  assert_true(now_ms() - t0 >= 150);
+  assert_int_equal(b.closed, 0);
+  assert_int_equal(b.established, 1);
+}
+
+void a_waiting_connect_whose_start_fails_closes_with_the_error(void **state) {
+  H *h = h_of(state);
+  set_connect_limit(h, 1);
+  Conn &l = listener(h);
+  Conn &a = client(h, port_of(l));
+  Conn &b = client(h, port_of(l));
+  Conn &c = client(h, port_of(l));
+  assert_true(waiting_turn(b) && waiting_turn(c));
+  fake::fail_call(fake::Call::CmResolveAddr, IBMSG_EADDRNOTAVAIL);  // b's start, when its turn comes
+  RUN_UNTIL(h, a.established && b.closed && c.established);
+  expect_code(b.close_reason, IBMSG_EADDRNOTAVAIL);
+  assert_int_equal(b.status_at_close, IBMSG_ERROR);
+  assert_int_equal(b.established, 0);
+}
+
+void raising_the_connect_limit_starts_the_waiting_ones_first(void **state) {
+  H *h = h_of(state);
+  set_connect_limit(h, 1);
+  Raw *r = new_raw(h);  // holds the first attempt
+  expect_code(r->listen(), IBMSG_OK);
+  Conn &l = listener(h);
+  Conn &a = client(h, r->port());
+  Conn &b = client(h, port_of(l));
+  assert_true(waiting_turn(b));
+  set_connect_limit(h, 8);
+  Conn &c = client(h, port_of(l));  // b goes before it
+  assert_false(waiting_turn(b));
+  assert_false(waiting_turn(c));
+  RUN_UNTIL(h, b.established && c.established);
+  expect_code(ibmsg_disconnect(&a.s), IBMSG_OK);
+  RUN_UNTIL(h, a.closed);
+}
 }  // namespace
 
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      // connect pacing
+      T(connects_beyond_the_limit_wait_their_turn_in_order),
+      T(a_waiting_connect_closed_by_the_application_gives_its_turn_on),
+      T(a_waiting_connects_timeout_counts_from_the_start_of_its_attempt),
+      T(a_waiting_connect_whose_start_fails_closes_with_the_error),
+      T(raising_the_connect_limit_starts_the_waiting_ones_first),
       // keepalive
       T(keepalive_options_have_limits_and_defaults),
       T(idle_connection_with_keepalive_stays_up_and_probes),
