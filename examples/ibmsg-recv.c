@@ -49,6 +49,11 @@ static const char usage_text[] =
     "      --eager-size BYTES\n"
     "                        messages above BYTES come by rendezvous: this side\n"
     "                        reads them (default: ibmsg's, 16384)\n"
+    "      --recv-budget BYTES\n"
+    "                        for many connections: about the most receive buffers\n"
+    "                        their idle connections reserve on this side; new\n"
+    "                        ones get smaller eager sizes past it (ibmsg's\n"
+    "                        IBMSG_OPT_SHARED_RECV_BUDGET; default: none)\n"
     "      --memory          print the peak RSS and the registered memory\n"
     "                        (ibmsg_loop_memory) while the connections were up\n"
     "      --json            print one JSON object on stdout at the end (counts,\n"
@@ -97,6 +102,7 @@ static struct {
   int check_size;
   uint64_t max_size;   /* 0: the library's default */
   uint64_t eager_size; /* 0: the library's default */
+  uint64_t recv_budget; /* --recv-budget, 0: none (the library's default) */
   unsigned limit;     /* -c: connections in all, 0: no limit */
   int verify;
   int quiet;
@@ -350,7 +356,7 @@ static void on_log(ibmsg_event_loop *loop, ibmsg_socket *socket, int level, cons
 }
 
 static int parse_args(int argc, char **argv) {
-  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_EAGER_SIZE, OPT_MEMORY, OPT_JSON, OPT_VERSION };
+  enum { OPT_VERIFY = 256, OPT_MAX_SIZE, OPT_EAGER_SIZE, OPT_RECV_BUDGET, OPT_MEMORY, OPT_JSON, OPT_VERSION };
   static const struct option options[] = {
       {"port", required_argument, NULL, 'p'},
       {"count", required_argument, NULL, 'n'},
@@ -359,6 +365,7 @@ static int parse_args(int argc, char **argv) {
       {"verify", no_argument, NULL, OPT_VERIFY},
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
       {"eager-size", required_argument, NULL, OPT_EAGER_SIZE},
+      {"recv-budget", required_argument, NULL, OPT_RECV_BUDGET},
       {"memory", no_argument, NULL, OPT_MEMORY},
       {"json", no_argument, NULL, OPT_JSON},
       {"quiet", no_argument, NULL, 'q'},
@@ -401,6 +408,10 @@ static int parse_args(int argc, char **argv) {
       break;
     case OPT_EAGER_SIZE:
       if (tool_parse_size("--eager-size", optarg, 1, TOOL_MAX_EAGER_SIZE, &g.eager_size) != 0)
+        return -1;
+      break;
+    case OPT_RECV_BUDGET:
+      if (tool_parse_size("--recv-budget", optarg, 1, (uint64_t)1 << 48, &g.recv_budget) != 0)
         return -1;
       break;
     case 'q': g.quiet = 1; break;
@@ -524,7 +535,9 @@ int main(int argc, char **argv) {
   g.loop.log = on_log;
   if ((g.max_size != 0 && tool_setopt_max_size(&g.loop, g.max_size) != 0) ||
       (g.eager_size != 0 && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
-                                            (int)g.eager_size) != 0)) {
+                                            (int)g.eager_size) != 0) ||
+      (g.recv_budget != 0 && tool_setopt_u64(&g.loop, IBMSG_OPT_SHARED_RECV_BUDGET,
+                                             "the receive budget", g.recv_budget) != 0)) {
     ibmsg_destroy_event_loop(&g.loop);
     g.failed = 1;
     if (g.json)

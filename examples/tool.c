@@ -194,6 +194,15 @@ int tool_setopt_max_size(ibmsg_event_loop *loop, uint64_t value) {
   return 0;
 }
 
+int tool_setopt_u64(ibmsg_event_loop *loop, int option, const char *what, uint64_t value) {
+  int rc = ibmsg_setopt(loop, option, &value, sizeof value);
+  if (rc != IBMSG_OK) {
+    tool_error("cannot set %s to %" PRIu64 ": %s", what, value, ibmsg_strerror(rc));
+    return -1;
+  }
+  return 0;
+}
+
 /* ---- signals and time ---------------------------------------------------------------------- */
 
 static time_t first_signal; /* CLOCK_MONOTONIC seconds of the signal that set tool_stop */

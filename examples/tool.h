@@ -95,6 +95,8 @@ int tool_setopt_int(ibmsg_event_loop *loop, int option, const char *what, int va
 /** Sets IBMSG_OPT_MAX_MSG_SIZE (1..TOOL_MAX_MSG_SIZE): as an int up to INT_MAX, as a uint64_t
  *  above; prints what failed. */
 int tool_setopt_max_size(ibmsg_event_loop *loop, uint64_t value);
+/* Sets a size option that takes a uint64_t (len 8); an error line and -1 if refused. */
+int tool_setopt_u64(ibmsg_event_loop *loop, int option, const char *what, uint64_t value);
 
 /* ---- signals and time ---------------------------------------------------------------------- */
 

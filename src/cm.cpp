@@ -166,7 +166,11 @@ void reject_id(tp::CmId *id, const char *text) {
 
 void on_connect_timeout(Timer *t) {
   Socket *s = static_cast<Socket *>(t->data);
-  if (s->state != State::Connected) socket_close(s, IBMSG_ETIMEDOUT);
+  if (s->state == State::Connected) return;
+  // Which step it was in says where the time went (the address, the route, the peer's answer).
+  IBMSG_LOG(s, IBMSG_LOG_ERROR, "no connection after %d ms: still %s", s->opts.connect_timeout_ms,
+            state_name(s->state));
+  socket_close(s, IBMSG_ETIMEDOUT);
 }
 
 void on_cm_event(Loop *loop, const tp::CmEvent &ev) {

@@ -62,7 +62,7 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
       len -= uint32_t(wire::kReqTrailer);
     }
   }
-  if (len > eager_recv_size(s) || !recv_arrived(s, slot, imm.wants) ||
+  if (len > s->rx.eager || !recv_arrived(s, slot, imm.wants) ||
       !s->tx.credits.on_returned(imm)) {
     // larger than we take, more data messages than the credits we granted, or credits returned
     // that it never had

@@ -79,6 +79,9 @@ struct RecvBuffers {
   uint32_t ctrl_lost = 0;  // its control buffers the shared queue refused back
   uint32_t freed_later = 0;  // its messages freed in the round, waiting in Loop::freed
   uint32_t routed = 0;       // shared buffers that name it (Slot::sock): recv.cpp's route_to
+  // Its eager size (recv_join): the largest message its buffers take, the option's or, on shared
+  // buffers, scaled down for many connections (IBMSG_OPT_SHARED_RECV_BUDGET); 0 before.
+  uint32_t eager = 0;
 };
 
 // Its send buffers (send_slots.cpp): the device's ones it takes its messages from, and how many

@@ -22,8 +22,8 @@ constexpr bool default_in_range(const D &def, L lo, H hi) {
   } else if constexpr (std::is_same_v<T, int>) {
     return (long long)lo >= INT_MIN && (long long)hi <= INT_MAX && lo <= hi &&
            (long long)def >= (long long)lo && (long long)def <= (long long)hi;
-  } else {  // a size: an int, or a uint64_t
-    return lo >= 1 && (unsigned long long)hi <= std::numeric_limits<T>::max() &&
+  } else {  // a size: an int, or a uint64_t (0 only where it means something: no limit)
+    return lo >= 0 && (unsigned long long)hi <= std::numeric_limits<T>::max() &&
            (unsigned long long)def >= (unsigned long long)lo &&
            (unsigned long long)def <= (unsigned long long)hi;
   }

@@ -145,14 +145,41 @@ SharedRecv *shared_for(Device *dev, size_t size, uint32_t cap) {
   return r;
 }
 
+// The eager size of a new connection on dev's shared buffers: the option's, halved while the
+// device's connections on shared buffers, this one included, would reserve more than the loop's
+// IBMSG_OPT_SHARED_RECV_BUDGET with it (connections x their base and control buffers x eager
+// size), but not below kMinScaledEager. Only for a connection that offers rendezvous: a larger
+// message goes by rendezvous instead. So the memory of each new connection shrinks as they grow
+// many (with 64 MiB: 16 KiB up to 682 connections, then 8, 4, 2 and from 5461 on 1 KiB; 96 to
+// 6 KiB reserved per idle connection), and a few connections keep the full size. Off (0) by
+// default: requests and replies go eagerly only, so a connection with a smaller eager size
+// refuses larger ones (IBMSG_EMSGSIZE), which an application must expect before it asks.
+uint32_t scaled_eager(const Socket *s, const Device *dev, uint32_t per_conn) {
+  const uint32_t eager = eager_recv_size(s);
+  const uint64_t budget = s->loop->opts.shared_recv_budget;
+  if (!budget || !rndv_offered(s)) return eager;
+  uint64_t n = 1;
+  for (const SharedRecv *r = dev->shared.front(); r; r = dev->shared.next(r)) n += r->conns;
+  uint32_t e = eager;
+  while (e / 2 >= kMinScaledEager && n * per_conn * e > budget) e /= 2;
+  return e;
+}
+
 }  // namespace
 
 void recv_join(Socket *s, tp::QpCaps *caps) {
   Device *dev = s->dev;
+  s->rx.eager = 0;
+  s->rx.eager = eager_recv_size(s);  // the option's (every arrival checks against it)
   if (!s->opts.shared_recv || !tp::device_info(dev->tp).max_srq_wr) return;
+  s->rx.eager = scaled_eager(s, dev, share_base(uint32_t(s->opts.recv_depth)) + kCtrlDepth);
   const size_t size = (msg_slot_size(s) + 63) & ~size_t(63);
   SharedRecv *r = shared_for(dev, size, uint32_t(s->opts.recv_depth));
-  if (!r) return;  // buffers of its own, then
+  if (!r) {  // buffers of its own, then (of the option's size)
+    s->rx.eager = 0;
+    s->rx.eager = eager_recv_size(s);
+    return;
+  }
   r->credits.take_buffers(kCtrlDepth);  // its control buffers: re-posted as soon as used
   r->credits.join(&s->rx.share);
   r->credits.take_owed(&s->rx.share);  // the hello grants the base
@@ -364,11 +391,14 @@ void recv_memory(const Device *dev, ibmsg_memory *out) {
 }
 
 uint32_t eager_recv_size(const Socket *s) {
-  return uint32_t(s->opts.eager_size) < s->opts.max_msg_size ? uint32_t(s->opts.eager_size)
-                                                               : s->opts.max_msg_size;
+  const uint32_t e = uint32_t(s->opts.eager_size) < s->opts.max_msg_size
+                         ? uint32_t(s->opts.eager_size) : s->opts.max_msg_size;
+  return s->rx.eager && s->rx.eager < e ? s->rx.eager : e;
 }
 
-bool rndv_offered(const Socket *s) { return s->opts.max_msg_size > eager_recv_size(s); }
+// (The option's eager size, not the scaled one: a connection that offers rendezvous keeps
+// offering it when its eager size is scaled down, and only such a connection's is.)
+bool rndv_offered(const Socket *s) { return s->opts.max_msg_size > uint32_t(s->opts.eager_size); }
 
 void recv_mark_request(Socket *s, Slot *slot, bool request, const wire::ReqTrailer &tr) {
   slot->req.kind = uint8_t(request ? MsgKind::Request : MsgKind::Reply);

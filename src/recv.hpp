@@ -11,6 +11,8 @@
 namespace ibmsg {
 
 constexpr uint32_t kShareBase = 2;  // data credits a connection on shared buffers always has
+// The smallest eager size IBMSG_OPT_SHARED_RECV_BUDGET scales a connection's down to.
+constexpr uint32_t kMinScaledEager = 1024;
 // Buffers registered at once: a slab of about 1 MiB, 4 to 64 buffers.
 inline uint32_t slab_count(size_t slot_size) {
   const size_t n = ((size_t(1) << 20) + slot_size - 1) / (slot_size ? slot_size : 1);

@@ -10,10 +10,13 @@
 #include "harness.hpp"  // the fixture: H, Conn, the Stream payload, the callbacks, setup, teardown
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <cstdio>
 
 #include "internal.hpp"  // the core's book: Socket::share, SharedRecv
 #include "errors.hpp"    // ibmsg::invalid_transitions
+#include "recv.hpp"      // ibmsg::eager_recv_size
 
 namespace fake = ibmsg::fake;
 namespace wire = ibmsg::wire;
@@ -722,6 +725,74 @@ void a_full_shared_queue_opens_another_instead_of_buffers_of_their_own(void **st
   assert_int_equal(fake::open_objects().srqs, 0);  // each pool went with its last connection
 }
 
+
+// IBMSG_OPT_SHARED_RECV_BUDGET (issue 27): a device's new connections get half the eager size,
+// and half again, while their 6 reserved buffers would take the device's connections past the
+// budget; their peers send larger messages by rendezvous. Without a budget, the option's size.
+size_t slot_of(uint32_t eager) { return (eager + wire::kMaxTrailer + 63) & ~size_t(63); }
+
+void a_shared_recv_budget_scales_the_eager_size_of_new_connections(void **state) {
+  H *h = h_of(state);
+  h->payload = Payload::Pattern;  // messages of any size, checked byte for byte
+  uint64_t v = 1;
+  size_t len = sizeof v;
+  expect_code(ibmsg_getopt(&h->loop, IBMSG_OPT_SHARED_RECV_BUDGET, &v, &len), IBMSG_OK);
+  assert_int_equal(v, 0);  // none by default
+  Conn &l = listener(h);
+  Pair plain = connect_to(h, l);
+  assert_int_equal(ibmsg::eager_recv_size(core(*plain.a)), 16384);
+  assert_int_equal(ibmsg::eager_recv_size(core(*plain.c)), 16384);
+  expect_code(ibmsg_disconnect(&plain.c->s), IBMSG_OK);
+  RUN_UNTIL(h, plain.c->closed && plain.a->closed);
+  settle(h);
+  // Three ends at 16 KiB; the 4th to 6th fit at 8 KiB (6 x 6 x 8192 is the budget), the 7th to
+  // 12th at 4 KiB.
+  const uint64_t budget = 6ull * 16384 * 3;
+  expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_SHARED_RECV_BUDGET, &budget, sizeof budget),
+              IBMSG_OK);
+  std::vector<Pair> pairs;
+  for (int i = 0; i < 5; ++i) pairs.push_back(connect_to(h, l));
+  settle(h);
+  std::map<uint32_t, int> ends;  // eager size -> connection ends
+  for (Pair &p : pairs) {
+    const uint32_t ec = ibmsg::eager_recv_size(core(*p.c)), ea = ibmsg::eager_recv_size(core(*p.a));
+    for (Conn *c : {p.c, p.a}) {
+      const uint32_t e = ibmsg::eager_recv_size(core(*c));
+      ++ends[e];
+      assert_int_equal(shared_mem(*c), 6 * slot_of(e));  // its reservation, of its size
+      assert_int_equal(core(*c)->peer.eager, std::min(ec, ea));  // both send the smaller
+    }
+  }
+  const std::map<uint32_t, int> want = {{16384, 3}, {8192, 3}, {4096, 4}};
+  if (ends != want) {
+    std::string got;
+    for (auto &e : ends) got += " " + std::to_string(e.first) + " x" + std::to_string(e.second);
+    fail_msg("eager sizes of the 10 ends:%s (want 16384 x3 8192 x3 4096 x4)", got.c_str());
+  }
+  // Every pair carries messages above its eager size (by rendezvous) and below it, intact and
+  // in order, both ways.
+  const unsigned long reads = fake::stats().rdma_ops;
+  for (Pair &p : pairs)
+    for (Conn *c : {p.c, p.a})
+      for (size_t size : {size_t(12000), size_t(100), size_t(5000)})
+        expect_code(send_msg(*c, size), IBMSG_OK);
+  RUN_UNTIL(h, std::all_of(pairs.begin(), pairs.end(), [](const Pair &p) {
+              return p.a->received == 3 && p.c->received == 3 && p.a->sent_ok == 3 &&
+                     p.c->sent_ok == 3;
+            }));
+  for (Pair &p : pairs) assert_int_equal(p.a->bad_payload + p.c->bad_payload, 0);
+  assert_true(fake::stats().rdma_ops > reads);  // rendezvous reads went
+  assert_int_equal(fake::stats().rnr_errors, 0);
+  // Closed connections make room: the next ones get the size their count allows.
+  for (Pair &p : pairs) expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
+  RUN_UNTIL(h, std::all_of(pairs.begin(), pairs.end(),
+                           [](const Pair &p) { return p.c->closed && p.a->closed; }));
+  settle(h);
+  Pair again = connect_to(h, l);
+  assert_int_equal(ibmsg::eager_recv_size(core(*again.c)), 16384);
+  assert_int_equal(ibmsg::eager_recv_size(core(*again.a)), 16384);
+}
+
 // === 7. closing while the application holds messages ==========================================
 
 void close_while_messages_are_held(void **state) {
@@ -791,6 +862,7 @@ int main(void) {
       T(shared_recv_option_0_gives_buffers_of_its_own),
       T(device_without_srq_gives_buffers_of_its_own),
       T(a_full_shared_queue_opens_another_instead_of_buffers_of_their_own),
+      T(a_shared_recv_budget_scales_the_eager_size_of_new_connections),
       T(close_while_messages_are_held),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
