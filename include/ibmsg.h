@@ -436,7 +436,7 @@ enum ibmsg_option {
   IBMSG_OPT_VIOLATION_BAN = 21,  /**< int ms (10000), listener: after a peer made an invalid
                                       remote access, connection requests from its address are
                                       rejected for this long (0: never) (1.6) */
-  IBMSG_OPT_CONNECT_LIMIT = 22,  /**< int (64), loop-wide: the most ibmsg_connect() attempts of
+  IBMSG_OPT_CONNECT_LIMIT = 22,  /**< int (16), loop-wide: the most ibmsg_connect() attempts of
                                       the loop under way at once, from the address resolution
                                       to CONNECTED or the close; later ones wait their turn in
                                       order (IBMSG_UNCONNECTED, as while the address of one is

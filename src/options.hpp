@@ -65,7 +65,7 @@ using Name = char[kNameMax];                  // a string option, NUL-terminated
   /* refuse a violator's address this long */                                                 \
   X(VIOLATION_BAN, violation_ban_ms, int, 0, 24 * 3600 * 1000, 10000, listener, ms)          \
   /* outgoing connection attempts under way at once */                                        \
-  X(CONNECT_LIMIT, connect_limit, int, 1, 1 << 20, 64, loop, none)                           \
+  X(CONNECT_LIMIT, connect_limit, int, 1, 1 << 20, 16, loop, none)                           \
   /* what a device's idle connections reserve of shared buffers; 0: no limit */               \
   X(SHARED_RECV_BUDGET, shared_recv_budget, uint64_t, 0, 1ull << 48, 0, loop, bytes)
 

@@ -2163,7 +2163,7 @@ void connects_beyond_the_limit_wait_their_turn_in_order(void **state) {
   int v = 0;
   size_t len = sizeof v;
   expect_code(ibmsg_getopt(&h->loop, IBMSG_OPT_CONNECT_LIMIT, &v, &len), IBMSG_OK);
-  assert_int_equal(v, 64);  // the default
+  assert_int_equal(v, 16);  // the default
   set_connect_limit(h, 4);
   v = 0;
   expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_CONNECT_LIMIT, &v, sizeof v), IBMSG_EINVAL);
