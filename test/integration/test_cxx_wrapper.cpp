@@ -302,6 +302,8 @@ constexpr integer_option integer_options[] = {
     {IBMSG_OPT_REPLY_CACHE, "REPLY_CACHE", 4096, 4097, -1, 0},
     {IBMSG_OPT_RNDV_MEMORY, "RNDV_MEMORY", 4096, 4097, 0, std::uint64_t(1) << 48},
     {IBMSG_OPT_VIOLATION_BAN, "VIOLATION_BAN", 250, 251, -1, 0},
+    {IBMSG_OPT_CONNECT_LIMIT, "CONNECT_LIMIT", 8, 9, 0, 0},
+    {IBMSG_OPT_SHARED_RECV_BUDGET, "SHARED_RECV_BUDGET", 4096, 4097, -1, std::uint64_t(1) << 48},
 };
 
 // Sets and reads every integer option through set(id, value) (a generic lambda over the
@@ -382,9 +384,9 @@ void every_integer_option(const char *where, Set &&set, Get &&get, GetU64 &&get_
   CHECK(code == IBMSG_EINVAL, "%s DEVICE (\"\") as an integer: %s, expected IBMSG_EINVAL", where,
         code_name(code));
   // The table above has every option: one after the last is unknown (add a new one above).
-  code = error_code_of([&] { set(IBMSG_OPT_VIOLATION_BAN + 1, 1LL); });
+  code = error_code_of([&] { set(IBMSG_OPT_SHARED_RECV_BUDGET + 1, 1LL); });
   CHECK(code == IBMSG_EINVAL, "%s option %d: %s: a new option? add it to integer_options", where,
-        IBMSG_OPT_VIOLATION_BAN + 1, code_name(code));
+        IBMSG_OPT_SHARED_RECV_BUDGET + 1, code_name(code));
   code = error_code_of([&] { (void)get_u64(9999); });
   CHECK(code == IBMSG_EINVAL, "%s option 9999 read: %s, expected IBMSG_EINVAL", where,
         code_name(code));
@@ -393,7 +395,7 @@ void every_integer_option(const char *where, Set &&set, Get &&get, GetU64 &&get_
 void every_integer_option_through_loop_and_option_set(void **) {
   guarded([] {
     static_assert(sizeof integer_options / sizeof integer_options[0] ==
-                      IBMSG_OPT_VIOLATION_BAN - 2,  // all but SOURCE_ADDR and DEVICE
+                      IBMSG_OPT_SHARED_RECV_BUDGET - 2,  // all but SOURCE_ADDR and DEVICE
                   "integer_options misses an option");
     ibmsg::loop lp;
     every_integer_option(

@@ -129,7 +129,8 @@ static void options_are_distinct_and_not_zero(void **state) {
                    IBMSG_OPT_RDMA_DEPTH,   IBMSG_OPT_BUSY_POLL,       IBMSG_OPT_EAGER_SIZE,
                    IBMSG_OPT_SHARED_RECV,  IBMSG_OPT_KEEPALIVE,       IBMSG_OPT_KEEPALIVE_COUNT,
                    IBMSG_OPT_ACK_TIMEOUT,  IBMSG_OPT_RETRY_COUNT,     IBMSG_OPT_REQUEST_WINDOW,
-                   IBMSG_OPT_REPLY_CACHE,  IBMSG_OPT_RNDV_MEMORY,     IBMSG_OPT_VIOLATION_BAN};
+                   IBMSG_OPT_REPLY_CACHE,  IBMSG_OPT_RNDV_MEMORY,     IBMSG_OPT_VIOLATION_BAN,
+                   IBMSG_OPT_CONNECT_LIMIT, IBMSG_OPT_SHARED_RECV_BUDGET};
   size_t i, a = 0, b = 0;
   (void)state;
   if (!all_distinct(v, sizeof v / sizeof v[0], &a, &b))
