@@ -307,14 +307,10 @@ static void on_closed(ibmsg_socket *socket, int reason) {
     if (g.nconns > 1)
       snprintf(far, sizeof far, " (%" PRIu32 " of %" PRIu32 " connections were up; nothing sent)",
                g.established, g.nconns);
-    if (g.failed) {
-      /* reported already */
-    } else if (reason == IBMSG_EREJECTED && socket->reject_reason[0] != '\0') {
-      tool_error("cannot connect to %s port %u: %s: %s%s", g.ip, g.port, ibmsg_strerror(reason),
-                 socket->reject_reason, far);
-    } else {
-      tool_error("cannot connect to %s port %u: %s%s", g.ip, g.port, ibmsg_strerror(reason), far);
-    }
+    const int why = reason == IBMSG_EREJECTED && socket->reject_reason[0] != '\0';
+    if (!g.failed) /* only the first failure is reported */
+      tool_error("cannot connect to %s port %u: %s%s%s%s", g.ip, g.port, ibmsg_strerror(reason),
+                 why ? ": " : "", why ? socket->reject_reason : "", far);
   } else {
     tool_error("connection %lu closed after %" PRIu64 " of %" PRIu64 " messages: %s",
                c->number, c->confirmed, c->to_send, ibmsg_strerror(reason));

@@ -177,23 +177,6 @@ int tool_setopt_int(ibmsg_event_loop *loop, int option, const char *what, int va
   return 0;
 }
 
-int tool_setopt_max_size(ibmsg_event_loop *loop, uint64_t value) {
-  int rc;
-  if (value <= INT_MAX) {
-    int v = (int)value;
-    rc = ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &v, sizeof v);
-  } else {
-    /* Beyond an int: the option takes a uint64_t, told apart by its length. */
-    rc = ibmsg_setopt(loop, IBMSG_OPT_MAX_MSG_SIZE, &value, sizeof value);
-  }
-  if (rc != IBMSG_OK) {
-    tool_error("cannot set the maximum message size to %" PRIu64 ": %s", value,
-               ibmsg_strerror(rc));
-    return -1;
-  }
-  return 0;
-}
-
 int tool_setopt_u64(ibmsg_event_loop *loop, int option, const char *what, uint64_t value) {
   int rc = ibmsg_setopt(loop, option, &value, sizeof value);
   if (rc != IBMSG_OK) {
@@ -201,6 +184,13 @@ int tool_setopt_u64(ibmsg_event_loop *loop, int option, const char *what, uint64
     return -1;
   }
   return 0;
+}
+
+int tool_setopt_max_size(ibmsg_event_loop *loop, uint64_t value) {
+  /* Beyond an int: the option takes a uint64_t, told apart by its length. */
+  if (value <= INT_MAX)
+    return tool_setopt_int(loop, IBMSG_OPT_MAX_MSG_SIZE, "the maximum message size", (int)value);
+  return tool_setopt_u64(loop, IBMSG_OPT_MAX_MSG_SIZE, "the maximum message size", value);
 }
 
 /* ---- signals and time ---------------------------------------------------------------------- */

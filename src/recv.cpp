@@ -24,6 +24,13 @@
 namespace ibmsg {
 namespace {
 
+// The eager size the options give (IBMSG_OPT_EAGER_SIZE, at most IBMSG_OPT_MAX_MSG_SIZE), before
+// recv_join decides the connection's own (RecvBuffers::eager).
+uint32_t option_eager(const Socket *s) {
+  return uint32_t(s->opts.eager_size) < s->opts.max_msg_size ? uint32_t(s->opts.eager_size)
+                                                               : s->opts.max_msg_size;
+}
+
 constexpr uint32_t kSrqMax = 32768;  // receives one shared queue holds at most
 
 uint32_t share_base(uint32_t cap) { return cap < kShareBase ? cap : kShareBase; }
@@ -155,7 +162,7 @@ SharedRecv *shared_for(Device *dev, size_t size, uint32_t cap) {
 // default: requests and replies go eagerly only, so a connection with a smaller eager size
 // refuses larger ones (IBMSG_EMSGSIZE), which an application must expect before it asks.
 uint32_t scaled_eager(const Socket *s, const Device *dev, uint32_t per_conn) {
-  const uint32_t eager = eager_recv_size(s);
+  const uint32_t eager = option_eager(s);
   const uint64_t budget = s->loop->opts.shared_recv_budget;
   if (!budget || !rndv_offered(s)) return eager;
   uint64_t n = 1;
@@ -169,15 +176,13 @@ uint32_t scaled_eager(const Socket *s, const Device *dev, uint32_t per_conn) {
 
 void recv_join(Socket *s, tp::QpCaps *caps) {
   Device *dev = s->dev;
-  s->rx.eager = 0;
-  s->rx.eager = eager_recv_size(s);  // the option's (every arrival checks against it)
+  s->rx.eager = option_eager(s);  // (every arrival checks against it)
   if (!s->opts.shared_recv || !tp::device_info(dev->tp).max_srq_wr) return;
   s->rx.eager = scaled_eager(s, dev, share_base(uint32_t(s->opts.recv_depth)) + kCtrlDepth);
   const size_t size = (msg_slot_size(s) + 63) & ~size_t(63);
   SharedRecv *r = shared_for(dev, size, uint32_t(s->opts.recv_depth));
   if (!r) {  // buffers of its own, then (of the option's size)
-    s->rx.eager = 0;
-    s->rx.eager = eager_recv_size(s);
+    s->rx.eager = option_eager(s);
     return;
   }
   r->credits.take_buffers(kCtrlDepth);  // its control buffers: re-posted as soon as used
@@ -390,11 +395,7 @@ void recv_memory(const Device *dev, ibmsg_memory *out) {
     for (const Pool *p = r->slabs.front(); p; p = r->slabs.next(p)) out->shared += p->bytes;
 }
 
-uint32_t eager_recv_size(const Socket *s) {
-  const uint32_t e = uint32_t(s->opts.eager_size) < s->opts.max_msg_size
-                         ? uint32_t(s->opts.eager_size) : s->opts.max_msg_size;
-  return s->rx.eager && s->rx.eager < e ? s->rx.eager : e;
-}
+uint32_t eager_recv_size(const Socket *s) { return s->rx.eager ? s->rx.eager : option_eager(s); }
 
 // (The option's eager size, not the scaled one: a connection that offers rendezvous keeps
 // offering it when its eager size is scaled down, and only such a connection's is.)
