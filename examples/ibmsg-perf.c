@@ -111,12 +111,16 @@ static const char usage_text[] =
     "                        (1..4096, default 128, like perftest's tx depth);\n"
     "                        messages posted and not yet sent per connection in\n"
     "                        bw (default 32, ibmsg's send depth, or as many as\n"
-    "                        256 MiB hold for larger messages, at least 2)\n"
+    "                        256 MiB hold for larger messages, at least 2; with\n"
+    "                        -c, as many as 64 MiB hold for all connections,\n"
+    "                        each message counted at least the eager size, at\n"
+    "                        least 1)\n"
     "  -o, --outstanding N   requests posted and not yet answered in rpc\n"
     "                        (1..4096, default 1)\n"
     "  -c, --connections N   connections of the bw test, all on the client's one\n"
-    "                        loop; it reports their aggregate rate (1..16,\n"
-    "                        default 1)\n"
+    "                        loop; it reports their aggregate rate (1..65536,\n"
+    "                        default 1); server: the most connections it serves\n"
+    "                        at once (default 1024)\n"
     "  -T, --threads N       server: N event loops on N threads, the connections\n"
     "                        spread over them in turn (ibmsg_accept_on); prints\n"
     "                        each thread's connections at exit (1..16, default 1)\n"
@@ -136,6 +140,14 @@ static const char usage_text[] =
     "                        16384); larger ones go by rendezvous: the receiver\n"
     "                        reads them from the sender's buffer; give it to the\n"
     "                        server too\n"
+    "      --recv-budget BYTES\n"
+    "                        for many connections: about the most receive buffers\n"
+    "                        their idle connections reserve on this side; new\n"
+    "                        ones get smaller eager sizes past it (ibmsg's\n"
+    "                        IBMSG_OPT_SHARED_RECV_BUDGET; default: none)\n"
+    "      --memory          print the peak RSS and the registered memory\n"
+    "                        (ibmsg_loop_memory) at the end (the server: when it\n"
+    "                        stops); not with --threads\n"
     "      --json            print the results as one JSON document, also when a\n"
     "                        test failed (what was measured, and the error)\n"
     "  -q, --quiet           print only the results and errors\n"
@@ -158,8 +170,10 @@ static const char usage_text[] =
 #define IDLE_TIMEOUT_S 10.0
 /* How long the tool waits for sockets to close at the end. */
 #define CLOSE_TIMEOUT_S 5.0
-/* Connections a server serves at once, and so the most a client opens for one test (-c). */
-#define MAX_CONNS 16
+/* The most connections of the bw test (-c), as ibmsg-send's; a server serves at most
+ * DEFAULT_SERVER_CONNS at once unless its own -c says more (up to MAX_CONNS). */
+#define MAX_CONNS 65536
+#define DEFAULT_SERVER_CONNS 1024
 /* The server's loops (--threads), each on a thread of its own. */
 #define MAX_THREADS 16
 /* The bandwidth test's window without -W: ibmsg's default send depth, which is left as it is,
@@ -168,6 +182,12 @@ static const char usage_text[] =
 #define DEFAULT_MSG_WINDOW 32
 #define MSG_WINDOW_BYTES (UINT64_C(256) << 20)
 #define MIN_MSG_WINDOW 2
+/* With many connections (-c) and no -W, the window of each is cut so that all of them together
+ * hold at most ALL_WINDOW_BYTES of send buffers (each at least the eager size), down to
+ * MIN_CONN_WINDOW: 10000 connections of 32 eager buffers of 16 KiB would hold 5 GiB. From 128
+ * connections of 16 KiB on (1000: 4 each). */
+#define ALL_WINDOW_BYTES (UINT64_C(64) << 20)
+#define MIN_CONN_WINDOW 1
 /* The largest IBMSG_OPT_MAX_MSG_SIZE (2^32 - 1) and IBMSG_OPT_EAGER_SIZE (2^30). */
 #define PERF_MAX_MSG_SIZE UINT64_C(4294967295)
 #define PERF_MAX_EAGER_SIZE (UINT64_C(1) << 30)
@@ -282,7 +302,7 @@ struct endpoint {
   int free_at_call;
   int closed_early;       /* its connection_closed came before session_start() */
   int early_reason;
-  struct endpoint *next;
+  struct endpoint *next, *prev; /* its loop's sessions */
   char peer[64];
   unsigned short peer_port;
   int have_hello;
@@ -319,6 +339,7 @@ struct conn {
   double t_done;         /* bandwidth: its last message_sent */
   uint64_t total;        /* its iterations, warm-up included: the test's, or with --duration
                             UINT64_MAX until the time is up, then the ones it posted */
+  int all_in;            /* everything of it is done (client_check_conn) */
 };
 
 /* The client's connection of an endpoint whose role is ROLE_CLIENT. */
@@ -335,8 +356,12 @@ struct rpc_slot {
 
 /* The client's side of the test running now. */
 static struct {
-  struct conn conns[MAX_CONNS];
+  struct conn *conns;   /* nconns of them, allocated for the test */
   int nconns;
+  int nopen;            /* connections whose ep.open is set */
+  int nclosed;          /* connections whose connection_closed came */
+  int nestablished;     /* connections established */
+  int nall_in;          /* connections whose all_in is set: the test is finished at nconns */
   int test;
   uint64_t size, warmup, iters, total;
   uint64_t window;      /* bandwidth: messages posted and not yet sent, per connection */
@@ -382,7 +407,7 @@ struct bw_result {
   int test;
   uint64_t size, iters, window, conns; /* iterations per connection */
   double seconds, mbps, mpps;          /* all connections together; MB/s: 10^6 bytes/s */
-  double conn_mps[MAX_CONNS];          /* bw: each connection's messages per second */
+  double *conn_mps;                    /* bw: each connection's messages per second (conns) */
 };
 
 struct rpc_result {
@@ -401,7 +426,11 @@ static struct {
   uint64_t sizes[MAX_SIZES];
   int nsizes;
   uint64_t iters, warmup, max_size, eager_size, window, msg_window, conns, outstanding, threads_arg;
-  int max_size_given, eager_size_given, window_given;
+  int max_size_given, eager_size_given, window_given, conns_given;
+  uint64_t recv_budget; /* --recv-budget: IBMSG_OPT_SHARED_RECV_BUDGET, 0: not set */
+  int memory;           /* --memory */
+  struct tool_memwatch mem; /* --memory: the main loop's, sampled as connections come */
+  uint64_t eager;       /* the loop's eager size (IBMSG_OPT_EAGER_SIZE), read at the start */
   int busy_poll; /* IBMSG_OPT_BUSY_POLL: 0, microseconds, or IBMSG_BUSY_POLL_ALWAYS */
   int busy_poll_given;
   int json, quiet;
@@ -443,6 +472,7 @@ struct perf_loop {
   ibmsg_event_loop own; /* the loop of the others */
   int index;            /* 1..N, for the messages */
   struct endpoint *sessions; /* open server-side connections */
+  uint64_t nsessions;        /* how many */
   uint64_t established;      /* connections established on it */
   int stop;                  /* told to close its sessions and end */
   pthread_t thread;
@@ -736,8 +766,12 @@ static void session_start(struct endpoint *s) {
   int rc;
 
   s->started = 1;
+  s->prev = NULL;
   s->next = s->home->sessions;
+  if (s->next != NULL)
+    s->next->prev = s;
   s->home->sessions = s;
+  s->home->nsessions++;
   rc = tool_sendpool_init(&s->pool, &s->socket, s->home->loop);
   if (rc != IBMSG_OK)
     s->pool.released = 1;
@@ -813,12 +847,14 @@ static void session_closed(struct endpoint *s, int reason) {
   if (s->have_region && (rc = ibmsg_deregister_region(&s->region)) != IBMSG_OK)
     tool_error("client %s port %u: cannot deregister the region: %s", s->peer, s->peer_port,
                ibmsg_strerror(rc));
-  for (struct endpoint **p = &s->home->sessions; *p != NULL; p = &(*p)->next) {
-    if (*p == s) {
-      *p = s->next;
-      break;
-    }
-  }
+  /* Out of its loop's list (thousands of sessions: no walk). */
+  if (s->prev != NULL)
+    s->prev->next = s->next;
+  else
+    s->home->sessions = s->next;
+  if (s->next != NULL)
+    s->next->prev = s->prev;
+  s->home->nsessions--;
   /* ibmsg never touches the socket after connection_closed, but a region it still holds must
    * stay where it is (the loop then refuses to go away, which reports it once more). */
   if (rc != IBMSG_OK)
@@ -1039,10 +1075,14 @@ static void client_pump(struct conn *c) {
   client_pump_one(c);
 }
 
-static void client_check_finished(void) {
-  for (int i = 0; i < cl.nconns; i++) {
-    struct conn *c = &cl.conns[i];
-    int all_in;
+/* Whether everything of c is done; the test is finished once every connection is. Each call
+ * looks at c alone (thousands of connections: no walk over all of them per callback): a
+ * connection that is done stays done, since nothing more is posted on it. */
+static void client_check_conn(struct conn *c) {
+  int all_in;
+  if (c->all_in)
+    return;
+  {
     if (cl.test & TESTS_RDMA) {
       /* Also wait for every done callback, so that no op is posted any more. */
       all_in = (cl.test & TESTS_LATENCY ? c->received : c->sent) == c->total &&
@@ -1058,7 +1098,16 @@ static void client_check_finished(void) {
     if (!all_in || !c->hello_sent || tool_sendpool_busy(&c->ep.pool) != 0)
       return;
   }
-  cl.finished = 1;
+  c->all_in = 1;
+  if (++cl.nall_in == cl.nconns)
+    cl.finished = 1;
+}
+
+/* client_check_conn() for every connection: when something common to all changed (--duration's
+ * end). */
+static void client_check_finished(void) {
+  for (int i = 0; i < cl.nconns; i++)
+    client_check_conn(&cl.conns[i]);
 }
 
 /* An RDMA test: our region (registered now that the connection's device is open, so that no
@@ -1127,6 +1176,9 @@ static void client_established(struct conn *c) {
   int rc;
 
   c->established = 1;
+  cl.nestablished++;
+  if (g.memory)
+    tool_memwatch_tick(&g.mem, &g.loop, (uint64_t)cl.nestablished, 0.5);
   if (dev != NULL && g.device[0] == '\0')
     snprintf(g.device, sizeof g.device, "%s", dev);
   if ((cl.test & TESTS_MESSAGES) && cl.size > max) {
@@ -1189,7 +1241,7 @@ static void client_sent(struct conn *c, ibmsg_buffer *msg, int status) {
     }
   }
   client_pump(c);
-  client_check_finished();
+  client_check_conn(c);
 }
 
 /* The server's DESC message: the region the test's operations go to. */
@@ -1233,7 +1285,7 @@ static void client_received(struct conn *c, ibmsg_buffer *msg) {
   }
   ibmsg_free_msg(msg);
   client_pump(c);
-  client_check_finished();
+  client_check_conn(c);
 }
 
 /* write_lat: the server's answer to our write landed in our region. */
@@ -1249,7 +1301,7 @@ static void client_write_received(struct conn *c, uint32_t imm, size_t length) {
     return;
   c->received++;
   client_pump(c);
-  client_check_finished();
+  client_check_conn(c);
 }
 
 /* rpc: a request's done callback, with its reply or why it has none. */
@@ -1296,7 +1348,7 @@ static void client_reply(ibmsg_socket *socket, ibmsg_request *req, ibmsg_buffer 
   if (reply != NULL)
     ibmsg_free_msg(reply);
   client_pump(c);
-  client_check_finished();
+  client_check_conn(c);
 }
 
 static void client_op_done(ibmsg_socket *socket, ibmsg_op *op, int status) {
@@ -1329,7 +1381,7 @@ static void client_op_done(ibmsg_socket *socket, ibmsg_op *op, int status) {
       cl.t_end = tool_now();
   }
   client_pump(c);
-  client_check_finished();
+  client_check_conn(c);
 }
 
 /* ---- the loop's callbacks: dispatch on the socket's role ------------------------------------- */
@@ -1343,6 +1395,8 @@ static void on_established(ibmsg_socket *socket) {
     if (!e->started)
       session_start(e); /* before on_request's call came: the first callback of the connection */
     e->home->established++;
+    if (g.memory && g.server) /* one loop (--memory excludes --threads) */
+      tool_memwatch_tick(&g.mem, &g.loop, e->home->nsessions, 0.5);
   }
 }
 
@@ -1387,6 +1441,8 @@ static void on_closed(ibmsg_socket *socket, int reason) {
     struct conn *c = conn_of(e);
     c->closed = 1;
     c->close_reason = reason;
+    cl.nopen--;
+    cl.nclosed++;
     tool_sendpool_release(&c->ep.pool);
   } else if (e->role == ROLE_SESSION && !e->started) {
     /* Accepted onto another loop, and closed before session_start() came there: it ends it. */
@@ -1508,7 +1564,7 @@ static int client_wait(const int *flag) {
       return -1;
     if ((g.duration > 0 || g.interval > 0) && cl.t_start != 0 && !cl.stopped)
       client_tick(tool_now());
-    for (int i = 0; i < cl.nconns; i++) {
+    for (int i = 0; i < cl.nconns && cl.nclosed > 0; i++) {
       struct conn *c = &cl.conns[i];
       if (!c->closed)
         continue;
@@ -1545,12 +1601,7 @@ static int client_wait(const int *flag) {
 }
 
 /* How many of the client's connections are open. */
-static int client_open(void) {
-  int n = 0;
-  for (int i = 0; i < cl.nconns; i++)
-    n += cl.conns[i].ep.open;
-  return n;
-}
+static int client_open(void) { return cl.nopen; }
 
 /* Dispatches until no socket is open or the time is up. */
 static int wait_all_closed(void) {
@@ -1723,7 +1774,7 @@ static void json_bw(const struct bw_result *r, int first) {
     /* Each connection's timed messages over the time from the common start to its last
      * message_sent; msg_per_s is all of them over the time to the last of all. */
     printf(", \"connection_msg_per_s\": [");
-    for (uint64_t i = 0; i < r->conns; i++)
+    for (uint64_t i = 0; r->conn_mps != NULL && i < r->conns; i++)
       printf("%s%.1f", i ? ", " : "", r->conn_mps[i]);
     putchar(']');
   } else
@@ -1791,6 +1842,10 @@ static void print_json(int failed) {
   if (g.have_conn_memory)
     printf(",\n  \"connection_memory\": {\"buffers\": %zu, \"shared\": %zu, \"large\": %zu}",
            g.conn_memory.buffers, g.conn_memory.shared, g.conn_memory.large);
+  if (g.memory) {
+    printf(",\n  \"memory\": ");
+    tool_memwatch_json(stdout, &g.mem);
+  }
   json_test(TEST_LAT, "latency");
   json_test(TEST_BW, "bandwidth");
   for (int i = 0; i < NTESTS; i++)
@@ -1834,6 +1889,10 @@ static int client_free(void) {
   free(cl.ops);
   free(cl.free_ops);
   free(cl.free_reqs);
+  /* Every connection closed (the caller made sure): ibmsg is done with their sockets. */
+  free(cl.conns);
+  cl.conns = NULL;
+  cl.nconns = 0;
   cl.rtt = NULL;
   cl.ops = NULL;
   cl.free_ops = NULL;
@@ -1881,12 +1940,28 @@ static int run_test(int test, uint64_t size) {
   }
   /* Only the message bandwidth test uses more than one connection. */
   cl.nconns = test == TEST_BW ? (int)g.conns : 1;
+  if (test == TEST_BW && !g.window_given && cl.nconns > 1) {
+    /* Each message in flight holds a send buffer of at least the eager size. */
+    uint64_t per_msg = size > g.eager ? size : g.eager, w;
+    w = ALL_WINDOW_BYTES / ((uint64_t)cl.nconns * (per_msg > 0 ? per_msg : 1));
+    if (w < MIN_CONN_WINDOW)
+      w = MIN_CONN_WINDOW;
+    if (w < cl.window)
+      cl.window = w;
+  }
+  cl.conns = calloc((size_t)cl.nconns, sizeof *cl.conns);
+  if (cl.conns == NULL) {
+    tool_error("out of memory for %d connections", cl.nconns);
+    cl.nconns = 0;
+    return -1;
+  }
   for (int i = 0; i < cl.nconns; i++)
     cl.conns[i].total = g.duration > 0 ? UINT64_MAX : cl.total;
   if ((test & (TESTS_LATENCY | TEST_RPC)) && g.duration == 0) {
     cl.rtt = malloc((size_t)g.iters * sizeof *cl.rtt);
     if (cl.rtt == NULL) {
       tool_error("out of memory for %" PRIu64 " samples", g.iters);
+      client_free();
       return -1;
     }
     cl.rtt_cap = (size_t)g.iters;
@@ -1931,6 +2006,7 @@ static int run_test(int test, uint64_t size) {
     }
     c->ep.socket.user_data = &c->ep;
     c->ep.open = 1;
+    cl.nopen++;
   }
 
   if (rc == IBMSG_OK)
@@ -1938,6 +2014,8 @@ static int run_test(int test, uint64_t size) {
   for (int i = 0; i < cl.nconns; i++)
     if (cl.conns[i].ep.open && cl.conns[i].established)
       client_note_memory(&cl.conns[i]);
+  if (g.memory)
+    tool_memwatch_sample(&g.mem, &g.loop, (uint64_t)cl.nestablished - (uint64_t)cl.nclosed);
   /* --interval without --duration: the last part of the last interval. */
   if (rc == 0 && g.interval > 0 && !cl.stopped && cl.t_start != 0 &&
       timed_done() > cl.done_last_report) {
@@ -1988,7 +2066,10 @@ static int run_test(int test, uint64_t size) {
     r->seconds = cl.t_end - cl.t_start;
     r->mbps = r->seconds > 0 ? (double)(size * n) / r->seconds / 1e6 : 0;
     r->mpps = r->seconds > 0 ? (double)n / r->seconds / 1e6 : 0;
-    for (int i = 0; i < cl.nconns && test == TEST_BW; i++) {
+    r->conn_mps = test == TEST_BW ? calloc((size_t)cl.nconns, sizeof *r->conn_mps) : NULL;
+    if (test == TEST_BW && r->conn_mps == NULL)
+      tool_error("out of memory for the rates of %d connections", cl.nconns); /* not in JSON */
+    for (int i = 0; i < cl.nconns && r->conn_mps != NULL; i++) {
       double t = cl.conns[i].t_done - cl.t_start;
       r->conn_mps[i] = t > 0 ? (double)(cl.conns[i].total - cl.warmup) / t : 0;
     }
@@ -2068,6 +2149,8 @@ static int parse_args(int argc, char **argv) {
     OPT_BUSY_POLL,
     OPT_POLL_US,
     OPT_JSON,
+    OPT_MEMORY,
+    OPT_RECV_BUDGET,
     OPT_VERSION
   };
   const char *client_option = NULL; /* the first client-only option given */
@@ -2088,6 +2171,8 @@ static int parse_args(int argc, char **argv) {
       {"max-size", required_argument, NULL, OPT_MAX_SIZE},
       {"eager-size", required_argument, NULL, OPT_EAGER_SIZE},
       {"json", no_argument, NULL, OPT_JSON},
+      {"memory", no_argument, NULL, OPT_MEMORY},
+      {"recv-budget", required_argument, NULL, OPT_RECV_BUDGET},
       {"duration", required_argument, NULL, 'D'},
       {"interval", required_argument, NULL, 'i'},
       {"quiet", no_argument, NULL, 'q'},
@@ -2155,6 +2240,7 @@ static int parse_args(int argc, char **argv) {
     case 'c':
       if (tool_parse_uint("-c", optarg, 1, MAX_CONNS, &g.conns) != 0)
         return -1;
+      g.conns_given = 1;
       break;
     case 'T':
       if (tool_parse_uint("-T", optarg, 1, MAX_THREADS, &g.threads_arg) != 0)
@@ -2192,6 +2278,11 @@ static int parse_args(int argc, char **argv) {
       g.eager_size_given = 1;
       break;
     case OPT_JSON: g.json = 1; break;
+    case OPT_MEMORY: g.memory = 1; break;
+    case OPT_RECV_BUDGET:
+      if (tool_parse_size("--recv-budget", optarg, 1, (uint64_t)1 << 48, &g.recv_budget) != 0)
+        return -1;
+      break;
     case 'q': g.quiet = 1; break;
     case 'h': fputs(usage_text, stdout); exit(TOOL_EXIT_OK);
     case OPT_VERSION: tool_print_version(); exit(TOOL_EXIT_OK);
@@ -2205,6 +2296,10 @@ static int parse_args(int argc, char **argv) {
   }
   if (g.threads_arg > 1 && !g.server) {
     tool_usage_error("--threads is for --server");
+    return -1;
+  }
+  if (g.memory && g.threads_arg > 1) {
+    tool_usage_error("--memory goes with one loop: not with --threads");
     return -1;
   }
   if (g.server && client_option != NULL) {
@@ -2274,7 +2369,9 @@ static int set_max_size(ibmsg_event_loop *loop, uint64_t size) {
 static int start_listener(void) {
   char addr[64], mode[64];
   unsigned short port;
-  int rc = ibmsg_listen(&g.loop, &g.listener.socket, g.ip, g.port, MAX_CONNS);
+  /* The server: its -c, or DEFAULT_SERVER_CONNS; --loopback: the client's connections. */
+  int most = g.server ? (g.conns_given ? (int)g.conns : DEFAULT_SERVER_CONNS) : (int)g.conns;
+  int rc = ibmsg_listen(&g.loop, &g.listener.socket, g.ip, g.port, most);
   if (rc != IBMSG_OK) {
     tool_error("cannot listen on %s port %u: %s", g.ip ? g.ip : "all addresses", g.port,
                ibmsg_strerror(rc));
@@ -2300,7 +2397,7 @@ static int start_listener(void) {
 static void stop_sessions(struct perf_loop *pl) {
   for (struct endpoint *s = pl->sessions; s != NULL; s = s->next) {
     tool_sendpool_release(&s->pool);
-    ibmsg_disconnect(&s->socket);
+    ibmsg_disconnect(&s->socket); /* its connection_closed comes from the loop, later */
   }
 }
 
@@ -2434,6 +2531,8 @@ static int configure_loop(ibmsg_event_loop *loop, uint64_t send_depth) {
       (g.eager_size_given && tool_setopt_int(loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
                                              (int)g.eager_size) != 0) ||
       tool_setopt_int(loop, IBMSG_OPT_BUSY_POLL, "busy polling", g.busy_poll) != 0 ||
+      (g.recv_budget != 0 && tool_setopt_u64(loop, IBMSG_OPT_SHARED_RECV_BUDGET,
+                                             "the receive budget", g.recv_budget) != 0) ||
       (!g.server && (g.tests & TESTS_RDMA) &&
        tool_setopt_int(loop, IBMSG_OPT_RDMA_DEPTH, "the RDMA operations in flight",
                        (int)g.window) != 0) ||
@@ -2485,6 +2584,17 @@ int main(int argc, char **argv) {
       print_json(1);
     return TOOL_EXIT_FAILURE;
   }
+  {
+    /* The bw test's window with many connections is cut by the eager size (run_test). */
+    int eager = 0;
+    size_t len = sizeof eager;
+    if ((rc = ibmsg_getopt(&g.loop, IBMSG_OPT_EAGER_SIZE, &eager, &len)) != IBMSG_OK) {
+      tool_error("cannot read the eager size: %s", ibmsg_strerror(rc));
+      ibmsg_destroy_event_loop(&g.loop);
+      return TOOL_EXIT_FAILURE;
+    }
+    g.eager = eager > 0 ? (uint64_t)eager : 0;
+  }
   g.server_quiet = g.loopback;
   loops[0].loop = &g.loop;
   loops[0].index = 1;
@@ -2513,6 +2623,8 @@ int main(int argc, char **argv) {
     }
     if (!tool_stop && !failed)
       failed = 1; /* the listener closed by itself (reported by on_closed), or a thread failed */
+    if (g.memory)
+      tool_memwatch_print(&g.mem);
   } else {
     for (int t = 0; t < NTESTS && !failed; t++) {
       int test = test_infos[t].test;
@@ -2525,9 +2637,12 @@ int main(int argc, char **argv) {
     }
     if (g.json) {
       print_json(failed); /* also when a test failed: what was measured, and the error */
-    } else if (!failed) {
-      print_memory();
-      if (!g.quiet)
+    } else {
+      if (!failed)
+        print_memory();
+      if (g.memory)
+        tool_memwatch_print(&g.mem);
+      if (!failed && !g.quiet)
         print_rule();
     }
   }
