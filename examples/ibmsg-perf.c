@@ -144,7 +144,8 @@ static const char usage_text[] =
     "                        for many connections: about the most receive buffers\n"
     "                        their idle connections reserve on this side; new\n"
     "                        ones get smaller eager sizes past it (ibmsg's\n"
-    "                        IBMSG_OPT_SHARED_RECV_BUDGET; default: none)\n"
+    "                        IBMSG_OPT_SHARED_RECV_BUDGET; default: ibmsg's,\n"
+    "                        32M; 0: none)\n"
     "      --memory          print the peak RSS and the registered memory\n"
     "                        (ibmsg_loop_memory) at the end (the server: when it\n"
     "                        stops); not with --threads\n"
@@ -427,7 +428,8 @@ static struct {
   int nsizes;
   uint64_t iters, warmup, max_size, eager_size, window, msg_window, conns, outstanding, threads_arg;
   int max_size_given, eager_size_given, window_given, conns_given;
-  uint64_t recv_budget; /* --recv-budget: IBMSG_OPT_SHARED_RECV_BUDGET, 0: not set */
+  uint64_t recv_budget; /* --recv-budget (0: none) */
+  int recv_budget_given;
   int memory;           /* --memory */
   struct tool_memwatch mem; /* --memory: the main loop's, sampled as connections come */
   uint64_t eager;       /* the loop's eager size (IBMSG_OPT_EAGER_SIZE), read at the start */
@@ -2280,8 +2282,9 @@ static int parse_args(int argc, char **argv) {
     case OPT_JSON: g.json = 1; break;
     case OPT_MEMORY: g.memory = 1; break;
     case OPT_RECV_BUDGET:
-      if (tool_parse_size("--recv-budget", optarg, 1, (uint64_t)1 << 48, &g.recv_budget) != 0)
+      if (tool_parse_size("--recv-budget", optarg, 0, (uint64_t)1 << 48, &g.recv_budget) != 0)
         return -1;
+      g.recv_budget_given = 1;
       break;
     case 'q': g.quiet = 1; break;
     case 'h': fputs(usage_text, stdout); exit(TOOL_EXIT_OK);
@@ -2531,7 +2534,7 @@ static int configure_loop(ibmsg_event_loop *loop, uint64_t send_depth) {
       (g.eager_size_given && tool_setopt_int(loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
                                              (int)g.eager_size) != 0) ||
       tool_setopt_int(loop, IBMSG_OPT_BUSY_POLL, "busy polling", g.busy_poll) != 0 ||
-      (g.recv_budget != 0 && tool_setopt_u64(loop, IBMSG_OPT_SHARED_RECV_BUDGET,
+      (g.recv_budget_given && tool_setopt_u64(loop, IBMSG_OPT_SHARED_RECV_BUDGET,
                                              "the receive budget", g.recv_budget) != 0) ||
       (!g.server && (g.tests & TESTS_RDMA) &&
        tool_setopt_int(loop, IBMSG_OPT_RDMA_DEPTH, "the RDMA operations in flight",

@@ -53,7 +53,8 @@ static const char usage_text[] =
     "                        for many connections: about the most receive buffers\n"
     "                        their idle connections reserve on this side; new\n"
     "                        ones get smaller eager sizes past it (ibmsg's\n"
-    "                        IBMSG_OPT_SHARED_RECV_BUDGET; default: none)\n"
+    "                        IBMSG_OPT_SHARED_RECV_BUDGET; default: ibmsg's,\n"
+    "                        32M; 0: none)\n"
     "      --memory          print the peak RSS and the registered memory\n"
     "                        (ibmsg_loop_memory) while the connections were up\n"
     "      --json            print one JSON object on stdout at the end (counts,\n"
@@ -102,7 +103,8 @@ static struct {
   int check_size;
   uint64_t max_size;   /* 0: the library's default */
   uint64_t eager_size; /* 0: the library's default */
-  uint64_t recv_budget; /* --recv-budget, 0: none (the library's default) */
+  uint64_t recv_budget; /* --recv-budget (0: none) */
+  int recv_budget_given;
   unsigned limit;     /* -c: connections in all, 0: no limit */
   int verify;
   int quiet;
@@ -411,8 +413,9 @@ static int parse_args(int argc, char **argv) {
         return -1;
       break;
     case OPT_RECV_BUDGET:
-      if (tool_parse_size("--recv-budget", optarg, 1, (uint64_t)1 << 48, &g.recv_budget) != 0)
+      if (tool_parse_size("--recv-budget", optarg, 0, (uint64_t)1 << 48, &g.recv_budget) != 0)
         return -1;
+      g.recv_budget_given = 1;
       break;
     case 'q': g.quiet = 1; break;
     case 'v': g.verbose = 1; break;
@@ -536,7 +539,7 @@ int main(int argc, char **argv) {
   if ((g.max_size != 0 && tool_setopt_max_size(&g.loop, g.max_size) != 0) ||
       (g.eager_size != 0 && tool_setopt_int(&g.loop, IBMSG_OPT_EAGER_SIZE, "the eager size",
                                             (int)g.eager_size) != 0) ||
-      (g.recv_budget != 0 && tool_setopt_u64(&g.loop, IBMSG_OPT_SHARED_RECV_BUDGET,
+      (g.recv_budget_given && tool_setopt_u64(&g.loop, IBMSG_OPT_SHARED_RECV_BUDGET,
                                              "the receive budget", g.recv_budget) != 0)) {
     ibmsg_destroy_event_loop(&g.loop);
     g.failed = 1;

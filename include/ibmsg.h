@@ -442,16 +442,17 @@ enum ibmsg_option {
                                       order (IBMSG_UNCONNECTED, as while the address of one is
                                       resolved), and their IBMSG_OPT_CONNECT_TIMEOUT
                                       counts from the start of their attempt (1.7) */
-  IBMSG_OPT_SHARED_RECV_BUDGET = 23 /**< int, or uint64_t (len 8), bytes (0: none), loop-wide:
-                                      about what the idle connections of a device on shared
+  IBMSG_OPT_SHARED_RECV_BUDGET = 23 /**< int, or uint64_t (len 8), bytes (33554432: 32 MiB;
+                                      0: none), loop-wide: about what the idle connections of a
+                                      device on shared
                                       receive buffers reserve in all, for many connections. A
                                       new connection whose reservation (6 buffers of its eager
                                       size, per connection of the device) would pass it gets
                                       half the eager size, and so on down to 1024 bytes;
-                                      larger messages go by rendezvous (requests and replies
-                                      cannot: see ibmsg_setopt(3)). Only a connection that
-                                      offers rendezvous (IBMSG_OPT_MAX_MSG_SIZE above the eager
-                                      size) (1.7) */
+                                      larger messages, requests and replies among them, go by
+                                      rendezvous. Only a connection that offers rendezvous
+                                      (IBMSG_OPT_MAX_MSG_SIZE above the eager size), and not
+                                      one accepted from a peer without it (1.7) */
 };
 
 /** IBMSG_OPT_BUSY_POLL value: poll without ever sleeping while the connection is open. */

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "internal.hpp"
+#include "memory.hpp"
 #include "message.hpp"
 #include "recv.hpp"
 #include "send_slots.hpp"
@@ -56,9 +57,13 @@ void sweep(Loop *loop, double now) {
 }
 
 // A kept reply goes to s again, from a send buffer of the library's own (no message_sent). Without
-// a buffer or room in the send queue it does not go: the requester's next retry asks again.
+// a buffer or room in the send queue it does not go: the requester's next retry asks again. One
+// above s's eager size (a retry on a new connection with a smaller one, say scaled down by
+// IBMSG_OPT_SHARED_RECV_BUDGET) goes by rendezvous, as any message, from a large buffer when
+// s's send buffers are smaller than the reply (they are of s's own eager size, and the reply was
+// kept from a connection with larger ones); send_free gives it back.
 void resend(Socket *s, uint64_t id, const Answer &a) {
-  if (!state_can_post(s->state) || a.reply.size() > s->peer.eager) return;
+  if (!state_can_post(s->state)) return;
   int err = IBMSG_OK;
   Slot *slot = send_get(s, &err);
   if (!slot) return;
@@ -69,7 +74,16 @@ void resend(Socket *s, uint64_t id, const Answer &a) {
   slot->own.impl = slot;
   slot->own.data = slot->buf;
   slot->own.size = a.reply.size();
-  if (!a.reply.empty()) memcpy(slot->buf, a.reply.data(), a.reply.size());
+  if (a.reply.size() > slot->pool->slot_size - wire::kMaxTrailer) {
+    slot->large = large_get(s->dev, true, s->res.serial, a.reply.size(), &err);
+    if (!slot->large) {
+      slot->req.internal = false;
+      msg_release(&slot->own);
+      return;
+    }
+    slot->own.data = slot->large->mem;
+  }
+  if (!a.reply.empty()) memcpy(slot->own.data, a.reply.data(), a.reply.size());
   PostAs as;
   as.kind = MsgKind::Reply;
   as.id = id;

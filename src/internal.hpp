@@ -82,6 +82,9 @@ struct RecvBuffers {
   // Its eager size (recv_join): the largest message its buffers take, the option's or, on shared
   // buffers, scaled down for many connections (IBMSG_OPT_SHARED_RECV_BUDGET); 0 before.
   uint32_t eager = 0;
+  // The peer is known to take no rendezvous (an accepted connection from ibmsg 1.1): its eager
+  // size is not scaled down, since that peer could then send nothing larger.
+  bool keep_eager = false;
 };
 
 // Its send buffers (send_slots.cpp): the device's ones it takes its messages from, and how many

@@ -67,7 +67,7 @@ using Name = char[kNameMax];                  // a string option, NUL-terminated
   /* outgoing connection attempts under way at once */                                        \
   X(CONNECT_LIMIT, connect_limit, int, 1, 1 << 20, 16, loop, none)                           \
   /* what a device's idle connections reserve of shared buffers; 0: no limit */               \
-  X(SHARED_RECV_BUDGET, shared_recv_budget, uint64_t, 0, 1ull << 48, 0, loop, bytes)
+  X(SHARED_RECV_BUDGET, shared_recv_budget, uint64_t, 0, 1ull << 48, 32ull << 20, loop, bytes)
 
 // One field per option, with its default.
 struct Options {

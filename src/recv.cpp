@@ -156,15 +156,15 @@ SharedRecv *shared_for(Device *dev, size_t size, uint32_t cap) {
 // device's connections on shared buffers, this one included, would reserve more than the loop's
 // IBMSG_OPT_SHARED_RECV_BUDGET with it (connections x their base and control buffers x eager
 // size), but not below kMinScaledEager. Only for a connection that offers rendezvous: a larger
-// message goes by rendezvous instead. So the memory of each new connection shrinks as they grow
-// many (with 64 MiB: 16 KiB up to 682 connections, then 8, 4, 2 and from 5461 on 1 KiB; 96 to
-// 6 KiB reserved per idle connection), and a few connections keep the full size. Off (0) by
-// default: requests and replies go eagerly only, so a connection with a smaller eager size
-// refuses larger ones (IBMSG_EMSGSIZE), which an application must expect before it asks.
+// message goes by rendezvous instead (requests and replies too), and not for an accepted
+// connection whose peer takes no rendezvous (RecvBuffers::keep_eager). So the memory of each new
+// connection shrinks as they grow many (with the default 32 MiB: 16 KiB up to 341 connections,
+// then 8, 4, 2 and from 2731 on 1 KiB; 96 to 6 KiB reserved per idle connection), and the first
+// connections keep the full size. 0 turns it off.
 uint32_t scaled_eager(const Socket *s, const Device *dev, uint32_t per_conn) {
   const uint32_t eager = option_eager(s);
   const uint64_t budget = s->loop->opts.shared_recv_budget;
-  if (!budget || !rndv_offered(s)) return eager;
+  if (!budget || !rndv_offered(s) || s->rx.keep_eager) return eager;
   uint64_t n = 1;
   for (const SharedRecv *r = dev->shared.front(); r; r = dev->shared.next(r)) n += r->conns;
   uint32_t e = eager;

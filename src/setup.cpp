@@ -129,6 +129,7 @@ int socket_connect(Loop *loop, ibmsg_socket *pub, const char *ip, unsigned short
 int accept_socket(Socket *s, const wire::Hello &hello) {
   int err = device_matches(s) ? IBMSG_OK : IBMSG_ENODEV;
   if (!err) s->dev = device_get(s->loop, tp::cm_device(s->id), &err);
+  s->rx.keep_eager = !(hello.features & wire::kFeatureRndv) || !hello.rndv_max_size;
   if (!err) err = conn_open(s);
   if (!err) {
     set_peer(s, hello);

@@ -1272,6 +1272,70 @@ void a_retried_rendezvous_request_is_not_read_again(void **state) {
   assert_int_equal(p.a->received, 1);
 }
 
+// A reply kept for retries (it fits a send buffer) goes again to a retry on a new connection
+// whose eager size is smaller than the reply: by rendezvous, as any message above the eager size
+// (before, a kept reply went again only if it fitted the new connection's eager size, and the
+// retry got no answer: a connection scaled down by IBMSG_OPT_SHARED_RECV_BUDGET could not be
+// answered).
+void a_kept_reply_above_a_new_connections_eager_size_is_resent_by_rendezvous(void **state) {
+  H *h = h_of(state);
+  Conn &l = listener(h);
+  ibmsg_options *o = options(h, {{IBMSG_OPT_EAGER_SIZE, 4096}});
+  Conn &small = listener(h, o);
+  // Variant 0: only the requester's new end has the smaller eager size (the responder's send
+  // buffers hold the reply; it moves into a large buffer as it is posted). Variant 1: both
+  // ends of the new connection (the responder's send buffers are smaller than the reply, which
+  // was kept from a connection with larger ones).
+  for (int variant = 0; variant < 2; ++variant) {
+    Pair p1 = connect_to(h, l);
+    p1.a->hold = true;
+    ibmsg_request req{};
+    ReqDone done;
+    req.done = on_req_done;
+    req.user_data = &done;
+    expect_code(post_as(*p1.c, 100, [&](ibmsg_buffer *m) {
+      return ibmsg_post_request(&p1.c->s, m, &req, 10000);
+    }), IBMSG_OK);
+    RUN_UNTIL(h, p1.a->received == 1 && p1.c->sent_ok == 1);
+    // The responder's reply buffer (the pattern of its message 0), taken while it is connected.
+    int rc;
+    Out *reply = alloc_out(*p1.a, 8000, &rc);
+    expect_code(rc, IBMSG_OK);
+    // The requester leaves: the request ends with ECANCELED.
+    expect_code(ibmsg_disconnect(&p1.c->s), IBMSG_OK);
+    RUN_UNTIL(h, p1.c->closed && p1.a->closed && done.calls == 1);
+    expect_code(done.status, IBMSG_ECANCELED);
+    // The responder answers on the closed connection: refused, and kept.
+    ibmsg_buffer *q = p1.a->held.front().m;
+    p1.a->held.pop_front();
+    expect_code(ibmsg_post_reply(&p1.a->s, q, &reply->m), IBMSG_ENOTCONN);
+    expect_code(ibmsg_free_msg(&reply->m), IBMSG_OK);
+    reply->allocated = false;
+    expect_code(ibmsg_free_msg(q), IBMSG_OK);
+    // The requester connects again with an eager size of 4096 and retries there.
+    Pair p2 = connect_to(h, variant == 0 ? l : small, o);
+    assert_int_equal(p2.a->s.impl->peer.eager, 4096);
+    const size_t reads = reads_on(p2.c->local_port);
+    expect_code(post_as(*p2.c, 100, [&](ibmsg_buffer *m) {
+      return ibmsg_retry_request(&p2.c->s, m, &req, 10000);
+    }), IBMSG_OK);
+    RUN_UNTIL(h, done.calls == 2);
+    expect_code(done.status, IBMSG_OK);
+    assert_int_equal(done.size, 8000);
+    assert_int_equal(done.pattern, 0);  // the kept reply, byte exact
+    assert_true(reads_on(p2.c->local_port) > reads);  // the requester read it: rendezvous
+    ibmsg_stats st{};
+    expect_code(ibmsg_socket_stats(&p2.a->s, &st, sizeof st), IBMSG_OK);
+    assert_int_equal(st.replies_resent, 1);
+    assert_int_equal(p2.a->received, 0);  // the retry was not delivered again
+    RUN_UNTIL(h, p2.c->sent_ok == 1);
+    settle(h);
+    assert_int_equal(done.calls, 2);
+    expect_code(ibmsg_disconnect(&p2.c->s), IBMSG_OK);
+    RUN_UNTIL(h, p2.c->closed && p2.a->closed);
+  }
+}
+
 // What message_incoming saw of requests and replies; the first reply is declined, the others
 // go to the region.
 struct ReqIncoming {
@@ -2472,6 +2536,7 @@ int main(void) {
       T(rts_of_the_wrong_size_or_kind_is_eproto),
       T(requests_and_replies_of_any_size_go_by_rendezvous),
       T(a_retried_rendezvous_request_is_not_read_again),
+      T(a_kept_reply_above_a_new_connections_eager_size_is_resent_by_rendezvous),
       T(a_large_reply_names_its_request_and_declined_ends_it_with_edeclined),
       T(a_request_whose_declined_reply_disconnects_ends_the_others_once),
       T(rts_of_a_request_with_a_broken_trailer_is_eproto),

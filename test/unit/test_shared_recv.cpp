@@ -728,8 +728,24 @@ void a_full_shared_queue_opens_another_instead_of_buffers_of_their_own(void **st
 
 // IBMSG_OPT_SHARED_RECV_BUDGET (issue 27): a device's new connections get half the eager size,
 // and half again, while their 6 reserved buffers would take the device's connections past the
-// budget; their peers send larger messages by rendezvous. Without a budget, the option's size.
+// budget; their peers send larger messages by rendezvous, requests and replies too. Without a
+// budget (0), the option's size; 32 MiB by default.
 size_t slot_of(uint32_t eager) { return (eager + wire::kMaxTrailer + 63) & ~size_t(63); }
+
+// A request's done callback (budget test): counts, and checks the reply's size and pattern.
+struct BudgetReq {
+  int calls = 0, ok = 0, bad = 0;
+};
+void on_budget_req_done(ibmsg_socket *, ibmsg_request *req, ibmsg_buffer *reply, int status) {
+  BudgetReq *d = static_cast<BudgetReq *>(req->user_data);
+  ++d->calls;
+  if (status == IBMSG_OK && reply && reply->size == 12000 &&
+      pattern_mismatch(reply->data, reply->size, 3) == reply->size)  // the responder's message 3
+    ++d->ok;
+  else
+    ++d->bad;
+  if (reply) expect_code(ibmsg_free_msg(reply), IBMSG_OK);
+}
 
 void a_shared_recv_budget_scales_the_eager_size_of_new_connections(void **state) {
   H *h = h_of(state);
@@ -737,7 +753,9 @@ void a_shared_recv_budget_scales_the_eager_size_of_new_connections(void **state)
   uint64_t v = 1;
   size_t len = sizeof v;
   expect_code(ibmsg_getopt(&h->loop, IBMSG_OPT_SHARED_RECV_BUDGET, &v, &len), IBMSG_OK);
-  assert_int_equal(v, 0);  // none by default
+  assert_int_equal(v, 32u << 20);  // 32 MiB by default
+  const uint64_t none = 0;
+  expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_SHARED_RECV_BUDGET, &none, sizeof none), IBMSG_OK);
   Conn &l = listener(h);
   Pair plain = connect_to(h, l);
   assert_int_equal(ibmsg::eager_recv_size(core(*plain.a)), 16384);
@@ -782,6 +800,39 @@ void a_shared_recv_budget_scales_the_eager_size_of_new_connections(void **state)
             }));
   for (Pair &p : pairs) assert_int_equal(p.a->bad_payload + p.c->bad_payload, 0);
   assert_true(fake::stats().rdma_ops > reads);  // rendezvous reads went
+  // Requests of 5000 bytes answered with 12000 bytes: above the eager size of every scaled pair
+  // (by rendezvous), intact.
+  std::vector<ibmsg_request> reqs(pairs.size());
+  BudgetReq done;
+  for (size_t i = 0; i < pairs.size(); ++i) {
+    Pair &p = pairs[i];
+    p.a->on_msg = [&done, a = p.a](ibmsg_buffer *m) {
+      if (!(m->flags & IBMSG_MSG_REQUEST)) return;
+      int rc;
+      Out *o = alloc_out(*a, 12000, &rc);
+      if (!o) {
+        ++done.bad;
+        return;
+      }
+      rc = ibmsg_post_reply(&a->s, m, &o->m);
+      if (rc) {
+        ++done.bad;
+        return;
+      }
+      note_post(*a, *o);
+    };
+    int rc;
+    Out *o = alloc_out(*p.c, 5000, &rc);
+    expect_code(rc, IBMSG_OK);
+    reqs[i].done = on_budget_req_done;
+    reqs[i].user_data = &done;
+    expect_code(ibmsg_post_request(&p.c->s, &o->m, &reqs[i], 10000), IBMSG_OK);
+    note_post(*p.c, *o);
+  }
+  RUN_UNTIL(h, done.calls == int(pairs.size()) || done.bad > 0);
+  assert_int_equal(done.bad, 0);
+  assert_int_equal(done.ok, int(pairs.size()));
+  for (Pair &p : pairs) assert_int_equal(p.a->bad_payload + p.c->bad_payload, 0);
   assert_int_equal(fake::stats().rnr_errors, 0);
   // Closed connections make room: the next ones get the size their count allows.
   for (Pair &p : pairs) expect_code(ibmsg_disconnect(&p.c->s), IBMSG_OK);
@@ -791,6 +842,30 @@ void a_shared_recv_budget_scales_the_eager_size_of_new_connections(void **state)
   Pair again = connect_to(h, l);
   assert_int_equal(ibmsg::eager_recv_size(core(*again.c)), 16384);
   assert_int_equal(ibmsg::eager_recv_size(core(*again.a)), 16384);
+}
+
+// An accepted connection from a peer that takes no rendezvous (no kFeatureRndv, or no
+// rndv_max_size, as from ibmsg 1.1) keeps the full eager size under any budget: that peer could
+// send it nothing larger. One from a peer with rendezvous is scaled down.
+void a_peer_without_rendezvous_keeps_the_full_eager_size_under_a_budget(void **state) {
+  H *h = h_of(state);
+  const uint64_t budget = 1;  // every scalable connection as far down as it goes
+  expect_code(ibmsg_setopt(&h->loop, IBMSG_OPT_SHARED_RECV_BUDGET, &budget, sizeof budget),
+              IBMSG_OK);
+  wire::Hello with = hello13(8, 8);
+  with.rndv_max_size = 1u << 20;
+  RawPair scaled = raw_client_with(h, with);
+  assert_int_equal(scaled.mine.max_msg_size, ibmsg::kMinScaledEager);
+  for (int variant = 0; variant < 2; ++variant) {
+    wire::Hello without = hello13(8, 8);
+    if (variant == 0) without.rndv_max_size = 1u << 20;
+    without.features &= ~wire::kFeatureRndv;
+    if (variant == 1) without.features |= wire::kFeatureRndv;  // the bit, but no size
+    RawPair kept = raw_client_with(h, without);
+    assert_int_equal(kept.mine.max_msg_size, 16384);
+    assert_int_equal(ibmsg::eager_recv_size(core(*kept.a)), 16384);
+    assert_int_equal(shared_mem(*kept.a), 6 * slot_of(16384));
+  }
 }
 
 // === 7. closing while the application holds messages ==========================================
@@ -863,6 +938,7 @@ int main(void) {
       T(device_without_srq_gives_buffers_of_its_own),
       T(a_full_shared_queue_opens_another_instead_of_buffers_of_their_own),
       T(a_shared_recv_budget_scales_the_eager_size_of_new_connections),
+      T(a_peer_without_rendezvous_keeps_the_full_eager_size_under_a_budget),
       T(close_while_messages_are_held),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
