@@ -908,8 +908,8 @@ IBMSG_EXPORT int ibmsg_retry_request(ibmsg_socket *socket, ibmsg_buffer *msg, ib
 /** Answers request, a received message with IBMSG_MSG_REQUEST that the application still holds
  *  (it frees it once it replied; freed unanswered, the request's retries get no answer), with
  *  reply, a message of the same connection allocated with ibmsg_alloc_msg() (message_sent
- *  follows for it), of any size (above the eager size by rendezvous; such a reply is not kept
- *  for retries). IBMSG_EINVAL if request is not a request or reply is invalid, IBMSG_ENOTALLOC
+ *  follows for it), of any size (above the eager size by rendezvous; a reply above the loop's
+ *  IBMSG_OPT_EAGER_SIZE is not kept for retries). IBMSG_EINVAL if request is not a request or reply is invalid, IBMSG_ENOTALLOC
  *  if request was freed, IBMSG_EALREADY if it was answered already; IBMSG_ENOTCONN if its
  *  connection closed: the reply is kept (IBMSG_OPT_REPLY_CACHE) for the requester's retry over
  *  a new connection, and the message stays the application's. Otherwise as ibmsg_post_send(). */

@@ -170,10 +170,14 @@ int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply) {
   if (q->req.answered) return IBMSG_EALREADY;
   Slot *rs = reply->impl;
   if (!slot_valid(rs) || rs->msg != reply || rs->pool->recv) return IBMSG_EINVAL;
-  // Kept only if a send buffer holds it (resend sends it eagerly): a larger reply, which goes
-  // by rendezvous, is not, and its retries get no answer, as when the cache is full.
-  const bool keepable = reply->size <= rs->pool->slot_size - wire::kMaxTrailer;
   Loop *loop = loop_of_slot(q);
+  // Kept only up to the loop's eager size (IBMSG_OPT_EAGER_SIZE), or a send buffer's size if
+  // larger: a larger reply is not, and its retries get no answer, as when the cache is full.
+  // Not the connection's own eager size: one scaled down by IBMSG_OPT_SHARED_RECV_BUDGET keeps
+  // what the others keep (resend sends any size, by rendezvous above the eager size).
+  const size_t slot_room = rs->pool->slot_size - wire::kMaxTrailer;
+  const size_t loop_eager = size_t(loop->opts.eager_size);
+  const bool keepable = reply->size <= (slot_room > loop_eager ? slot_room : loop_eager);
   Socket *owner = recv_owner(q);
   if (owner != s) {
     if (owner) return IBMSG_EINVAL;  // it came on another connection (open), or s is none

@@ -1285,9 +1285,12 @@ void a_kept_reply_above_a_new_connections_eager_size_is_resent_by_rendezvous(voi
   // Variant 0: only the requester's new end has the smaller eager size (the responder's send
   // buffers hold the reply; it moves into a large buffer as it is posted). Variant 1: both
   // ends of the new connection (the responder's send buffers are smaller than the reply, which
-  // was kept from a connection with larger ones).
-  for (int variant = 0; variant < 2; ++variant) {
-    Pair p1 = connect_to(h, l);
+  // was kept from a connection with larger ones). Variant 2: both connections have the smaller
+  // size, as connections scaled down by IBMSG_OPT_SHARED_RECV_BUDGET: the reply is kept all
+  // the same (up to the loop's eager size, not the connection's).
+  for (int variant = 0; variant < 3; ++variant) {
+    Pair p1 = variant == 2 ? connect_to(h, small, o) : connect_to(h, l);
+    if (variant == 2) assert_int_equal(p1.a->s.impl->peer.eager, 4096);
     p1.a->hold = true;
     ibmsg_request req{};
     ReqDone done;
