@@ -432,7 +432,6 @@ static struct {
   int recv_budget_given;
   int memory;           /* --memory */
   struct tool_memwatch mem; /* --memory: the main loop's, sampled as connections come */
-  uint64_t eager;       /* the loop's eager size (IBMSG_OPT_EAGER_SIZE), read at the start */
   int busy_poll; /* IBMSG_OPT_BUSY_POLL: 0, microseconds, or IBMSG_BUSY_POLL_ALWAYS */
   int busy_poll_given;
   int json, quiet;
@@ -1088,22 +1087,20 @@ static void client_check_conn(struct conn *c) {
   int all_in;
   if (c->all_in)
     return;
-  {
-    if (cl.test & TESTS_RDMA) {
-      /* Also wait for every done callback, so that no op is posted any more. */
-      all_in = (cl.test & TESTS_LATENCY ? c->received : c->sent) == c->total &&
-               cl.nfree == cl.nops;
-    } else {
-      /* Also wait for every message_sent, so that the buffers can be freed, and (rpc) for
-       * every done callback. */
-      /* (--duration: no DONE comes; each message_sent says the server has the message) */
-      all_in = (cl.test != TEST_BW ? c->received : g.duration ? c->sent : c->server_count) ==
-                   c->total &&
-               c->sent == c->total && cl.nfree_reqs == cl.nreqs;
-    }
-    if (!all_in || !c->hello_sent || tool_sendpool_busy(&c->ep.pool) != 0)
-      return;
+  if (cl.test & TESTS_RDMA) {
+    /* Also wait for every done callback, so that no op is posted any more. */
+    all_in = (cl.test & TESTS_LATENCY ? c->received : c->sent) == c->total &&
+             cl.nfree == cl.nops;
+  } else {
+    /* Also wait for every message_sent, so that the buffers can be freed, and (rpc) for
+     * every done callback. */
+    /* (--duration: no DONE comes; each message_sent says the server has the message) */
+    all_in = (cl.test != TEST_BW ? c->received : g.duration ? c->sent : c->server_count) ==
+                 c->total &&
+             c->sent == c->total && cl.nfree_reqs == cl.nreqs;
   }
+  if (!all_in || !c->hello_sent || tool_sendpool_busy(&c->ep.pool) != 0)
+    return;
   c->all_in = 1;
   if (++cl.nall_in == cl.nconns)
     cl.finished = 1;
@@ -1953,13 +1950,11 @@ static int run_test(int test, uint64_t size) {
   /* Only the message bandwidth test uses more than one connection. */
   cl.nconns = test == TEST_BW ? (int)g.conns : 1;
   if (test == TEST_BW && !g.window_given && cl.nconns > 1) {
-    /* Each message in flight holds a send buffer of at least the eager size. */
-    uint64_t per_msg = size > g.eager ? size : g.eager, w;
-    w = ALL_WINDOW_BYTES / ((uint64_t)cl.nconns * (per_msg > 0 ? per_msg : 1));
-    if (w < MIN_CONN_WINDOW)
-      w = MIN_CONN_WINDOW;
-    if (w < cl.window)
-      cl.window = w;
+    int eager = 0;
+    size_t len = sizeof eager;
+    if (ibmsg_getopt(&g.loop, IBMSG_OPT_EAGER_SIZE, &eager, &len) == IBMSG_OK)
+      cl.window = tool_window_share(ALL_WINDOW_BYTES, (uint64_t)cl.nconns, size,
+                                    (uint64_t)(eager > 0 ? eager : 0), MIN_CONN_WINDOW, cl.window);
   }
   cl.conns = calloc((size_t)cl.nconns, sizeof *cl.conns);
   if (cl.conns == NULL) {
@@ -2598,17 +2593,6 @@ int main(int argc, char **argv) {
     if (g.json && !g.server)
       print_json(1);
     return TOOL_EXIT_FAILURE;
-  }
-  {
-    /* The bw test's window with many connections is cut by the eager size (run_test). */
-    int eager = 0;
-    size_t len = sizeof eager;
-    if ((rc = ibmsg_getopt(&g.loop, IBMSG_OPT_EAGER_SIZE, &eager, &len)) != IBMSG_OK) {
-      tool_error("cannot read the eager size: %s", ibmsg_strerror(rc));
-      ibmsg_destroy_event_loop(&g.loop);
-      return TOOL_EXIT_FAILURE;
-    }
-    g.eager = eager > 0 ? (uint64_t)eager : 0;
   }
   g.server_quiet = g.loopback;
   loops[0].loop = &g.loop;

@@ -455,7 +455,7 @@ static int parse_args(int argc, char **argv) {
 static int set_window(void) {
   int depth = 0, queue = 0, eager = 0;
   size_t len = sizeof depth;
-  uint64_t per_msg, w;
+  uint64_t w;
   int rc = ibmsg_getopt(&g.loop, IBMSG_OPT_SEND_DEPTH, &depth, &len);
   if (rc == IBMSG_OK) {
     len = sizeof queue;
@@ -479,14 +479,8 @@ static int set_window(void) {
       return -1;
     return 0;
   }
-  per_msg = g.size > (uint64_t)eager ? g.size : (uint64_t)eager; /* eager: a buffer of that */
-  if (per_msg == 0)
-    per_msg = 1;
-  w = ALL_WINDOW_BYTES / ((uint64_t)g.nconns * per_msg);
-  if (w < MIN_WINDOW)
-    w = MIN_WINDOW;
-  if (w > (uint64_t)(depth > 0 ? depth : 1))
-    w = (uint64_t)(depth > 0 ? depth : 1);
+  w = tool_window_share(ALL_WINDOW_BYTES, g.nconns, g.size, (uint64_t)(eager > 0 ? eager : 0),
+                        MIN_WINDOW, (uint64_t)(depth > 0 ? depth : 1));
   if (g.size > 0 && w > SEND_WINDOW_BYTES / g.size)
     w = SEND_WINDOW_BYTES / g.size > 0 ? SEND_WINDOW_BYTES / g.size : 1;
   g.window = w;

@@ -186,6 +186,15 @@ int tool_setopt_u64(ibmsg_event_loop *loop, int option, const char *what, uint64
   return 0;
 }
 
+uint64_t tool_window_share(uint64_t all_bytes, uint64_t conns, uint64_t size, uint64_t eager,
+                           uint64_t lo, uint64_t hi) {
+  uint64_t per_msg = size > eager ? size : eager, w;
+  w = all_bytes / ((conns > 0 ? conns : 1) * (per_msg > 0 ? per_msg : 1));
+  if (w < lo)
+    w = lo;
+  return w > hi ? hi : w;
+}
+
 int tool_setopt_max_size(ibmsg_event_loop *loop, uint64_t value) {
   /* Beyond an int: the option takes a uint64_t, told apart by its length. */
   if (value <= INT_MAX)

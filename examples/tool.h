@@ -97,6 +97,11 @@ int tool_setopt_int(ibmsg_event_loop *loop, int option, const char *what, int va
 int tool_setopt_max_size(ibmsg_event_loop *loop, uint64_t value);
 /* Sets a size option that takes a uint64_t (len 8); an error line and -1 if refused. */
 int tool_setopt_u64(ibmsg_event_loop *loop, int option, const char *what, uint64_t value);
+/* A window per connection (messages in flight on each) such that conns connections together
+ * hold about all_bytes of send buffers, each message counted at its size but at least the eager
+ * size (a send buffer of that): all_bytes / (conns x that), at least lo, and then at most hi. */
+uint64_t tool_window_share(uint64_t all_bytes, uint64_t conns, uint64_t size, uint64_t eager,
+                           uint64_t lo, uint64_t hi);
 
 /* ---- signals and time ---------------------------------------------------------------------- */
 

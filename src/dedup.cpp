@@ -3,13 +3,12 @@
 // again (a retry, maybe over a new connection) gets the kept reply instead of a second delivery.
 #include "dedup.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "internal.hpp"
-#include "memory.hpp"
 #include "message.hpp"
 #include "recv.hpp"
-#include "send_slots.hpp"
 
 namespace ibmsg {
 namespace {
@@ -57,32 +56,18 @@ void sweep(Loop *loop, double now) {
 }
 
 // A kept reply goes to s again, from a send buffer of the library's own (no message_sent). Without
-// a buffer or room in the send queue it does not go: the requester's next retry asks again. One
-// above s's eager size (a retry on a new connection with a smaller one, say scaled down by
-// IBMSG_OPT_SHARED_RECV_BUDGET) goes by rendezvous, as any message, from a large buffer when
-// s's send buffers are smaller than the reply (they are of s's own eager size, and the reply was
-// kept from a connection with larger ones); send_free gives it back.
+// a buffer or room in the send queue it does not go: the requester's next retry asks again. Its
+// buffer comes as an application's message gets one (msg_alloc): above s's eager size (a retry
+// on a new connection with a smaller one, say scaled down by IBMSG_OPT_SHARED_RECV_BUDGET) a
+// large buffer, and the reply goes by rendezvous; send_free gives it back.
 void resend(Socket *s, uint64_t id, const Answer &a) {
   if (!state_can_post(s->state)) return;
-  int err = IBMSG_OK;
-  Slot *slot = send_get(s, &err);
-  if (!slot) return;
-  slot->large = nullptr;
-  slot->src.region = nullptr;
-  slot->req.internal = true;
+  ibmsg_buffer m{};
+  if (msg_alloc(s, &m, a.reply.size()) != IBMSG_OK) return;
+  Slot *slot = m.impl;
+  slot->own = m;
   slot->msg = &slot->own;
-  slot->own.impl = slot;
-  slot->own.data = slot->buf;
-  slot->own.size = a.reply.size();
-  if (a.reply.size() > slot->pool->slot_size - wire::kMaxTrailer) {
-    slot->large = large_get(s->dev, true, s->res.serial, a.reply.size(), &err);
-    if (!slot->large) {
-      slot->req.internal = false;
-      msg_release(&slot->own);
-      return;
-    }
-    slot->own.data = slot->large->mem;
-  }
+  slot->req.internal = true;
   if (!a.reply.empty()) memcpy(slot->own.data, a.reply.data(), a.reply.size());
   PostAs as;
   as.kind = MsgKind::Reply;
@@ -175,9 +160,8 @@ int reply_post(Socket *s, ibmsg_buffer *request, ibmsg_buffer *reply) {
   // larger: a larger reply is not, and its retries get no answer, as when the cache is full.
   // Not the connection's own eager size: one scaled down by IBMSG_OPT_SHARED_RECV_BUDGET keeps
   // what the others keep (resend sends any size, by rendezvous above the eager size).
-  const size_t slot_room = rs->pool->slot_size - wire::kMaxTrailer;
-  const size_t loop_eager = size_t(loop->opts.eager_size);
-  const bool keepable = reply->size <= (slot_room > loop_eager ? slot_room : loop_eager);
+  const bool keepable = reply->size <= std::max(rs->pool->slot_size - wire::kMaxTrailer,
+                                                 size_t(loop->opts.eager_size));
   Socket *owner = recv_owner(q);
   if (owner != s) {
     if (owner) return IBMSG_EINVAL;  // it came on another connection (open), or s is none
