@@ -12,7 +12,7 @@
 // tier 4 lifecycle: setup pace spread cm keepalive close violations conn
 // tier 3 engine: completion rdma inbound deliver requests dedup message incoming rndv datapath
 // tier 2 resources: device_release usage device cq memory send_slots recv region poll timer batch wake handover internal
-// tier 1 transport: transport/cm transport/device transport/qp transport/srq transport/transport transport/verbs
+// tier 1 transport: transport/cm transport/device transport/hoptrace transport/qp transport/srq transport/transport transport/verbs
 // tier 0 pure: away wire state credits shared_credits pool largebuf list qpmap deadlines errors log options rndv_memory hooks handles slot work tiers
 //
 // api         every extern "C" entry point: checks the handles and arguments, calls the core
@@ -52,7 +52,8 @@
 // internal    the shared handles: socket, loop, options set, connection request
 // transport/  the only code that calls rdma-core: transport.hpp (the interface), cm (librdmacm),
 //             device (protection domain, completion channel and queues, registrations, windows),
-//             qp (queue pairs and work requests), srq (shared receive queues), verbs (theirs)
+//             qp (queue pairs and work requests), srq (shared receive queues), verbs (theirs),
+//             hoptrace (times of doorbells and completions, in a diagnostic build only)
 // pure: away (a listener's count of its connections on other loops, shared across threads, and
 // its spread), wire (the protocol's encodings), state (the socket state table), credits and
 // shared_credits (flow control), pool, largebuf, list, qpmap, deadlines, errors, log, options,

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <new>
 
+#include "transport/hoptrace.hpp"
 #include "transport/verbs.hpp"
 
 namespace ibmsg::tp {
@@ -214,6 +215,7 @@ int cq_poll(Cq *c, Completion *out, int max) {
   ibv_wc wc[32];
   if (max > 32) max = 32;
   int n = ibv_poll_cq(c->cq, max, wc);
+  if (n == 0) hoptrace::poll_empty();
   for (int i = 0; i < n; ++i) {
     Completion &o = out[i];
     o.ctx = reinterpret_cast<WorkCtx *>(uintptr_t(wc[i].wr_id));
@@ -229,6 +231,7 @@ int cq_poll(Cq *c, Completion *out, int max) {
     o.imm = o.has_imm ? ntohl(wc[i].imm_data) : 0;
     o.len = wc[i].byte_len;
     o.qp_num = wc[i].qp_num;
+    if (wc[i].opcode & IBV_WC_RECV) hoptrace::recv_found();  // a receive or a write's immediate
     o.status_text = wc[i].status == IBV_WC_SUCCESS ? nullptr : ibv_wc_status_str(wc[i].status);
   }
   return n;

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <new>
 
+#include "transport/hoptrace.hpp"
 #include "transport/verbs.hpp"
 
 namespace ibmsg::tp {
@@ -90,7 +91,10 @@ int post_flush(CmId *id) {
   }
   c->n = 0;
   ibv_send_wr *bad = nullptr;
-  return ibv_post_send(id->qp, &c->wr[0], &bad) ? IBMSG_EIO : IBMSG_OK;
+  hoptrace::post_begin();
+  const int err = ibv_post_send(id->qp, &c->wr[0], &bad) ? IBMSG_EIO : IBMSG_OK;
+  hoptrace::post_end();
+  return err;
 }
 
 int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps) {
