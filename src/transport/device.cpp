@@ -231,7 +231,8 @@ int cq_poll(Cq *c, Completion *out, int max) {
     o.imm = o.has_imm ? ntohl(wc[i].imm_data) : 0;
     o.len = wc[i].byte_len;
     o.qp_num = wc[i].qp_num;
-    if (wc[i].opcode & IBV_WC_RECV) hoptrace::recv_found();  // a receive or a write's immediate
+    if (wc[i].status == IBV_WC_SUCCESS && (wc[i].opcode & IBV_WC_RECV))
+      hoptrace::recv_found();  // a receive or a write's immediate
     o.status_text = wc[i].status == IBV_WC_SUCCESS ? nullptr : ibv_wc_status_str(wc[i].status);
   }
   return n;

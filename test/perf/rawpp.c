@@ -12,7 +12,8 @@
 // polled, and at the last empty poll before that one (0 if none).
 //
 // Usage: rawpp -s | -c ADDR  [-p PORT] [-n ITERS] [-S SIZE] [-w WARMUP] [-Q] [-D]
-// (-D: each receive buffer is re-posted after the next send's doorbell, as ibmsg does, not before)
+// (-D: each receive buffer is re-posted after the next send's doorbell, as ibmsg does, not before;
+// -T K: one word of each of K pages written before every send, a data footprint for experiments)
 // The server answers each message with one of the same length; give it the client's -n and -w.
 // Build: gcc -std=gnu11 -O2 -o rawpp rawpp.c -lrdmacm -libverbs
 #include <arpa/inet.h>
@@ -42,6 +43,8 @@ struct ctx {
   int defer;            // -D: a receive buffer goes back after the next send's doorbell, not before
   uint64_t held[32];    // (its index, until then)
   int nheld;
+  uint64_t *pages;      // -T K: K pages, one word of each written before every send (a footprint)
+  long npages;
   struct ibv_mr *rmr, *smr;
   char *rbuf, *sbuf;
   uint32_t max_inline;
@@ -165,6 +168,7 @@ static void wait_for(struct ctx *c, const uint64_t *count, uint64_t target, cons
 
 // Posts one send of len bytes with immediate imm; returns rdtsc just before ibv_post_send.
 static uint64_t post_send(struct ctx *c, uint32_t imm, uint32_t len) {
+  for (long k = 0; k < c->npages; k++) c->pages[k * 512]++;
   if (c->sends_posted - c->sends_done >= SQ_DEPTH)
     wait_for(c, &c->sends_done, c->sends_posted - SQ_DEPTH + 1, "send completion");
   struct ibv_sge sge = {.addr = (uintptr_t)c->sbuf, .length = len, .lkey = c->smr->lkey};
@@ -227,6 +231,7 @@ static void teardown(struct ctx *c) {
   CHECK_RET(ibv_dealloc_pd(c->pd), "ibv_dealloc_pd");
   free(c->sbuf);
   free(c->rbuf);
+  free(c->pages);
   CHECK(rdma_destroy_id(c->id) == 0, "rdma_destroy_id");
   if (c->listen_id) CHECK(rdma_destroy_id(c->listen_id) == 0, "rdma_destroy_id (listener)");
   rdma_destroy_event_channel(c->ec);
@@ -262,7 +267,7 @@ static long num(const char *s, long lo, long hi, const char *what) {
 }
 
 __attribute__((noreturn)) static void usage(void) {
-  fprintf(stderr, "usage: rawpp -s | -c ADDR  [-p PORT] [-n ITERS] [-S SIZE] [-w WARMUP] [-Q] [-D]\n");
+  fprintf(stderr, "usage: rawpp -s | -c ADDR  [-p PORT] [-n ITERS] [-S SIZE] [-w WARMUP] [-Q] [-D] [-T PAGES]\n");
   exit(2);
 }
 
@@ -270,9 +275,10 @@ int main(int argc, char **argv) {
   clock_gettime(CLOCK_MONOTONIC, &t_start);
   tsc_start = __rdtsc();
   int server = 0, use_srq = 0, defer = 0, opt;
+  long touch = 0;
   const char *addr = NULL;
   long port = 12399, iters = 20000, size = 64, warmup = 100;
-  while ((opt = getopt(argc, argv, "sc:p:n:S:w:QD")) != -1) {
+  while ((opt = getopt(argc, argv, "sc:p:n:S:w:QDT:")) != -1) {
     switch (opt) {
       case 's': server = 1; break;
       case 'c': addr = optarg; break;
@@ -281,6 +287,7 @@ int main(int argc, char **argv) {
       case 'S': size = num(optarg, 0, BUF, "size"); break;
       case 'Q': use_srq = 1; break;
       case 'D': defer = 1; break;
+      case 'T': touch = num(optarg, 0, 65536, "page count"); break;
       case 'w': warmup = num(optarg, 0, 1L << 30, "warmup count"); break;
       default: usage();
     }
@@ -294,6 +301,10 @@ int main(int argc, char **argv) {
 
   struct ctx c = {0};
   c.defer = defer;
+  if (touch) {
+    CHECK(c.pages = calloc((size_t)touch * 512, sizeof(uint64_t)), "calloc (pages)");
+    c.npages = touch;
+  }
   struct sockaddr_in sin = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
   struct rdma_conn_param param = {.responder_resources = 1, .initiator_depth = 1, .retry_count = 7,
                                   .rnr_retry_count = 7};
