@@ -11,9 +11,12 @@
 // count and its values: rdtsc before each ibv_post_send, after it, at each receive completion
 // polled, and at the last empty poll before that one (0 if none).
 //
-// Usage: rawpp -s | -c ADDR  [-p PORT] [-n ITERS] [-S SIZE] [-w WARMUP] [-Q] [-D]
+// Usage: rawpp -s | -c ADDR  [-p PORT] [-n ITERS] [-S SIZE] [-w WARMUP] [-Q] [-D] [-T K] [-X K]
 // (-D: each receive buffer is re-posted after the next send's doorbell, as ibmsg does, not before;
-// -T K: one word of each of K pages written before every send, a data footprint for experiments)
+// -T K: one word of each of K pages written before every send, a data footprint for experiments;
+// -X K: K blocks of straight-line code run before every send, each on a page of its own, about
+// 120 distinct instructions each, a code footprint: ibmsg's path runs about 1500 distinct
+// instructions per message on 13 pages, make cost)
 // The server answers each message with one of the same length; give it the client's -n and -w.
 // Build: gcc -std=gnu11 -O2 -o rawpp rawpp.c -lrdmacm -libverbs
 #include <arpa/inet.h>
@@ -45,6 +48,7 @@ struct ctx {
   int nheld;
   uint64_t *pages;      // -T K: K pages, one word of each written before every send (a footprint)
   long npages;
+  long nblocks;         // -X K: K blocks of code run before every send (a code footprint)
   struct ibv_mr *rmr, *smr;
   char *rbuf, *sbuf;
   uint32_t max_inline;
@@ -166,9 +170,43 @@ static void wait_for(struct ctx *c, const uint64_t *count, uint64_t target, cons
   }
 }
 
+// -X: blocks of straight-line code, each aligned to a page of its own; every step has a constant
+// of its own (__COUNTER__), so that no two are the same instructions and none folds away.
+#define XOP x = (x ^ (__COUNTER__ * 0x9E3779B97F4A7C15ull)) * 3 + (x >> 7);
+#define X4 XOP XOP XOP XOP
+#define X24 X4 X4 X4 X4 X4 X4
+#define XBLK(n) \
+  __attribute__((noinline, aligned(4096))) static uint64_t xblk##n(uint64_t x) { X24 return x; }
+XBLK(0) XBLK(1) XBLK(2) XBLK(3) XBLK(4) XBLK(5) XBLK(6) XBLK(7)
+XBLK(8) XBLK(9) XBLK(10) XBLK(11) XBLK(12) XBLK(13) XBLK(14) XBLK(15)
+enum { XBLOCKS = 16 };
+static volatile uint64_t xsink;
+
+static void run_blocks(long k) {
+  uint64_t x = xsink;
+  if (k > 0) x = xblk0(x);
+  if (k > 1) x = xblk1(x);
+  if (k > 2) x = xblk2(x);
+  if (k > 3) x = xblk3(x);
+  if (k > 4) x = xblk4(x);
+  if (k > 5) x = xblk5(x);
+  if (k > 6) x = xblk6(x);
+  if (k > 7) x = xblk7(x);
+  if (k > 8) x = xblk8(x);
+  if (k > 9) x = xblk9(x);
+  if (k > 10) x = xblk10(x);
+  if (k > 11) x = xblk11(x);
+  if (k > 12) x = xblk12(x);
+  if (k > 13) x = xblk13(x);
+  if (k > 14) x = xblk14(x);
+  if (k > 15) x = xblk15(x);
+  xsink = x;
+}
+
 // Posts one send of len bytes with immediate imm; returns rdtsc just before ibv_post_send.
 static uint64_t post_send(struct ctx *c, uint32_t imm, uint32_t len) {
   for (long k = 0; k < c->npages; k++) c->pages[k * 512]++;
+  if (c->nblocks) run_blocks(c->nblocks);
   if (c->sends_posted - c->sends_done >= SQ_DEPTH)
     wait_for(c, &c->sends_done, c->sends_posted - SQ_DEPTH + 1, "send completion");
   struct ibv_sge sge = {.addr = (uintptr_t)c->sbuf, .length = len, .lkey = c->smr->lkey};
@@ -267,7 +305,7 @@ static long num(const char *s, long lo, long hi, const char *what) {
 }
 
 __attribute__((noreturn)) static void usage(void) {
-  fprintf(stderr, "usage: rawpp -s | -c ADDR  [-p PORT] [-n ITERS] [-S SIZE] [-w WARMUP] [-Q] [-D] [-T PAGES]\n");
+  fprintf(stderr, "usage: rawpp -s | -c ADDR  [-p PORT] [-n ITERS] [-S SIZE] [-w WARMUP] [-Q] [-D] [-T PAGES] [-X BLOCKS]\n");
   exit(2);
 }
 
@@ -275,10 +313,10 @@ int main(int argc, char **argv) {
   clock_gettime(CLOCK_MONOTONIC, &t_start);
   tsc_start = __rdtsc();
   int server = 0, use_srq = 0, defer = 0, opt;
-  long touch = 0;
+  long touch = 0, blocks = 0;
   const char *addr = NULL;
   long port = 12399, iters = 20000, size = 64, warmup = 100;
-  while ((opt = getopt(argc, argv, "sc:p:n:S:w:QDT:")) != -1) {
+  while ((opt = getopt(argc, argv, "sc:p:n:S:w:QDT:X:")) != -1) {
     switch (opt) {
       case 's': server = 1; break;
       case 'c': addr = optarg; break;
@@ -288,6 +326,7 @@ int main(int argc, char **argv) {
       case 'Q': use_srq = 1; break;
       case 'D': defer = 1; break;
       case 'T': touch = num(optarg, 0, 65536, "page count"); break;
+      case 'X': blocks = num(optarg, 0, XBLOCKS, "block count"); break;
       case 'w': warmup = num(optarg, 0, 1L << 30, "warmup count"); break;
       default: usage();
     }
@@ -301,6 +340,7 @@ int main(int argc, char **argv) {
 
   struct ctx c = {0};
   c.defer = defer;
+  c.nblocks = blocks;
   if (touch) {
     CHECK(c.pages = calloc((size_t)touch * 512, sizeof(uint64_t)), "calloc (pages)");
     c.npages = touch;
