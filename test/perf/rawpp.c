@@ -11,12 +11,14 @@
 // count and its values: rdtsc before each ibv_post_send, after it, at each receive completion
 // polled, and at the last empty poll before that one (0 if none).
 //
-// Usage: rawpp -s | -c ADDR  [-p PORT] [-n ITERS] [-S SIZE] [-w WARMUP] [-Q] [-D] [-T K] [-X K]
+// Usage: rawpp -s | -c ADDR  [-p PORT] [-n ITERS] [-S SIZE] [-w WARMUP] [-Q] [-D] [-T K] [-X K] [-M K]
 // (-D: each receive buffer is re-posted after the next send's doorbell, as ibmsg does, not before;
 // -T K: one word of each of K pages written before every send, a data footprint for experiments;
 // -X K: K blocks of straight-line code run before every send, each on a page of its own, about
 // 120 distinct instructions each, a code footprint: ibmsg's path runs about 1500 distinct
-// instructions per message on 13 pages, make cost)
+// instructions per message on 13 pages, make cost; -M K: K steps through a ring of nodes on 8
+// pages before every send, each a load of the next node and a store into it, memory accesses as
+// ibmsg's path makes about 400 per message on its critical part)
 // The server answers each message with one of the same length; give it the client's -n and -w.
 // Build: gcc -std=gnu11 -O2 -o rawpp rawpp.c -lrdmacm -libverbs
 #include <arpa/inet.h>
@@ -49,6 +51,9 @@ struct ctx {
   uint64_t *pages;      // -T K: K pages, one word of each written before every send (a footprint)
   long npages;
   long nblocks;         // -X K: K blocks of code run before every send (a code footprint)
+  struct mnode *ring;   // -M K: a ring of nodes on 8 pages, K steps through it before every send
+  struct mnode *ring_base;
+  long nsteps;
   struct ibv_mr *rmr, *smr;
   char *rbuf, *sbuf;
   uint32_t max_inline;
@@ -203,10 +208,38 @@ static void run_blocks(long k) {
   xsink = x;
 }
 
+// -M: nodes of a ring, one per 64 bytes of 8 pages, linked in a stride that visits every page in
+// turn; each step loads the next node and stores into the one it is on.
+struct mnode {
+  struct mnode *next;
+  uint64_t count;
+  char pad[48];
+};
+enum { MNODES = 8 * 4096 / 64 };
+
+static struct mnode *ring_make(void) {
+  struct mnode *r = aligned_alloc(4096, MNODES * sizeof *r);
+  if (!r) return NULL;
+  memset(r, 0, MNODES * sizeof *r);
+  // (i * 65) mod 512: 65 is odd, so the steps visit all 512 nodes, a page further each time.
+  for (long i = 0; i < MNODES; i++) r[(i * 65) % MNODES].next = &r[((i + 1) * 65) % MNODES];
+  return r;
+}
+
+static void run_steps(struct ctx *c) {
+  struct mnode *n = c->ring;
+  for (long k = 0; k < c->nsteps; k++) {
+    n->count++;
+    n = n->next;
+  }
+  c->ring = n;  // the next send goes on from here
+}
+
 // Posts one send of len bytes with immediate imm; returns rdtsc just before ibv_post_send.
 static uint64_t post_send(struct ctx *c, uint32_t imm, uint32_t len) {
   for (long k = 0; k < c->npages; k++) c->pages[k * 512]++;
   if (c->nblocks) run_blocks(c->nblocks);
+  if (c->nsteps) run_steps(c);
   if (c->sends_posted - c->sends_done >= SQ_DEPTH)
     wait_for(c, &c->sends_done, c->sends_posted - SQ_DEPTH + 1, "send completion");
   struct ibv_sge sge = {.addr = (uintptr_t)c->sbuf, .length = len, .lkey = c->smr->lkey};
@@ -270,6 +303,7 @@ static void teardown(struct ctx *c) {
   free(c->sbuf);
   free(c->rbuf);
   free(c->pages);
+  free(c->ring_base);
   CHECK(rdma_destroy_id(c->id) == 0, "rdma_destroy_id");
   if (c->listen_id) CHECK(rdma_destroy_id(c->listen_id) == 0, "rdma_destroy_id (listener)");
   rdma_destroy_event_channel(c->ec);
@@ -305,7 +339,7 @@ static long num(const char *s, long lo, long hi, const char *what) {
 }
 
 __attribute__((noreturn)) static void usage(void) {
-  fprintf(stderr, "usage: rawpp -s | -c ADDR  [-p PORT] [-n ITERS] [-S SIZE] [-w WARMUP] [-Q] [-D] [-T PAGES] [-X BLOCKS]\n");
+  fprintf(stderr, "usage: rawpp -s | -c ADDR  [-p PORT] [-n ITERS] [-S SIZE] [-w WARMUP] [-Q] [-D] [-T PAGES] [-X BLOCKS] [-M STEPS]\n");
   exit(2);
 }
 
@@ -313,10 +347,10 @@ int main(int argc, char **argv) {
   clock_gettime(CLOCK_MONOTONIC, &t_start);
   tsc_start = __rdtsc();
   int server = 0, use_srq = 0, defer = 0, opt;
-  long touch = 0, blocks = 0;
+  long touch = 0, blocks = 0, steps = 0;
   const char *addr = NULL;
   long port = 12399, iters = 20000, size = 64, warmup = 100;
-  while ((opt = getopt(argc, argv, "sc:p:n:S:w:QDT:X:")) != -1) {
+  while ((opt = getopt(argc, argv, "sc:p:n:S:w:QDT:X:M:")) != -1) {
     switch (opt) {
       case 's': server = 1; break;
       case 'c': addr = optarg; break;
@@ -327,6 +361,7 @@ int main(int argc, char **argv) {
       case 'D': defer = 1; break;
       case 'T': touch = num(optarg, 0, 65536, "page count"); break;
       case 'X': blocks = num(optarg, 0, XBLOCKS, "block count"); break;
+      case 'M': steps = num(optarg, 0, 1L << 20, "step count"); break;
       case 'w': warmup = num(optarg, 0, 1L << 30, "warmup count"); break;
       default: usage();
     }
@@ -341,6 +376,10 @@ int main(int argc, char **argv) {
   struct ctx c = {0};
   c.defer = defer;
   c.nblocks = blocks;
+  if (steps) {
+    CHECK(c.ring = c.ring_base = ring_make(), "aligned_alloc (ring)");
+    c.nsteps = steps;
+  }
   if (touch) {
     CHECK(c.pages = calloc((size_t)touch * 512, sizeof(uint64_t)), "calloc (pages)");
     c.npages = touch;
