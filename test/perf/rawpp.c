@@ -187,6 +187,8 @@ XBLK(8) XBLK(9) XBLK(10) XBLK(11) XBLK(12) XBLK(13) XBLK(14) XBLK(15)
 enum { XBLOCKS = 16 };
 static volatile uint64_t xsink;
 
+// Direct calls, one after the other: a table of pointers would make each an indirect call, which
+// under qemu's TCG costs tens of nanoseconds more (PERFORMANCE.md) and is not what -X measures.
 static void run_blocks(long k) {
   uint64_t x = xsink;
   if (k > 0) x = xblk0(x);
