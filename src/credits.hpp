@@ -25,6 +25,10 @@
 // The receiver also counts the credits it granted: a peer that sends a data message without a
 // data credit (or a credit-only message without a control credit) breaks the protocol, and the
 // connection closes with IBMSG_EPROTO instead of the message taking a buffer it was not given.
+// Credits granted while more completions of the poll being handled are still to come were not
+// on the wire when those arrived: they are held back from them (hold, fresh_*) until the poll's
+// end (release_fresh), or a message sent without a credit would pass whenever an earlier
+// completion of its poll made us grant one.
 #pragma once
 #include <cstdint>
 
@@ -54,19 +58,22 @@ class Credits {
     granted_ctrl_ = kCtrlDepth;
     sc_ = shares;
     wire_shared_ = shared_wire;
+    fresh_data_ = fresh_ctrl_ = 0;
   }
 
   // --- sending ---
   bool can_send_data() const { return data_ > 0; }
   bool can_send_ctrl() const { return ctrl_ > 0; }
   // Spends one data credit; returns the immediate to send, carrying everything owed.
-  wire::Imm take_data() {
+  // hold: completions of the poll being handled are still to come (the credits granted now are
+  // fresh for them).
+  wire::Imm take_data(bool hold = false) {
     --data_;
-    return take_owed(false);
+    return take_owed(false, hold);
   }
   // What became owed since a data message took its credits (take_data) and before it went to the
   // wire rides on it too: its data and control credit fields are filled up to their maxima.
-  void top_up(wire::Imm *imm) {
+  void top_up(wire::Imm *imm, bool hold = false) {
     const uint32_t max = wire_shared_ ? wire::kMaxSharedCreditsPerMsg : wire::kMaxCreditsPerMsg;
     const uint32_t room = imm->credits < max ? max - imm->credits : 0;
     const uint32_t add = ow() > room ? room : ow();
@@ -79,11 +86,15 @@ class Credits {
     owed_ctrl_ -= cadd;
     gr() += add;
     granted_ctrl_ += cadd;
+    if (hold) {
+      fresh_data_ += add;
+      fresh_ctrl_ += cadd;
+    }
   }
   // With kFeatureShared: data credits held above the peer's base (give them back when nothing
   // waits for them), and the Return message that gives n of them back (a control credit).
   uint32_t surplus() const { return wire_shared_ && data_ > base_ ? data_ - base_ : 0; }
-  wire::Imm take_return(uint32_t n) {
+  wire::Imm take_return(uint32_t n, bool hold = false) {
     --ctrl_;
     data_ -= n;
     wire::Imm imm;  // the credits field says what is given back: owed data credits wait
@@ -92,6 +103,7 @@ class Credits {
     imm.ctrl_credits = owed_ctrl_ > wire::kMaxCtrlCreditsPerMsg ? wire::kMaxCtrlCreditsPerMsg : owed_ctrl_;
     owed_ctrl_ -= imm.ctrl_credits;
     granted_ctrl_ += imm.ctrl_credits;
+    if (hold) fresh_ctrl_ += imm.ctrl_credits;
     return imm;
   }
   bool shared_wire() const { return wire_shared_; }
@@ -99,9 +111,9 @@ class Credits {
   // its immediate is the application's).
   void spend_data() { --data_; }
   // Spends one control credit for a credit-only message.
-  wire::Imm take_ctrl() {
+  wire::Imm take_ctrl(bool hold = false) {
     --ctrl_;
-    return take_owed(true);
+    return take_owed(true, hold);
   }
   // The peer returned credits (any message from it). false if it returned more than we spent
   // (a protocol violation: we would overrun its receive queue).
@@ -114,13 +126,15 @@ class Credits {
 
   // --- receiving ---
   // A data message arrived: false if the peer had no data credit for it (a protocol violation).
-  // Shared buffers: the pool's on_arrival checks and counts the credit instead (data_lent).
+  // Shared buffers: the pool's on_arrival counts the credit instead (data_lent), once
+  // data_usable said the peer had one.
   bool on_data_arrived() {
-    if (gr() == 0) return false;
+    if (gr() <= fresh_data_) return false;
     --gr();
     ++held_;  // lent to the application
     return true;
   }
+  bool data_usable() const { return granted() > fresh_data_; }
   void data_lent() { ++held_; }
   // The peer gave n data credits back (a Return message): false if it holds fewer above the base
   // we always grant (a protocol violation). Shared buffers: the pool's on_given_back instead.
@@ -131,7 +145,7 @@ class Credits {
   }
   // A credit-only message arrived: false if the peer had no control credit for it.
   bool on_ctrl_arrived() {
-    if (granted_ctrl_ == 0) return false;
+    if (granted_ctrl_ <= fresh_ctrl_) return false;
     --granted_ctrl_;
     return true;
   }
@@ -141,6 +155,7 @@ class Credits {
   }
   void on_data_dropped() { --held_; }    // freed after the connection closed: nothing to return
   void on_ctrl_received() { ++owed_ctrl_; }  // control buffer re-posted at once
+  void release_fresh() { fresh_data_ = fresh_ctrl_ = 0; }  // the poll's completions are handled
 
   // Whether to send a credit-only message now (when no data message can carry the credits).
   // Shared buffers: when the peer holds no more than we owe it; on a busy-polling connection
@@ -192,10 +207,10 @@ class Credits {
   uint32_t &ow() { return sc_ ? sc_->owed : owed_; }
   uint32_t &gr() { return sc_ ? sc_->granted : granted_; }
 
-  wire::Imm take_owed(bool ctrl) {
+  wire::Imm take_owed(bool ctrl, bool hold) {
     wire::Imm imm;
     imm.op = ctrl ? wire::Opcode::Credit : wire::Opcode::Data;
-    top_up(&imm);
+    top_up(&imm, hold);
     return imm;
   }
 
@@ -213,6 +228,8 @@ class Credits {
   uint32_t granted_ctrl_ = 0;  // control messages likewise
   uint32_t depth_ = 0;
   uint32_t threshold_ = 1;
+  uint32_t fresh_data_ = 0;  // granted while completions of the poll were to come (in granted())
+  uint32_t fresh_ctrl_ = 0;  // likewise of granted_ctrl_
 };
 
 // The credits and done count an immediate takes from a connection, given back when the guard

@@ -9,6 +9,7 @@
 #include "internal.hpp"
 #include "batch.hpp"
 #include "memory.hpp"
+#include "recv.hpp"
 #include "rndv.hpp"
 #include "send_slots.hpp"
 
@@ -148,7 +149,7 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
 
 int send_now(Socket *s, Slot *slot) {
   CreditRollback undo(s->tx.credits, s->rndv.done_owed);
-  wire::Imm imm = s->tx.credits.take_data();
+  wire::Imm imm = s->tx.credits.take_data(recv_grants_held(s));
   imm.done = rndv_take_done(s);
   // More waits behind it: a peer that shares its buffers grants more.
   imm.wants = s->tx.credits.shared_wire() && !s->tx.queue.empty();
@@ -180,7 +181,8 @@ int post_work(Socket *s, Work *w) {
 // A credit-only message, when credits are owed and no data message can carry them.
 bool post_ctrl(Socket *s, uint32_t give_back, bool wants, wire::Opcode op) {
   CreditRollback undo(s->tx.credits, s->rndv.done_owed);
-  wire::Imm imm = give_back ? s->tx.credits.take_return(give_back) : s->tx.credits.take_ctrl();
+  wire::Imm imm = give_back ? s->tx.credits.take_return(give_back, recv_grants_held(s))
+                           : s->tx.credits.take_ctrl(recv_grants_held(s));
   if (op == wire::Opcode::Keepalive) imm.op = op;
   imm.wants = wants;
   imm.done = rndv_take_done(s);
@@ -216,7 +218,7 @@ void ctrl_round_end(Socket *s) {
       (s->tx.credits.owed() || s->tx.credits.owed_ctrl()) && tp::pending_imm(s->id, &v)) {
     // (a reply posted in message_received before the request was freed: its credit goes along)
     wire::Imm imm = wire::imm_of(v, s->tx.credits.shared_wire());
-    s->tx.credits.top_up(&imm);
+    s->tx.credits.top_up(&imm, recv_grants_held(s));
     tp::set_pending_imm(s->id, wire::encode_imm(imm));
   }
   maybe_send_ctrl(s);

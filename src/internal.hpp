@@ -191,6 +191,7 @@ struct ibmsg__socket {
 
   // Memberships of the loop's lists, each kept by the file of the list.
   ibmsg::ListNode post_node;      // posts not yet flushed (batch.cpp)
+  ibmsg::ListNode fresh_node;     // granted credits held back until the poll's end (recv.cpp)
   ibmsg::ListNode ka_node;        // connections with keepalive (keepalive.cpp)
   ibmsg::ListNode rndv_mem_node;  // waiting for rendezvous memory (rndv_memory.cpp)
   ibmsg::ListNode close_node;     // due for teardown (close.cpp)
@@ -225,6 +226,10 @@ struct ibmsg__loop {
   ibmsg::List<ibmsg__region, &ibmsg__region::loop_node> regions;  // registered regions
   int epfd = -1;     // for ibmsg_event_loop_fd
   int depth = 0;     // > 0 while a watcher callback runs (no re-entry)
+  // Completions of the poll being handled that are still to come after the one handled now
+  // (completion.cpp), and the connections that granted credits meanwhile (recv.cpp).
+  uint32_t poll_rest = 0;
+  ibmsg::List<Socket, &Socket::fresh_node> fresh;
   ibmsg::List<Socket, &Socket::ka_node> keepalive;  // connections with keepalive (keepalive.cpp)
   ibmsg::Timer ka_timer;
   double ka_tick = 0;

@@ -213,6 +213,7 @@ int recv_open(Socket *s) {
 }
 
 void recv_leave(Socket *s) {
+  s->loop->fresh.remove(s);  // (a drain of the teardown leaves none: recv_grants_release)
   SharedRecv *r = s->rx.shared;
   if (!r) {
     pool_disown(s->rx.pool);
@@ -257,7 +258,7 @@ Socket *recv_route(Slot *slot, uint32_t qp_num) {
 bool recv_arrived(Socket *s, Slot *slot, bool wants) {
   SharedRecv *r = s->rx.shared;
   if (!r) return s->tx.credits.on_data_arrived();
-  if (!r->credits.on_arrival(&s->rx.share, wants)) return false;
+  if (!s->tx.credits.data_usable() || !r->credits.on_arrival(&s->rx.share, wants)) return false;
   if (!wants) shared_serve(r);  // what it was owed above its base goes to those waiting
   slot->credited = true;
   s->tx.credits.data_lent();
@@ -265,6 +266,16 @@ bool recv_arrived(Socket *s, Slot *slot, bool wants) {
   if (s->rx.share.wait_node.linked() && r->buffers < shared_limit(r) && shared_grow(r))
     shared_serve(r);
   return true;
+}
+
+bool recv_grants_held(Socket *s) {
+  if (!s->loop->poll_rest) return false;
+  if (!s->fresh_node.linked()) s->loop->fresh.push_back(s);
+  return true;
+}
+
+void recv_grants_release(Loop *loop) {
+  while (Socket *s = loop->fresh.pop_front()) s->tx.credits.release_fresh();
 }
 
 void recv_lend(Socket *s, Slot *slot, uint8_t *data, size_t size, bool has_imm, uint32_t imm) {

@@ -31,6 +31,11 @@ Socket *recv_owner(const Slot *slot);  // the connection of a received message (
 Socket *recv_route(Slot *slot, uint32_t qp_num);
 // A data message took slot: false if the peer had no data credit for it (a protocol violation).
 bool recv_arrived(Socket *s, Slot *slot, bool wants);
+// Whether credits granted to s's peer now are held back (credits.hpp): completions of the poll
+// being handled are still to come (Loop::poll_rest), which arrived before the credits went. They
+// count from the poll's end on (recv_grants_release).
+bool recv_grants_held(Socket *s);
+void recv_grants_release(Loop *loop);  // the poll's completions are handled
 // The message that took slot goes to the application (or waits for its rendezvous reads): its
 // struct says what it is.
 void recv_lend(Socket *s, Slot *slot, uint8_t *data, size_t size, bool has_imm, uint32_t imm);

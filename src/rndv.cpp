@@ -158,7 +158,7 @@ bool rndv_send_fin(Socket *s) {
   f.status = wire::FinStatus::Declined;
   wire::encode_fin(f, slot->buf);  // the RTS's buffer, held until the FIN completes
   CreditRollback undo(s->tx.credits, s->rndv.done_owed);
-  wire::Imm imm = s->tx.credits.take_ctrl();
+  wire::Imm imm = s->tx.credits.take_ctrl(recv_grants_held(s));
   imm.op = wire::Opcode::Rendezvous;
   imm.done = rndv_take_done(s);
   if (tp::post_send_imm(s->id, &in->fin_wr, slot->buf, uint32_t(wire::kFinSize), slot->pool->mr,

@@ -515,6 +515,34 @@ void peer_sending_beyond_its_data_credits_is_closed_with_eproto(void **state) {
   assert_int_equal(p.a->received, 4);  // the fifth is not handed to the application
 }
 
+// A credit ibmsg grants while it handles the completions of one poll (here on the reply that
+// message_received posts) was not on the wire when the later completions of that poll arrived:
+// one of them sent beyond the credits the peer had is still a violation, not a message that
+// used the credit granted after it landed (found by fuzz_receive, where the grant came from a
+// rendezvous message completed in the same poll as an RDMA write with immediate).
+void credit_granted_within_a_poll_does_not_cover_a_message_of_that_poll(void **state) {
+  H *h = h_of(state);
+  RawPair p = raw_client(h, fake::hello(8), 4);
+  expect_code(p.r->send(fake::imm(0), "data", 4), IBMSG_OK);
+  RUN_UNTIL(h, p.a->received == 1);
+  p.a->hold = false;
+  free_held(*p.a);
+  settle(h);  // freed: ibmsg owes a credit, below the threshold of a message of its own
+  assert_int_equal(p.a->s.impl->tx.credits.owed(), 1);
+  p.r->pump();
+  assert_int_equal(p.r->received.size(), 0);
+  int replies = 0;
+  h->rx_probe = [&replies](Conn &c, ibmsg_buffer *) {
+    if (c.received == 2) replies += send_msg(c, 8) == IBMSG_OK;  // carries the owed credit
+  };
+  // Three messages on the three credits left, and a fifth beyond them; one poll takes all four.
+  for (int i = 0; i < 4; ++i) expect_code(p.r->send(fake::imm(0), "data", 4), IBMSG_OK);
+  expect_eproto_only_there(h, p);
+  h->rx_probe = nullptr;
+  assert_int_equal(replies, 1);
+  assert_int_equal(p.a->received, 4);  // the fifth is not handed to the application
+}
+
 void credit_only_message_with_payload_is_eproto(void **state) {
   H *h = h_of(state);
   RawPair p = raw_client(h, fake::hello(8));
@@ -2335,6 +2363,7 @@ int main(void) {
       // protocol violations
       T(peer_using_all_its_credits_stays_connected),
       T(peer_sending_beyond_its_data_credits_is_closed_with_eproto),
+      T(credit_granted_within_a_poll_does_not_cover_a_message_of_that_poll),
       T(credit_only_message_with_payload_is_eproto),
       T(more_credit_only_messages_than_control_credits_is_eproto),
       T(reserved_opcode_is_eproto),

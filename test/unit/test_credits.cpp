@@ -316,6 +316,79 @@ void data_arrival_is_allowed_again_after_take_ctrl_returned_credits(void **) {
   assert_false(c.on_data_arrived());
 }
 
+// Credits granted while completions of the poll being handled are still to come (hold) are not
+// usable by those completions; once the poll's end released them they are.
+void credits_held_back_are_not_usable_until_released(void **) {
+  Credits c;
+  c.init(8, 4, 2);
+  receive_and_free(&c, 2);  // the peer used both; both owed
+  receive_ctrl(&c, kCtrlDepth);
+  assert_false(c.data_usable());
+  wire::Imm imm = c.take_data(true);  // two data and four control credits, held back
+  assert_int_equal(imm.credits, 2);
+  assert_int_equal(imm.ctrl_credits, kCtrlDepth);
+  assert_int_equal(c.granted(), 2);
+  assert_false(c.data_usable());
+  assert_false(c.on_data_arrived());  // a completion of the same poll: it did not have them
+  assert_false(c.on_ctrl_arrived());
+  assert_int_equal(c.granted(), 2);  // refused: nothing changes
+  assert_int_equal(c.granted_ctrl(), kCtrlDepth);
+  assert_granted_held_owed_add_up(c, 2, "a refused arrival");
+  c.release_fresh();  // the next poll's completions may have them
+  assert_true(c.data_usable());
+  assert_true(c.on_data_arrived());
+  assert_true(c.on_data_arrived());
+  assert_false(c.on_data_arrived());
+  for (uint32_t i = 0; i < kCtrlDepth; ++i) assert_true(c.on_ctrl_arrived());
+  assert_false(c.on_ctrl_arrived());
+}
+
+// Only the credits held back are: those granted before stay usable, and grants that are not
+// held back (no completion of the poll still to come) count at once.
+void only_the_credits_held_back_wait(void **) {
+  Credits c;
+  c.init(8, 4, 4);
+  receive_and_free(&c, 3);  // one credit left with the peer, three owed
+  c.take_data();            // three granted, usable at once
+  assert_true(c.on_data_arrived());  // the peer used one; owed again
+  c.on_data_freed();
+  assert_int_equal(c.granted(), 3);
+  c.take_data(true);  // one more granted, held back
+  assert_int_equal(c.granted(), 4);
+  for (int i = 0; i < 3; ++i) assert_true(c.on_data_arrived());
+  assert_false(c.on_data_arrived());  // the fourth is held back
+  c.release_fresh();
+  assert_true(c.on_data_arrived());
+  assert_false(c.on_data_arrived());
+}
+
+// The control credits a Return or top_up carries are held back too.
+void control_credits_of_a_return_or_top_up_are_held_back(void **) {
+  Credits c;
+  c.init(2, 4, 2, 8, nullptr, true);
+  wire::Imm more;
+  more.credits = 2;  // the peer grants two above its base
+  assert_true(c.on_returned(more));
+  receive_ctrl(&c, 2);
+  wire::Imm imm = c.take_return(2, true);
+  assert_int_equal(imm.ctrl_credits, 2);
+  assert_int_equal(c.granted_ctrl(), kCtrlDepth);
+  assert_true(c.on_ctrl_arrived());  // the two granted before
+  assert_true(c.on_ctrl_arrived());
+  assert_false(c.on_ctrl_arrived());
+  c.release_fresh();
+  assert_true(c.on_ctrl_arrived());
+  receive_ctrl(&c, 1);  // the peer's last control credit: one owed
+  assert_int_equal(c.granted_ctrl(), 0);
+  wire::Imm up;
+  c.top_up(&up, true);
+  assert_int_equal(up.ctrl_credits, 1);
+  assert_false(c.on_ctrl_arrived());
+  c.release_fresh();
+  assert_true(c.on_ctrl_arrived());
+  assert_false(c.on_ctrl_arrived());
+}
+
 void ctrl_arrival_is_refused_once_the_granted_ctrl_credits_are_used_up(void **) {
   Credits c;
   c.init(8, 4, 16);
@@ -1035,6 +1108,9 @@ int main(void) {
       cmocka_unit_test(data_arrival_is_allowed_again_after_take_ctrl_returned_credits),
       cmocka_unit_test(ctrl_arrival_is_refused_once_the_granted_ctrl_credits_are_used_up),
       cmocka_unit_test(ctrl_arrival_is_allowed_again_after_take_data_returned_ctrl_credits),
+      cmocka_unit_test(credits_held_back_are_not_usable_until_released),
+      cmocka_unit_test(only_the_credits_held_back_wait),
+      cmocka_unit_test(control_credits_of_a_return_or_top_up_are_held_back),
       cmocka_unit_test(ctrl_arrival_is_allowed_again_after_take_ctrl_returned_ctrl_credits),
       cmocka_unit_test(data_and_ctrl_arrivals_spend_separate_credits),
       cmocka_unit_test(granted_grows_by_exactly_the_credits_a_message_returned),
