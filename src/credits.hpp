@@ -64,13 +64,45 @@ class Credits {
   // --- sending ---
   bool can_send_data() const { return data_ > 0; }
   bool can_send_ctrl() const { return ctrl_ > 0; }
-  // Spends one data credit; returns the immediate to send, carrying everything owed.
+  // A message takes its credits in two steps, so that a post that fails changes nothing:
+  // carry says what its immediate carries now (a data or credit-only message: everything owed,
+  // up to the fields' maxima; a Return: the give_back data credits it gives back, and the
+  // control credits owed), and once the post succeeded, taken spends the message's credit (a
+  // data credit, or a control one) and grants what the immediate carried.
   // hold: completions of the poll being handled are still to come (the credits granted now are
   // fresh for them).
-  wire::Imm take_data(bool hold = false) {
-    --data_;
-    return take_owed(false, hold);
+  enum class Spend : uint8_t { Data, Ctrl, Return };
+  wire::Imm carry(Spend spend, uint32_t give_back = 0) const {
+    wire::Imm imm;
+    imm.op = spend == Spend::Data   ? wire::Opcode::Data
+             : spend == Spend::Ctrl ? wire::Opcode::Credit
+                                    : wire::Opcode::Return;
+    const uint32_t max = wire_shared_ ? wire::kMaxSharedCreditsPerMsg : wire::kMaxCreditsPerMsg;
+    imm.credits = spend == Spend::Return ? give_back : owed() > max ? max : owed();
+    imm.ctrl_credits =
+        owed_ctrl_ > wire::kMaxCtrlCreditsPerMsg ? wire::kMaxCtrlCreditsPerMsg : owed_ctrl_;
+    return imm;
   }
+  void taken(const wire::Imm &imm, Spend spend, bool hold = false) {
+    if (spend == Spend::Data) {
+      --data_;
+    } else {
+      --ctrl_;
+      if (spend == Spend::Return) data_ -= imm.credits;  // given back, not granted
+    }
+    if (spend != Spend::Return) {
+      ow() -= imm.credits;
+      gr() += imm.credits;
+      if (hold) fresh_data_ += imm.credits;
+    }
+    owed_ctrl_ -= imm.ctrl_credits;
+    granted_ctrl_ += imm.ctrl_credits;
+    if (hold) fresh_ctrl_ += imm.ctrl_credits;
+  }
+  // Both steps at once (what cannot fail, and the unit tests).
+  wire::Imm take_data(bool hold = false) { return take(Spend::Data, 0, hold); }
+  wire::Imm take_ctrl(bool hold = false) { return take(Spend::Ctrl, 0, hold); }
+  wire::Imm take_return(uint32_t n, bool hold = false) { return take(Spend::Return, n, hold); }
   // What became owed since a data message took its credits (take_data) and before it went to the
   // wire rides on it too: its data and control credit fields are filled up to their maxima.
   void top_up(wire::Imm *imm, bool hold = false) {
@@ -92,29 +124,13 @@ class Credits {
     }
   }
   // With kFeatureShared: data credits held above the peer's base (give them back when nothing
-  // waits for them), and the Return message that gives n of them back (a control credit).
+  // waits for them, in a Return message: Spend::Return, a control credit; the credits field
+  // says what is given back, owed data credits wait).
   uint32_t surplus() const { return wire_shared_ && data_ > base_ ? data_ - base_ : 0; }
-  wire::Imm take_return(uint32_t n, bool hold = false) {
-    --ctrl_;
-    data_ -= n;
-    wire::Imm imm;  // the credits field says what is given back: owed data credits wait
-    imm.op = wire::Opcode::Return;
-    imm.credits = n;
-    imm.ctrl_credits = owed_ctrl_ > wire::kMaxCtrlCreditsPerMsg ? wire::kMaxCtrlCreditsPerMsg : owed_ctrl_;
-    owed_ctrl_ -= imm.ctrl_credits;
-    granted_ctrl_ += imm.ctrl_credits;
-    if (hold) fresh_ctrl_ += imm.ctrl_credits;
-    return imm;
-  }
   bool shared_wire() const { return wire_shared_; }
   // Spends one data credit on something that returns no credits (an RDMA write with immediate:
   // its immediate is the application's).
   void spend_data() { --data_; }
-  // Spends one control credit for a credit-only message.
-  wire::Imm take_ctrl(bool hold = false) {
-    --ctrl_;
-    return take_owed(true, hold);
-  }
   // The peer returned credits (any message from it). false if it returned more than we spent
   // (a protocol violation: we would overrun its receive queue).
   bool on_returned(const wire::Imm &imm) {
@@ -207,10 +223,9 @@ class Credits {
   uint32_t &ow() { return sc_ ? sc_->owed : owed_; }
   uint32_t &gr() { return sc_ ? sc_->granted : granted_; }
 
-  wire::Imm take_owed(bool ctrl, bool hold) {
-    wire::Imm imm;
-    imm.op = ctrl ? wire::Opcode::Credit : wire::Opcode::Data;
-    top_up(&imm, hold);
+  wire::Imm take(Spend spend, uint32_t give_back, bool hold) {
+    const wire::Imm imm = carry(spend, give_back);
+    taken(imm, spend, hold);
     return imm;
   }
 
@@ -230,29 +245,6 @@ class Credits {
   uint32_t threshold_ = 1;
   uint32_t fresh_data_ = 0;  // granted while completions of the poll were to come (in granted())
   uint32_t fresh_ctrl_ = 0;  // likewise of granted_ctrl_
-};
-
-// The credits and done count an immediate takes from a connection, given back when the guard
-// goes unless the post they were taken for succeeded (commit): the one rollback of every path
-// that posts a message carrying credits.
-class CreditRollback {
- public:
-  CreditRollback(Credits &credits, uint32_t &done)
-      : credits_(&credits), done_(&done), saved_(credits), saved_done_(done) {}
-  ~CreditRollback() {
-    if (!credits_) return;
-    *credits_ = saved_;
-    *done_ = saved_done_;
-  }
-  void commit() { credits_ = nullptr; }
-  CreditRollback(const CreditRollback &) = delete;
-  CreditRollback &operator=(const CreditRollback &) = delete;
-
- private:
-  Credits *credits_;
-  uint32_t *done_;
-  Credits saved_;
-  uint32_t saved_done_;
 };
 
 }  // namespace ibmsg

@@ -67,10 +67,8 @@ bool rndv_on_done(Socket *s, uint32_t n) {
   return true;
 }
 
-uint32_t rndv_take_done(Socket *s) {
-  uint32_t n = s->rndv.done_owed < wire::kMaxDonePerMsg ? s->rndv.done_owed : wire::kMaxDonePerMsg;
-  s->rndv.done_owed -= n;
-  return n;
+uint32_t rndv_done_due(const Socket *s) {
+  return s->rndv.done_owed < wire::kMaxDonePerMsg ? s->rndv.done_owed : wire::kMaxDonePerMsg;
 }
 
 // --- one-sided operations in the send queue (rdma.cpp checks and queues them) ---
@@ -89,15 +87,13 @@ ibmsg_op *op_release(Socket *s, Op *op, int status) {
 }
 
 int op_send_now(Socket *s, Op *op) {
-  CreditRollback undo(s->tx.credits, s->rndv.done_owed);
+  int err = tp::post_rdma(s->id, &op->work.wr, op->rw, s->res.max_inline);
+  if (!err) err = posted(s, true);
+  if (err) return err;
   if (op->work.wr.op == tp::Op::WriteImm) {
     s->tx.credits.spend_data();  // the peer's receive buffer
     s->tx.wants_told = false;    // if it runs out again, it says so again (maybe_send_ctrl)
   }
-  int err = tp::post_rdma(s->id, &op->work.wr, op->rw, s->res.max_inline);
-  if (!err) err = posted(s, true);
-  if (err) return err;
-  undo.commit();
   ++s->tx.ops_in_flight;
   op->work.done = false;
   op->work.sent = false;
@@ -148,9 +144,8 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
 }  // namespace
 
 int send_now(Socket *s, Slot *slot) {
-  CreditRollback undo(s->tx.credits, s->rndv.done_owed);
-  wire::Imm imm = s->tx.credits.take_data(recv_grants_held(s));
-  imm.done = rndv_take_done(s);
+  wire::Imm imm = s->tx.credits.carry(Credits::Spend::Data);
+  imm.done = rndv_done_due(s);
   // More waits behind it: a peer that shares its buffers grants more.
   imm.wants = s->tx.credits.shared_wire() && !s->tx.queue.empty();
   s->tx.wants_told = false;  // if it runs out again, it says so again
@@ -160,7 +155,8 @@ int send_now(Socket *s, Slot *slot) {
     if (slot->link.linked()) s->rndv.wait.remove(slot);
     return rc;
   }
-  undo.commit();
+  s->tx.credits.taken(imm, Credits::Spend::Data, recv_grants_held(s));
+  s->rndv.done_owed -= imm.done;
   s->live.answer_due = false;
   slot->state = SlotState::InFlight;
   slot->work.done = slot->work.sent = slot->work.read = false;
@@ -180,17 +176,17 @@ int post_work(Socket *s, Work *w) {
 
 // A credit-only message, when credits are owed and no data message can carry them.
 bool post_ctrl(Socket *s, uint32_t give_back, bool wants, wire::Opcode op) {
-  CreditRollback undo(s->tx.credits, s->rndv.done_owed);
-  wire::Imm imm = give_back ? s->tx.credits.take_return(give_back, recv_grants_held(s))
-                           : s->tx.credits.take_ctrl(recv_grants_held(s));
+  const Credits::Spend spend = give_back ? Credits::Spend::Return : Credits::Spend::Ctrl;
+  wire::Imm imm = s->tx.credits.carry(spend, give_back);
   if (op == wire::Opcode::Keepalive) imm.op = op;
   imm.wants = wants;
-  imm.done = rndv_take_done(s);
+  imm.done = rndv_done_due(s);
   if (tp::post_send_imm(s->id, &s->tx.ctrl_wr, nullptr, 0, nullptr, wire::encode_imm(imm), 0)) {
-    socket_close(s, IBMSG_EIO);  // (the credits come back as the guard goes)
+    socket_close(s, IBMSG_EIO);  // (nothing was taken)
     return false;
   }
-  undo.commit();
+  s->tx.credits.taken(imm, spend, recv_grants_held(s));
+  s->rndv.done_owed -= imm.done;
   ++s->tx.ctrl_in_flight;
   s->live.answer_due = false;
   if (posted(s, true)) {

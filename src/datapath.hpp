@@ -39,7 +39,7 @@ void send_last_done(Socket *s);
 uint32_t rndv_fill_rts(Socket *s, Slot *slot);
 bool rndv_on_done(Socket *s, uint32_t n);
 void rndv_read_done(Work *w, int status);
-uint32_t rndv_take_done(Socket *s);
+uint32_t rndv_done_due(const Socket *s);  // (done_owed goes down once the message is posted)
 // One-sided operations in the send queue: posts a queued one (flush_sends); its done callback
 // (from work_done, teardown); gives the table entry back and detaches the application's struct.
 int op_send_now(Socket *s, Op *op);

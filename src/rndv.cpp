@@ -157,16 +157,16 @@ bool rndv_send_fin(Socket *s) {
   f.id = in->id;
   f.status = wire::FinStatus::Declined;
   wire::encode_fin(f, slot->buf);  // the RTS's buffer, held until the FIN completes
-  CreditRollback undo(s->tx.credits, s->rndv.done_owed);
-  wire::Imm imm = s->tx.credits.take_ctrl(recv_grants_held(s));
+  wire::Imm imm = s->tx.credits.carry(Credits::Spend::Ctrl);
   imm.op = wire::Opcode::Rendezvous;
-  imm.done = rndv_take_done(s);
+  imm.done = rndv_done_due(s);
   if (tp::post_send_imm(s->id, &in->fin_wr, slot->buf, uint32_t(wire::kFinSize), slot->pool->mr,
                         wire::encode_imm(imm), s->res.max_inline)) {
-    socket_close(s, IBMSG_EIO);  // (the credits come back as the guard goes)
+    socket_close(s, IBMSG_EIO);  // (nothing was taken)
     return false;
   }
-  undo.commit();
+  s->tx.credits.taken(imm, Credits::Spend::Ctrl, recv_grants_held(s));
+  s->rndv.done_owed -= imm.done;
   ++s->tx.ctrl_in_flight;
   s->rndv.reading.pop_front();
   s->rndv.fins.push_back(in);  // until its completion, or the teardown
