@@ -146,6 +146,8 @@ int drain_device(Device *dev) {
         device_cq_failed(dev, IBMSG_EIO);
         break;
       }
+      // A drain never runs inside another (the loop refuses re-entry, and teardowns drain from
+      // the idle watcher): poll_rest and the credits held back belong to this poll alone.
       for (int i = 0; i < n; ++i) {
         // Credits granted from here on were not on the wire when the rest of them arrived.
         dev->loop->poll_rest = uint32_t(n - 1 - i);

@@ -20,7 +20,7 @@
 // and grants more, up to the hello's cap, while the peer says it wants them; the data credits it
 // granted and owes are then the pool's book of the connection (ShareConn), which the pool moves.
 // The sender keeps the wants bit on while more waits behind a message, and gives back what it
-// holds above the base once it has nothing to send (a Return message: take_return).
+// holds above the base once it has nothing to send (a Return message: Spend::Return).
 //
 // The receiver also counts the credits it granted: a peer that sends a data message without a
 // data credit (or a credit-only message without a control credit) breaks the protocol, and the
@@ -28,7 +28,9 @@
 // Credits granted while more completions of the poll being handled are still to come were not
 // on the wire when those arrived: they are held back from them (hold, fresh_*) until the poll's
 // end (release_fresh), or a message sent without a credit would pass whenever an earlier
-// completion of its poll made us grant one.
+// completion of its poll made us grant one. (A gap stays: credits granted during one poll whose
+// message waits for the end of the drain to be posted, batch.cpp, count for the completions of
+// the drain's next poll, which may have arrived before they went out.)
 #pragma once
 #include <cstdint>
 
@@ -99,11 +101,11 @@ class Credits {
     granted_ctrl_ += imm.ctrl_credits;
     if (hold) fresh_ctrl_ += imm.ctrl_credits;
   }
-  // Both steps at once (what cannot fail, and the unit tests).
+  // Both steps at once (the unit tests' shorthand; the library posts between them).
   wire::Imm take_data(bool hold = false) { return take(Spend::Data, 0, hold); }
   wire::Imm take_ctrl(bool hold = false) { return take(Spend::Ctrl, 0, hold); }
   wire::Imm take_return(uint32_t n, bool hold = false) { return take(Spend::Return, n, hold); }
-  // What became owed since a data message took its credits (take_data) and before it went to the
+  // What became owed since a data message took its credits (taken) and before it went to the
   // wire rides on it too: its data and control credit fields are filled up to their maxima.
   void top_up(wire::Imm *imm, bool hold = false) {
     const uint32_t max = wire_shared_ ? wire::kMaxSharedCreditsPerMsg : wire::kMaxCreditsPerMsg;

@@ -214,7 +214,7 @@ void ctrl_round_end(Socket *s) {
       (s->tx.credits.owed() || s->tx.credits.owed_ctrl()) && tp::pending_imm(s->id, &v)) {
     // (a reply posted in message_received before the request was freed: its credit goes along)
     wire::Imm imm = wire::imm_of(v, s->tx.credits.shared_wire());
-    s->tx.credits.top_up(&imm, recv_grants_held(s));
+    s->tx.credits.top_up(&imm);  // (at the round's end: no completion of a poll is to come)
     tp::set_pending_imm(s->id, wire::encode_imm(imm));
   }
   maybe_send_ctrl(s);
