@@ -112,7 +112,10 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
   uint32_t len = uint32_t(slot->msg->size);
   const uint8_t *buf = slot->buf;
   const tp::Mr *mr = slot->pool->mr;
-  tp::Segment tail{nullptr, 0, nullptr};
+  // A second element only for a trailer behind a payload in a region (not filled otherwise: its
+  // stores would be on every message's path).
+  tp::Segment tail;
+  const tp::Segment *second = nullptr;
   if (slot->work.rndv) {
     len = rndv_fill_rts(s, slot);
     imm.op = wire::Opcode::Rendezvous;
@@ -121,14 +124,14 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
     // payload in a region, in the slot as a second element.
     uint8_t *t = slot->src.region ? slot->buf : slot->buf + len;
     wire::encode_imm_trailer(slot->imm, t);
-    if (slot->src.region) tail = {t, wire::kImmTrailer, slot->pool->mr};
+    if (slot->src.region) second = &(tail = {t, wire::kImmTrailer, slot->pool->mr});
     else len += wire::kImmTrailer;
     imm.op = wire::Opcode::DataImm;
   } else if (slot->req.kind != uint8_t(MsgKind::Plain)) {
     // A request or reply: its trailer follows the payload, as an immediate does.
     uint8_t *t = slot->src.region ? slot->buf : slot->buf + len;
     wire::encode_req_trailer(req_trailer(slot), t);
-    if (slot->src.region) tail = {t, uint32_t(wire::kReqTrailer), slot->pool->mr};
+    if (slot->src.region) second = &(tail = {t, uint32_t(wire::kReqTrailer), slot->pool->mr});
     else len += wire::kReqTrailer;
     imm.op = slot->req.kind == uint8_t(MsgKind::Request) ? wire::Opcode::Request : wire::Opcode::Reply;
   }
@@ -137,7 +140,7 @@ int post_data(Socket *s, Slot *slot, wire::Imm imm) {
     mr = slot->src.mr;
   }
   int rc = tp::post_send_imm(s->id, &slot->work.wr, buf, len, mr, wire::encode_imm(imm),
-                             s->res.max_inline, tail.len ? &tail : nullptr);
+                             s->res.max_inline, second);
   return rc ? rc : posted(s, true);
 }
 

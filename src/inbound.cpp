@@ -41,27 +41,13 @@ void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, wire::Imm im
   maybe_send_ctrl(s);
 }
 
-void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
-  uint32_t len = wc.len;
+namespace {
+
+// A data message's payload of len bytes landed in slot (its trailer, if any, decoded into *tr):
+// checked against what was granted, lent to the application and delivered.
+void data_landed(Socket *s, Slot *slot, uint32_t len, const wire::Imm &imm,
+                 const wire::ReqTrailer *tr) {
   const bool has_imm = imm.op == wire::Opcode::DataImm;
-  const bool request = imm.op == wire::Opcode::Request;
-  const bool trailer = request || imm.op == wire::Opcode::Reply;
-  wire::ReqTrailer tr;
-  if (imm.op != wire::Opcode::Data) {  // what follows the payload
-    if (has_imm) {
-      if (!(s->peer.features & wire::kFeatureImm) || len < wire::kImmTrailer) {
-        recv_drop(s, slot, IBMSG_EPROTO);  // not agreed on, or no room for the immediate
-        return;
-      }
-      len -= wire::kImmTrailer;
-    } else if (trailer) {
-      if (!wire::req_trailer_ok(s->peer.features, slot->buf, len, request, &tr)) {
-        recv_drop(s, slot, IBMSG_EPROTO);
-        return;
-      }
-      len -= uint32_t(wire::kReqTrailer);
-    }
-  }
   if (len > s->rx.eager || !recv_arrived(s, slot, imm.wants) ||
       !s->tx.credits.on_returned(imm)) {
     // larger than we take, more data messages than the credits we granted, or credits returned
@@ -71,13 +57,38 @@ void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Im
   }
   recv_lend(s, slot, slot->buf, len, has_imm,
             has_imm ? wire::decode_imm_trailer(slot->buf + len) : 0);
-  if (trailer) recv_mark_request(s, slot, request, tr);
+  if (tr) recv_mark_request(s, slot, imm.op == wire::Opcode::Request, *tr);
   // Credits it returned may let waiting messages go.
   if (!s->tx.queue.empty()) flush_sends(s);
   // Whether credits go on their own is decided at the end of the round (in the loop's
   // callbacks): the reply message_received may post carries them.
   ctrl_due(s);
   deliver_msg(s, slot);
+}
+
+}  // namespace
+
+void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
+  uint32_t len = wc.len;
+  if (imm.op == wire::Opcode::DataImm) {  // the immediate follows the payload
+    if (!(s->peer.features & wire::kFeatureImm) || len < wire::kImmTrailer) {
+      recv_drop(s, slot, IBMSG_EPROTO);  // not agreed on, or no room for the immediate
+      return;
+    }
+    len -= wire::kImmTrailer;
+  } else if (imm.op == wire::Opcode::Request || imm.op == wire::Opcode::Reply) {
+    // A request's or reply's trailer follows the payload (decoded here only: a plain message
+    // pays no stores for it).
+    wire::ReqTrailer tr;
+    if (!wire::req_trailer_ok(s->peer.features, slot->buf, len, imm.op == wire::Opcode::Request,
+                              &tr)) {
+      recv_drop(s, slot, IBMSG_EPROTO);
+      return;
+    }
+    data_landed(s, slot, len - uint32_t(wire::kReqTrailer), imm, &tr);
+    return;
+  }
+  data_landed(s, slot, len, imm, nullptr);
 }
 
 // The peer's RDMA write with immediate landed: its immediate is the application's, its data
