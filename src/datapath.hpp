@@ -12,6 +12,9 @@ namespace ibmsg {
 void send_on_wc(Socket *s, Slot *slot, const tp::Completion &wc);  // a send's completion
 // Posts one message with a data credit; on failure the credits are as before.
 int send_now(Socket *s, Slot *slot);
+// msg_post's message that goes at once (eager, in its slot's buffer): send_now, then WAITING and
+// polled for; a refusal closes the connection (the message stays the application's).
+int send_first(Socket *s, Slot *slot);
 void notify_front(Socket *s);  // the callbacks of the done work at the front of the flight list
 void notify_work(Socket *s, Work *w, int status);  // message_sent, or the operation's done
 void flush_sends(Socket *s);  // the queue's head to the QP while it can go; a refusal closes

@@ -45,8 +45,10 @@ namespace {
 
 // A data message's payload of len bytes landed in slot (its trailer, if any, decoded into *tr):
 // checked against what was granted, lent to the application and delivered.
-void data_landed(Socket *s, Slot *slot, uint32_t len, const wire::Imm &imm,
-                 const wire::ReqTrailer *tr) {
+// (Inlined into on_data_msg's two calls: as a call of its own it saved and restored six
+// registers per message.)
+[[gnu::always_inline]] inline void data_landed(Socket *s, Slot *slot, uint32_t len,
+                                               const wire::Imm &imm, const wire::ReqTrailer *tr) {
   const bool has_imm = imm.op == wire::Opcode::DataImm;
   if (len > s->rx.eager || !recv_arrived(s, slot, imm.wants) ||
       !s->tx.credits.on_returned(imm)) {

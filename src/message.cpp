@@ -74,28 +74,23 @@ int msg_from_region(Socket *s, ibmsg_buffer *msg, Region *r, size_t off, size_t 
   return IBMSG_OK;
 }
 
-int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const PostAs *as) {
-  if (s->listener) return IBMSG_ESTATE;
-  if (!state_can_post(s->state)) return IBMSG_ENOTCONN;
-  Slot *slot = msg->impl;
-  if (!slot_valid(slot) || slot->msg != msg) return IBMSG_ENOTALLOC;
-  if (slot->pool->recv || slot->sock != s) return IBMSG_EINVAL;
-  if (slot->state != SlotState::Allocated) return IBMSG_EBUSY;
-  if (msg->size > s->peer.max_msg) return IBMSG_EMSGSIZE;
-  const bool rndv = msg->size > s->peer.eager;
-  if (slot->src.region) {
-    if (msg->data != slot->src.region->addr + slot->src.off ||
-        msg->size > slot->src.region->length - slot->src.off)
-      return IBMSG_ERANGE;  // moved or grown beyond its region
-  } else if (slot->large ? msg->size > slot->large->bytes
-                          : msg->size > slot->pool->slot_size - wire::kMaxTrailer) {
-    return IBMSG_EMSGSIZE;  // more than its buffer holds
-  }
-  if (has_imm && !(s->peer.features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
-  if (as && as->kind != MsgKind::Plain && !(s->peer.features & wire::kFeatureRequest))
-    return IBMSG_EOPNOTSUPP;
-  const bool now = s->tx.queue.empty() && s->tx.credits.can_send_data();
-  if (!now && s->tx.queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
+namespace {
+
+// What a post says of the message, kept in its slot: its immediate, a request's or reply's fields.
+inline void post_fields(Slot *slot, bool has_imm, uint32_t imm, const PostAs *as) {
+  slot->has_imm = has_imm;
+  slot->imm = imm;
+  slot->req.kind = uint8_t(as ? as->kind : MsgKind::Plain);
+  slot->req.retry = as && as->retry;
+  slot->req.id = as ? as->id : 0;
+  slot->req.floor = as ? as->floor : 0;
+}
+
+// msg_post of every message but the common one (see there): a rendezvous, a payload in a large
+// buffer or a region, a message that waits in the queue, or one that goes after the round's freed
+// buffers. msg_post has checked it.
+[[gnu::noinline]] int post_general(Socket *s, ibmsg_buffer *msg, Slot *slot, bool has_imm,
+                                   uint32_t imm, const PostAs *as, bool rndv, bool now) {
   if (rndv && slot->src.region) {
     // The peer reads exactly the message's bytes: a registration of their own, until it did.
     // (No local write: the region may be read-only memory.)
@@ -114,12 +109,7 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
     msg->data = slot->large->mem;
     late = true;
   }
-  slot->has_imm = has_imm;
-  slot->imm = imm;
-  slot->req.kind = uint8_t(as ? as->kind : MsgKind::Plain);
-  slot->req.retry = as && as->retry;
-  slot->req.id = as ? as->id : 0;
-  slot->req.floor = as ? as->floor : 0;
+  post_fields(slot, has_imm, imm, as);
   // A large buffer's message that fits the eager size goes eagerly, copied into the slot.
   if (!rndv && slot->large && msg->size) memcpy(slot->buf, slot->large->mem, msg->size);
   slot->work.rndv = rndv;
@@ -149,6 +139,41 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
   msg->status = IBMSG_WAITING;
   poll_touch(s);  // its completion (and the answer) will come soon
   return IBMSG_OK;
+}
+
+}  // namespace
+
+int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const PostAs *as) {
+  if (s->listener) return IBMSG_ESTATE;
+  if (!state_can_post(s->state)) return IBMSG_ENOTCONN;
+  Slot *slot = msg->impl;
+  if (!slot_valid(slot) || slot->msg != msg) return IBMSG_ENOTALLOC;
+  if (slot->pool->recv || slot->sock != s) return IBMSG_EINVAL;
+  if (slot->state != SlotState::Allocated) return IBMSG_EBUSY;
+  if (msg->size > s->peer.max_msg) return IBMSG_EMSGSIZE;
+  const bool rndv = msg->size > s->peer.eager;
+  if (slot->src.region) {
+    if (msg->data != slot->src.region->addr + slot->src.off ||
+        msg->size > slot->src.region->length - slot->src.off)
+      return IBMSG_ERANGE;  // moved or grown beyond its region
+  } else if (slot->large ? msg->size > slot->large->bytes
+                          : msg->size > slot->pool->slot_size - wire::kMaxTrailer) {
+    return IBMSG_EMSGSIZE;  // more than its buffer holds
+  }
+  if (has_imm && !(s->peer.features & wire::kFeatureImm)) return IBMSG_EOPNOTSUPP;
+  if (as && as->kind != MsgKind::Plain && !(s->peer.features & wire::kFeatureRequest))
+    return IBMSG_EOPNOTSUPP;
+  const bool now = s->tx.queue.empty() && s->tx.credits.can_send_data();
+  if (!now && s->tx.queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
+  if (!now || rndv || slot->large || slot->src.region ||
+      s->tx.credits.ctrl_needed_after_carry(s->rx.freed_later))
+    return post_general(s, msg, slot, has_imm, imm, as, rndv, now);
+  // The common case: an eager message in its slot's own buffer that goes at once, ahead of the
+  // buffers freed in this round. Nothing here is called with a value needed after it (this path
+  // saves no registers): send_first sends it, or, refused, closes the connection.
+  post_fields(slot, has_imm, imm, as);
+  slot->work.rndv = false;
+  return send_first(s, slot);
 }
 
 bool msg_lent(const ibmsg_buffer *msg) {

@@ -278,10 +278,10 @@ void recv_grants_release(Loop *loop) {
   while (Socket *s = loop->fresh.pop_front()) s->tx.credits.release_fresh();
 }
 
-void recv_lend(Socket *s, Slot *slot, uint8_t *data, size_t size, bool has_imm, uint32_t imm) {
-  // A message can overtake the ESTABLISHED event on the accepting side: it proves the connection
-  // is up.
-  if (s->state == State::Accepting) s->loop->hooks->data_established(s);
+namespace {
+
+// The lend itself: the slot's state and counts, the message the application gets.
+inline void lend(Slot *slot, uint8_t *data, size_t size, bool has_imm, uint32_t imm) {
   slot->state = SlotState::Lent;
   if (SharedRecv *r = slot->pool->shared) ++r->lent;
   else ++slot->pool->out;
@@ -294,6 +294,21 @@ void recv_lend(Socket *s, Slot *slot, uint8_t *data, size_t size, bool has_imm, 
   msg->imm = imm;
   slot->req.kind = uint8_t(MsgKind::Plain);
   slot->req.answered = false;
+}
+
+// A message can overtake the ESTABLISHED event on the accepting side: it proves the connection
+// is up. (Apart, so that the common path calls nothing and saves no registers.)
+[[gnu::noinline]] void lend_accepting(Socket *s, Slot *slot, uint8_t *data, size_t size,
+                                      bool has_imm, uint32_t imm) {
+  s->loop->hooks->data_established(s);
+  lend(slot, data, size, has_imm, imm);
+}
+
+}  // namespace
+
+void recv_lend(Socket *s, Slot *slot, uint8_t *data, size_t size, bool has_imm, uint32_t imm) {
+  if (s->state == State::Accepting) lend_accepting(s, slot, data, size, has_imm, imm);
+  else lend(slot, data, size, has_imm, imm);
 }
 
 void recv_back(Socket *s, Slot *slot) {
