@@ -41,8 +41,6 @@ void on_credit_msg(Socket *s, Slot *slot, const tp::Completion &wc, wire::Imm im
   maybe_send_ctrl(s);
 }
 
-namespace {
-
 // A data message's payload of len bytes landed in slot (its trailer, if any, decoded into *tr):
 // checked against what was granted, lent to the application and delivered.
 // (Inlined into on_data_msg's two calls: as a call of its own it saved and restored six
@@ -67,8 +65,6 @@ namespace {
   ctrl_due(s);
   deliver_msg(s, slot);
 }
-
-}  // namespace
 
 void on_data_msg(Socket *s, Slot *slot, const tp::Completion &wc, const wire::Imm &imm) {
   uint32_t len = wc.len;
