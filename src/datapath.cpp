@@ -176,13 +176,23 @@ namespace {
 
 int send_now(Socket *s, Slot *slot) { return send_inline(s, slot); }
 
-int send_first(Socket *s, Slot *slot) {
+[[gnu::noinline]] int send_first(Socket *s, Slot *slot) {
   if (int rc = send_inline(s, slot)) {
     // A queue pair that refuses a work request is broken: the connection closes. The message
     // stays the application's (no callback).
     socket_close(s, rc);
     return rc;
   }
+  slot->msg->status = IBMSG_WAITING;
+  poll_touch(s);  // its completion (and the answer) will come soon
+  return IBMSG_OK;
+}
+
+// (Not inlined into msg_post: its calls would make msg_post's common path save registers.)
+[[gnu::noinline]] int send_later(Socket *s, Slot *slot) {
+  slot->state = SlotState::Queued;
+  s->tx.queue.push_back(&slot->work);
+  maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
   slot->msg->status = IBMSG_WAITING;
   poll_touch(s);  // its completion (and the answer) will come soon
   return IBMSG_OK;

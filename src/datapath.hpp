@@ -15,6 +15,9 @@ int send_now(Socket *s, Slot *slot);
 // msg_post's message that goes at once (eager, in its slot's buffer): send_now, then WAITING and
 // polled for; a refusal closes the connection (the message stays the application's).
 int send_first(Socket *s, Slot *slot);
+// msg_post's message that waits (no data credit, or messages before it): queued, WAITING and
+// polled for; a credit-only message goes if the credits it waits for need one.
+int send_later(Socket *s, Slot *slot);
 void notify_front(Socket *s);  // the callbacks of the done work at the front of the flight list
 void notify_work(Socket *s, Work *w, int status);  // message_sent, or the operation's done
 void flush_sends(Socket *s);  // the queue's head to the QP while it can go; a refusal closes

@@ -86,11 +86,11 @@ inline void post_fields(Slot *slot, bool has_imm, uint32_t imm, const PostAs *as
   slot->req.floor = as ? as->floor : 0;
 }
 
-// msg_post of every message but the common one (see there): a rendezvous, a payload in a large
-// buffer or a region, a message that waits in the queue, or one that goes after the round's freed
-// buffers. msg_post has checked it.
-[[gnu::noinline]] int post_general(Socket *s, ibmsg_buffer *msg, Slot *slot, bool has_imm,
-                                   uint32_t imm, const PostAs *as, bool rndv, bool now) {
+// msg_post of every message but the common ones (see there): a rendezvous, a payload in a large
+// buffer or a region, or one that goes now after the round's freed buffers. msg_post has checked
+// it and set post_fields.
+[[gnu::noinline]] int post_general(Socket *s, ibmsg_buffer *msg, Slot *slot, bool rndv,
+                                   bool now) {
   if (rndv && slot->src.region) {
     // The peer reads exactly the message's bytes: a registration of their own, until it did.
     // (No local write: the region may be read-only memory.)
@@ -109,7 +109,6 @@ inline void post_fields(Slot *slot, bool has_imm, uint32_t imm, const PostAs *as
     msg->data = slot->large->mem;
     late = true;
   }
-  post_fields(slot, has_imm, imm, as);
   // A large buffer's message that fits the eager size goes eagerly, copied into the slot.
   if (!rndv && slot->large && msg->size) memcpy(slot->buf, slot->large->mem, msg->size);
   slot->work.rndv = rndv;
@@ -132,9 +131,7 @@ inline void post_fields(Slot *slot, bool has_imm, uint32_t imm, const PostAs *as
       return rc;
     }
   } else {
-    slot->state = SlotState::Queued;
-    s->tx.queue.push_back(&slot->work);
-    maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
+    return send_later(s, slot);
   }
   msg->status = IBMSG_WAITING;
   poll_touch(s);  // its completion (and the answer) will come soon
@@ -165,15 +162,19 @@ int msg_post(Socket *s, ibmsg_buffer *msg, bool has_imm, uint32_t imm, const Pos
     return IBMSG_EOPNOTSUPP;
   const bool now = s->tx.queue.empty() && s->tx.credits.can_send_data();
   if (!now && s->tx.queue.size() >= size_t(s->opts.send_queue)) return IBMSG_EAGAIN;
-  if (!now || rndv || slot->large || slot->src.region ||
-      s->tx.credits.ctrl_needed_after_carry(s->rx.freed_later))
-    return post_general(s, msg, slot, has_imm, imm, as, rndv, now);
-  // The common case: an eager message in its slot's own buffer that goes at once, ahead of the
-  // buffers freed in this round. Nothing here is called with a value needed after it (this path
-  // saves no registers): send_first sends it, or, refused, closes the connection.
+  // (Set before anything can fail: a failed post leaves the message the application's, and the
+  // next post sets them again.)
   post_fields(slot, has_imm, imm, as);
-  slot->work.rndv = false;
-  return send_first(s, slot);
+  // The common cases, an eager message in its slot's own buffer: it goes at once, ahead of the
+  // buffers freed in this round (send_first: sent, or, refused, the connection closes), or it
+  // waits in the queue (send_later). Nothing here is called with a value needed after it: this
+  // path saves no registers.
+  if (!rndv && !slot->large && !slot->src.region) {
+    slot->work.rndv = false;
+    if (!now) return send_later(s, slot);
+    if (!s->tx.credits.ctrl_needed_after_carry(s->rx.freed_later)) return send_first(s, slot);
+  }
+  return post_general(s, msg, slot, rndv, now);
 }
 
 bool msg_lent(const ibmsg_buffer *msg) {

@@ -31,7 +31,13 @@
 // doorbell. The send completions, message_sent, the frees of sent messages and what the end of
 // the poller's round does come after the doorbell and are not counted.
 //
-// Usage: cost [--critical] [ROUND_TRIPS [WARMUP]]   (default 10000 and 1000)
+// With --stream (test/perf/cost-run --stream) the path of a message stream instead, as a rate
+// test runs it: the client keeps kWindow messages in flight, posting the next from message_sent,
+// and the server frees each message it gets and answers nothing; ROUND_TRIPS then counts
+// messages, measured from the client's WARMUP-th message_sent to its (WARMUP + ROUND_TRIPS)-th,
+// kWindow messages in flight throughout (each posted, received, freed and its send completed).
+//
+// Usage: cost [--critical | --stream] [ROUND_TRIPS [WARMUP]]   (default 10000 and 1000)
 //        cost --markers                 "callgrind" or "none"
 //        cost --compiler                the compiler that built it, e.g. "g++ 12.2.0"
 #include <time.h>
@@ -67,7 +73,10 @@ namespace fake = ibmsg::fake;
 namespace {
 
 constexpr size_t kSize = 64;
-constexpr int kBufs = 8;  // send buffers per side: at most two are posted at once
+constexpr uint64_t kWindow = 32;  // --stream: messages in flight
+// Send buffers per side: at most two are posted at once in the ping-pong (the most recently
+// freed is used first), kWindow in a stream.
+constexpr int kBufs = int(kWindow) + 8;
 // The description of the measured dump (callgrind's "desc: Trigger: Client Request: ..."), which
 // test/perf/cost-run looks for.
 constexpr const char *kTrigger = "ibmsg-cost measured";
@@ -91,6 +100,7 @@ struct Run {
   uint64_t warmup = 1000, measured = 10000;
   bool done = false;  // the client has the last reply
   bool measuring = false;
+  bool stream = false;  // --stream
   int requests = 0;
   fake::Stats at_start{}, at_stop{};
   size_t posts_start = 0, posts_stop = 0;  // fake::posts() then
@@ -171,6 +181,14 @@ void on_received(ibmsg_socket *s, ibmsg_buffer *m) {
   Run *r = g_run;
   Side *x = side_of(s);
   const uint64_t k = x->received++;
+  if (r->stream) {  // the server frees what it gets; nothing comes back
+    if (x != &r->server) fail("%s: a message in a stream to the server", x->name);
+    else if (!intact(m, k, r->client.pattern))
+      fail("%s: message %" PRIu64 " arrived changed, out of order or twice", x->name, k);
+    if (int rc = ibmsg_free_msg(m))
+      fail("%s: ibmsg_free_msg of message %" PRIu64 ": %s", x->name, k, ibmsg_err_name(rc));
+    return;
+  }
   if (x == &r->client) {
     // Reply k: round trip k + 1 is complete.
     if (k + 1 == r->warmup) {
@@ -209,6 +227,25 @@ void on_sent(ibmsg_socket *s, ibmsg_buffer *m, int status) {
   if (int rc = ibmsg_free_msg(m))
     return fail("%s: ibmsg_free_msg of a sent message: %s", x->name, ibmsg_err_name(rc));
   x->free_bufs[x->nfree++] = b;
+  Run *r = g_run;
+  if (!r->stream || x != &r->client || failed()) return;
+  // The stream: message k's send is complete; the count runs from the WARMUP-th to the
+  // (WARMUP + ROUND_TRIPS)-th, with kWindow messages in flight throughout.
+  const uint64_t k = x->sent_ok;
+  if (k == r->warmup) {
+    r->at_start = fake::stats();
+    r->posts_start = fake::posts().size();
+    r->measuring = true;
+    CALLGRIND_START_INSTRUMENTATION;
+    CALLGRIND_ZERO_STATS;
+  } else if (k == r->warmup + r->measured) {
+    CALLGRIND_DUMP_STATS_AT(kTrigger);
+    CALLGRIND_STOP_INSTRUMENTATION;
+    r->at_stop = fake::stats();
+    r->posts_stop = fake::posts().size();
+    r->measuring = false;
+  }
+  if (x->posted < r->warmup + r->measured + kWindow) post(x, x->posted);
 }
 
 void on_closed(ibmsg_socket *s, int reason) {
@@ -251,7 +288,7 @@ bool run_until(Run *r, F cond, double limit_s) {
 }
 
 int usage() {
-  fprintf(stderr, "usage: cost [--critical] [ROUND_TRIPS [WARMUP]]   "
+  fprintf(stderr, "usage: cost [--critical | --stream] [ROUND_TRIPS [WARMUP]]   "
                   "(ROUND_TRIPS >= 1, WARMUP >= 1)\n"
                   "       cost --markers | --compiler\n");
   return 2;
@@ -286,7 +323,8 @@ int main(int argc, char **argv) {
   Run run;
   g_run = &run;
   const bool critical = argc > 1 && strcmp(argv[1], "--critical") == 0;
-  if (critical) {
+  run.stream = argc > 1 && strcmp(argv[1], "--stream") == 0;
+  if (critical || run.stream) {
     --argc;
     ++argv;
   }
@@ -340,23 +378,36 @@ int main(int argc, char **argv) {
   if (!failed() && !run_until(&run, [&] { return c->established && sv->established; }, 30))
     fail("not connected after 30 s");
 
-  // The ping-pong: message 0 from outside the callbacks, the rest from message_received. A
-  // polling loop does not sleep: each dispatch is one slice of spinning (1 ms).
-  if (!failed()) post(c, 0);
+  // The ping-pong: message 0 from outside the callbacks, the rest from message_received (the
+  // stream: the first kWindow messages, the rest from message_sent). A polling loop does not
+  // sleep: each dispatch is one slice of spinning (1 ms).
+  const uint64_t total = run.warmup + run.measured + (run.stream ? kWindow : 0);
+  if (!failed()) {
+    if (run.stream)
+      for (uint64_t k = 0; k < kWindow && !failed(); ++k) post(c, k);
+    else
+      post(c, 0);
+  }
+  // Progress: the client's replies, or the server's messages in a stream.
+  const uint64_t &progress = run.stream ? sv->received : c->received;
+  auto finished = [&] {
+    return run.stream ? sv->received == total && c->sent_ok == total : run.done;
+  };
   double last = now_s();
-  uint64_t last_received = 0;
-  for (unsigned i = 0; !run.done && !failed(); ++i) {
+  uint64_t last_progress = 0;
+  for (unsigned i = 0; !finished() && !failed(); ++i) {
     ibmsg_dispatch_event_loop(loop);
     if ((i & 255) != 255) continue;
-    if (c->received != last_received) {
-      last_received = c->received;
+    if (progress != last_progress) {
+      last_progress = progress;
       last = now_s();
     } else if (now_s() - last > 60) {
-      fail("no reply for 60 s: %" PRIu64 " of %" PRIu64 " round trips", c->received,
-           run.warmup + run.measured);
+      fail("nothing for 60 s: %" PRIu64 " of %" PRIu64 " %s", progress, total,
+           run.stream ? "messages" : "round trips");
     }
   }
   if (run.measuring) CALLGRIND_STOP_INSTRUMENTATION;
+  if (run.stream && finished()) run.done = true;  // (the closes that follow are expected)
 
   // Closing: the client disconnects (the server sees the peer's disconnect), then the listener.
   const bool pingpong_ok = !failed();
@@ -372,12 +423,15 @@ int main(int argc, char **argv) {
     ibmsg_dispatch_event_loop_timeout(loop, 10);
   if (rc) fail("ibmsg_destroy_event_loop: %s", ibmsg_err_name(rc));
 
-  const uint64_t total = run.warmup + run.measured;
   if (pingpong_ok) {
     for (Side *x : {c, sv}) {
-      if (x->received != total || x->posted != total || x->sent_ok != total)
+      // (A stream: the client only posts and the server only receives.)
+      const uint64_t received = run.stream && x == c ? 0 : total;
+      const uint64_t posted = run.stream && x == sv ? 0 : total;
+      if (x->received != received || x->posted != posted || x->sent_ok != posted)
         fail("%s: received %" PRIu64 ", posted %" PRIu64 ", sent %" PRIu64 ", expected %" PRIu64
-             " each", x->name, x->received, x->posted, x->sent_ok, total);
+             ", %" PRIu64 " and %" PRIu64, x->name, x->received, x->posted, x->sent_ok, received,
+             posted, posted);
       if (x->closed != 1) fail("%s: %d closed callbacks", x->name, x->closed);
     }
     if (l->closed != 1) fail("listener: %d closed callbacks", l->closed);
@@ -398,20 +452,27 @@ int main(int argc, char **argv) {
   // What the transport did in the measured round trips (the fake's counters).
   const fake::Stats &a = run.at_start, &b = run.at_stop;
   const double n = double(run.measured);
-  printf("cost: %" PRIu64 " round trips of %zu B (%" PRIu64 " warm-up, %" PRIu64
-         " measured), every message intact and in order, everything closed\n",
-         total, kSize, run.warmup, run.measured);
-  printf("cost: per measured round trip, in the fake: %.3f SENDs delivered (credit-only ones "
+  const char *unit = run.stream ? "message" : "round trip";
+  if (run.stream)
+    printf("cost: a stream of %" PRIu64 " messages of %zu B, %" PRIu64 " in flight (%" PRIu64
+           " warm-up, %" PRIu64 " measured), every message intact and in order, everything "
+           "closed\n", total, kSize, kWindow, run.warmup, run.measured);
+  else
+    printf("cost: %" PRIu64 " round trips of %zu B (%" PRIu64 " warm-up, %" PRIu64
+           " measured), every message intact and in order, everything closed\n",
+           total, kSize, run.warmup, run.measured);
+  printf("cost: per measured %s, in the fake: %.3f SENDs delivered (credit-only ones "
          "included), %.3f send completions, %.3f send lists (doorbells), %.3f receive lists\n",
-         double(b.delivered - a.delivered) / n, double(b.send_cqes - a.send_cqes) / n,
+         unit, double(b.delivered - a.delivered) / n, double(b.send_cqes - a.send_cqes) / n,
          double(b.post_lists - a.post_lists) / n, double(b.recv_lists - a.recv_lists) / n);
   unsigned long data = 0, ctrl = 0, other = 0;
   for (size_t i = run.posts_start; i < run.posts_stop && i < fake::posts().size(); ++i) {
     const ibmsg::tp::Op op = fake::posts()[i].op;
     (op == ibmsg::tp::Op::Send ? data : op == ibmsg::tp::Op::Ctrl ? ctrl : other)++;
   }
-  printf("cost: per measured round trip, posted: %.3f data messages, %.3f credit-only messages, "
-         "%.3f other work requests\n", double(data) / n, double(ctrl) / n, double(other) / n);
+  printf("cost: per measured %s, posted: %.3f data messages, %.3f credit-only messages, "
+         "%.3f other work requests\n", unit, double(data) / n, double(ctrl) / n,
+         double(other) / n);
   printf("cost: client requests: %s (trigger \"%s\")\n", COST_MARKERS, kTrigger);
   return 0;
 }
