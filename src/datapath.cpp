@@ -183,9 +183,7 @@ int send_now(Socket *s, Slot *slot) { return send_inline(s, slot); }
     socket_close(s, rc);
     return rc;
   }
-  slot->msg->status = IBMSG_WAITING;
-  poll_touch(s);  // its completion (and the answer) will come soon
-  return IBMSG_OK;
+  return send_waiting(s, slot);
 }
 
 // (Not inlined into msg_post: its calls would make msg_post's common path save registers.)
@@ -193,6 +191,10 @@ int send_now(Socket *s, Slot *slot) { return send_inline(s, slot); }
   slot->state = SlotState::Queued;
   s->tx.queue.push_back(&slot->work);
   maybe_send_ctrl(s);  // it may wait for a credit the peer cannot return without control credits
+  return send_waiting(s, slot);
+}
+
+int send_waiting(Socket *s, Slot *slot) {
   slot->msg->status = IBMSG_WAITING;
   poll_touch(s);  // its completion (and the answer) will come soon
   return IBMSG_OK;

@@ -18,6 +18,9 @@ int send_first(Socket *s, Slot *slot);
 // msg_post's message that waits (no data credit, or messages before it): queued, WAITING and
 // polled for; a credit-only message goes if the credits it waits for need one.
 int send_later(Socket *s, Slot *slot);
+// A posted message is the library's until message_sent: WAITING, and its connection polls for
+// the completion (and the answer). Returns IBMSG_OK.
+int send_waiting(Socket *s, Slot *slot);
 void notify_front(Socket *s);  // the callbacks of the done work at the front of the flight list
 void notify_work(Socket *s, Work *w, int status);  // message_sent, or the operation's done
 void flush_sends(Socket *s);  // the queue's head to the QP while it can go; a refusal closes

@@ -9,7 +9,6 @@
 #include "internal.hpp"
 #include "datapath.hpp"
 #include "memory.hpp"
-#include "poll.hpp"
 #include "recv.hpp"
 #include "rndv.hpp"
 #include "send_slots.hpp"
@@ -112,30 +111,24 @@ inline void post_fields(Slot *slot, bool has_imm, uint32_t imm, const PostAs *as
   // A large buffer's message that fits the eager size goes eagerly, copied into the slot.
   if (!rndv && slot->large && msg->size) memcpy(slot->buf, slot->large->mem, msg->size);
   slot->work.rndv = rndv;
+  if (!now) return send_later(s, slot);
   // The messages of s freed in this round go back at its end, after this one. Unless their
   // credits would then need a credit-only message: then first, and this one carries them.
-  if (now && s->tx.credits.ctrl_needed_after_carry(s->rx.freed_later)) msgs_freed_back(s->loop);
-  if (now) {
-    // A queue pair that refuses a work request is broken: the connection closes, as it does when
-    // a queued message fails to go out. The message stays the application's (no callback).
-    int rc = send_now(s, slot);
-    if (rc) {
-      if (slot->src.xmr) tp::mr_deregister(slot->src.xmr);
-      slot->src.xmr = nullptr;
-      if (late) {
-        large_put(slot->large);
-        slot->large = nullptr;
-        msg->data = slot->buf;
-      }
-      socket_close(s, rc);
-      return rc;
+  if (s->tx.credits.ctrl_needed_after_carry(s->rx.freed_later)) msgs_freed_back(s->loop);
+  // A queue pair that refuses a work request is broken: the connection closes, as it does when
+  // a queued message fails to go out. The message stays the application's (no callback).
+  if (int rc = send_now(s, slot)) {
+    if (slot->src.xmr) tp::mr_deregister(slot->src.xmr);
+    slot->src.xmr = nullptr;
+    if (late) {
+      large_put(slot->large);
+      slot->large = nullptr;
+      msg->data = slot->buf;
     }
-  } else {
-    return send_later(s, slot);
+    socket_close(s, rc);
+    return rc;
   }
-  msg->status = IBMSG_WAITING;
-  poll_touch(s);  // its completion (and the answer) will come soon
-  return IBMSG_OK;
+  return send_waiting(s, slot);
 }
 
 }  // namespace
