@@ -4,7 +4,6 @@
 #include <sys/random.h>
 
 #include <ctime>
-#include <initializer_list>
 #include <new>
 
 #include "transport/hoptrace.hpp"
@@ -14,7 +13,7 @@ namespace ibmsg::tp {
 namespace {
 
 // The work requests queued since the last post_flush, posted as one list each (one doorbell).
-constexpr int kChain = 32;
+constexpr int kChain = 32;  // (at most 32: Chain::dirty has a bit per work request)
 struct Chain {
   ibv_send_wr wr[kChain];
   ibv_sge sge[kChain][2];  // a message's payload and its tail (post_send_imm)
@@ -22,19 +21,34 @@ struct Chain {
   ibv_recv_wr rwr[kChain];
   ibv_sge rsge[kChain];
   int rn = 0;
+  // Bit i: wr[i] was never used (new Chain leaves it unset) or was last a one-sided operation or
+  // a bind, whose fields a send-with-immediate does not set; it is zeroed before a send uses it
+  // (post_send_imm).
+  uint32_t dirty = ~0u;
 };
+
+static_assert(kChain <= 32, "Chain::dirty");
 
 Chain *chain_of(CmId *id) { return static_cast<Chain *>(id->qp->qp_context); }
 
-// The next free work request of the chain, zeroed; flushes a full chain first.
+// The next free work request of the chain, zeroed, for a one-sided operation or a bind (marked
+// dirty); flushes a full chain first. Providers check fields an opcode does not use (Soft-RoCE
+// refuses a bind whose imm_data is not zero), so every field must be set or zero.
 ibv_send_wr *chain_next(CmId *id, int *err) {
   Chain *c = chain_of(id);
   if (c->n == kChain && (*err = post_flush(id))) return nullptr;
   ibv_send_wr *wr = &c->wr[c->n];
   *wr = ibv_send_wr{};
   wr->sg_list = c->sge[c->n];
+  c->dirty |= 1u << c->n;
   ++c->n;
   return wr;
+}
+
+void fill_sge(ibv_sge *sge, const void *buf, uint32_t len, const Mr *mr) {
+  sge->addr = reinterpret_cast<uintptr_t>(buf);
+  sge->length = len;
+  sge->lkey = mr_lkey(mr);
 }
 
 int flush_recvs(CmId *id, Chain *c) {
@@ -160,20 +174,39 @@ int post_recv(CmId *id, WorkCtx *ctx, void *buf, uint32_t len, const Mr *mr) {
   return IBMSG_OK;
 }
 
+namespace {
+
+// A full chain goes first, then the message (on its own: post_send_imm's path then calls
+// nothing and saves no registers).
+[[gnu::noinline]] int post_send_imm_full(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len,
+                                         const Mr *mr, uint32_t imm, uint32_t max_inline,
+                                         const Segment *tail) {
+  if (int err = post_flush(id)) return err;
+  return post_send_imm(id, ctx, buf, len, mr, imm, max_inline, tail);
+}
+
+}  // namespace
+
 int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const Mr *mr,
                   uint32_t imm, uint32_t max_inline, const Segment *tail) {
-  int err = IBMSG_OK;
-  ibv_send_wr *wr = chain_next(id, &err);
-  if (!wr) return err;
-  uint32_t total = 0;
-  for (const Segment &g : {Segment{buf, len, mr}, tail ? *tail : Segment{nullptr, 0, nullptr}}) {
-    if (!g.len) continue;
-    ibv_sge &sge = wr->sg_list[wr->num_sge++];
-    sge.addr = reinterpret_cast<uintptr_t>(g.buf);
-    sge.length = g.len;
-    sge.lkey = mr_lkey(g.mr);
-    total += g.len;
+  Chain *c = chain_of(id);
+  if (c->n == kChain) return post_send_imm_full(id, ctx, buf, len, mr, imm, max_inline, tail);
+  // Not zeroed unless an operation or a bind used it last (128 bytes, 16 stores a message): a
+  // send sets the same fields every time (next: post_flush), and leaves the rest zero.
+  ibv_send_wr *wr = &c->wr[c->n];
+  const uint32_t bit = 1u << c->n;
+  if (c->dirty & bit) {
+    *wr = ibv_send_wr{};
+    c->dirty &= ~bit;
   }
+  wr->sg_list = c->sge[c->n];
+  ++c->n;
+  // The payload, if any, then the tail, if any: zero, one or two elements.
+  int n = 0;
+  if (len) fill_sge(&wr->sg_list[n++], buf, len, mr);
+  if (tail && tail->len) fill_sge(&wr->sg_list[n++], tail->buf, tail->len, tail->mr);
+  const uint32_t total = len + (tail ? tail->len : 0);
+  wr->num_sge = n;
   wr->wr_id = reinterpret_cast<uintptr_t>(ctx);
   wr->opcode = IBV_WR_SEND_WITH_IMM;
   // Signaled or not: post_flush decides for the whole list.
