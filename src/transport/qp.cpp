@@ -64,10 +64,13 @@ int flush_recvs(CmId *id, Chain *c) {
 int post_flush(CmId *id) {
   Chain *c = id->qp ? chain_of(id) : nullptr;
   if (!c) return IBMSG_OK;
-  // Receives first: a credit a send of this list returns is for a buffer posted by then.
-  if (int err = flush_recvs(id, c)) {
-    c->n = 0;
-    return err;
+  // Receives first: a credit a send of this list returns is for a buffer posted by then. (Most
+  // lists have none: a connection on a shared receive queue posts its receives there.)
+  if (c->rn) {
+    if (int err = flush_recvs(id, c)) {
+      c->n = 0;
+      return err;
+    }
   }
   if (c->n == 0) return IBMSG_OK;
   // Completions come in order: of the data messages before a one-sided operation (or the end
