@@ -13,7 +13,7 @@ namespace ibmsg::tp {
 namespace {
 
 // The work requests queued since the last post_flush, posted as one list each (one doorbell).
-constexpr int kChain = 32;  // (at most 32: Chain::dirty has a bit per work request)
+constexpr int kChain = 32;
 struct Chain {
   ibv_send_wr wr[kChain];
   ibv_sge sge[kChain][2];  // a message's payload and its tail (post_send_imm)
@@ -21,28 +21,32 @@ struct Chain {
   ibv_recv_wr rwr[kChain];
   ibv_sge rsge[kChain];
   int rn = 0;
-  // Bit i: wr[i] was never used (new Chain leaves it unset) or was last a one-sided operation or
-  // a bind, whose fields a send-with-immediate does not set; it is zeroed before a send uses it
-  // (post_send_imm).
-  uint32_t dirty = ~0u;
 };
-
-static_assert(kChain <= 32, "Chain::dirty");
 
 Chain *chain_of(CmId *id) { return static_cast<Chain *>(id->qp->qp_context); }
 
-// The next free work request of the chain, zeroed, for a one-sided operation or a bind (marked
-// dirty); flushes a full chain first. Providers check fields an opcode does not use (Soft-RoCE
-// refuses a bind whose imm_data is not zero), so every field must be set or zero.
+// Providers check fields an opcode does not use (Soft-RoCE refuses a bind whose imm_data is not
+// zero), so every field of a work request must be set or zero. A free request of the chain holds
+// nothing but the fields a send sets (a new Chain is zeroed; the requests of one-sided operations
+// and binds are zeroed again once they went, chain_empty): a send sets those fields every time
+// and takes its request as it is (post_send_imm: 128 bytes, 16 stores a message saved); a
+// one-sided operation or a bind takes it zeroed (chain_next).
+
+// The next free work request of the chain, zeroed; flushes a full chain first.
 ibv_send_wr *chain_next(CmId *id, int *err) {
   Chain *c = chain_of(id);
   if (c->n == kChain && (*err = post_flush(id))) return nullptr;
   ibv_send_wr *wr = &c->wr[c->n];
   *wr = ibv_send_wr{};
   wr->sg_list = c->sge[c->n];
-  c->dirty |= 1u << c->n;
   ++c->n;
   return wr;
+}
+
+// The first n requests went (or were dropped): those that were not sends are zeroed again.
+void chain_empty(Chain *c, int n) {
+  for (int i = 0; i < n; ++i)
+    if (c->wr[i].opcode != IBV_WR_SEND_WITH_IMM) c->wr[i] = ibv_send_wr{};
 }
 
 void fill_sge(ibv_sge *sge, const void *buf, uint32_t len, const Mr *mr) {
@@ -68,6 +72,7 @@ int post_flush(CmId *id) {
   // lists have none: a connection on a shared receive queue posts its receives there.)
   if (c->rn) {
     if (int err = flush_recvs(id, c)) {
+      chain_empty(c, c->n);
       c->n = 0;
       return err;
     }
@@ -80,7 +85,7 @@ int post_flush(CmId *id) {
   // too and counts it in its WorkCtx (not the connection's one control context: several of its
   // messages may be in flight; not an operation: a long read or write would hold the control
   // slot back for its whole transfer).
-  bool signal = true;
+  bool signal = true, others = false;
   WorkCtx *carrier = nullptr;
   for (int i = c->n - 1; i >= 0; --i) {
     c->wr[i].next = i + 1 < c->n ? &c->wr[i + 1] : nullptr;
@@ -98,19 +103,22 @@ int post_flush(CmId *id) {
         if (carrier) ++carrier->carried;
         else c->wr[i].send_flags |= IBV_SEND_SIGNALED;
         break;
-      default:  // one-sided operations and rendezvous FINs: always signaled
+      default:  // one-sided operations, binds and rendezvous FINs: always signaled
         c->wr[i].send_flags |= IBV_SEND_SIGNALED;
         ctx->carried = 0;
         carrier = nullptr;
         signal = true;
+        others = true;
         break;
     }
   }
+  const int n = c->n;
   c->n = 0;
   ibv_send_wr *bad = nullptr;
   hoptrace::post_begin();
   const int err = ibv_post_send(id->qp, &c->wr[0], &bad) ? IBMSG_EIO : IBMSG_OK;
   hoptrace::post_end();
+  if (others) chain_empty(c, n);
   return err;
 }
 
@@ -126,7 +134,7 @@ int qp_create(CmId *id, Device *dev, Cq *cq, QpCaps *caps) {
   attr.cap.max_recv_sge = caps->srq ? 0 : 1;
   attr.srq = caps->srq ? srq_verbs(caps->srq) : nullptr;
   attr.cap.max_inline_data = caps->max_inline;
-  Chain *chain = new (std::nothrow) Chain;
+  Chain *chain = new (std::nothrow) Chain();  // zeroed (chain_next)
   if (!chain) return IBMSG_ENOMEM;
   attr.qp_context = chain;
   if (rdma_create_qp(raw(id), device_pd(dev), &attr)) {
@@ -194,14 +202,8 @@ int post_send_imm(CmId *id, WorkCtx *ctx, const void *buf, uint32_t len, const M
                   uint32_t imm, uint32_t max_inline, const Segment *tail) {
   Chain *c = chain_of(id);
   if (c->n == kChain) return post_send_imm_full(id, ctx, buf, len, mr, imm, max_inline, tail);
-  // Not zeroed unless an operation or a bind used it last (128 bytes, 16 stores a message): a
-  // send sets the same fields every time (next: post_flush), and leaves the rest zero.
+  // Not zeroed (chain_next says why it need not be): the fields below, next (post_flush).
   ibv_send_wr *wr = &c->wr[c->n];
-  const uint32_t bit = 1u << c->n;
-  if (c->dirty & bit) {
-    *wr = ibv_send_wr{};
-    c->dirty &= ~bit;
-  }
   wr->sg_list = c->sge[c->n];
   ++c->n;
   // The payload, if any, then the tail, if any: zero, one or two elements.
