@@ -1,4 +1,4 @@
-# Shared by test/perf/peers and test/perf/ab (sourced): one measurement is a server and a client
+# Shared by test/perf/peers, ab, hops, kcalls and usercost (sourced): one measurement is a server and a client
 # started for it alone; each key collects a number per round; a row shows the median. The caller
 # sets T (seconds a process may run).
 
@@ -52,4 +52,16 @@ m() {
     [ -n "$v" ] && break
   done
   add "$key" "$v"
+}
+
+# rawpp_build DIR TOOL: test/perf/rawpp (a raw-verbs ping-pong with ibmsg's verbs choices) built
+# afresh as DIR/rawpp, once: on the host before a script runs itself in the VM, or in the VM when
+# it runs there directly (RAWPP_BUILT, exported, says it is done). TOOL names the script in the
+# message when it cannot be built (the script then leaves rawpp out).
+rawpp_build() {
+  [ -n "${RAWPP_BUILT:-}" ] && return 0
+  mkdir -p "$1" && rm -f "$1/rawpp" || exit 1
+  ${CC:-cc} -std=gnu11 -O2 -g -o "$1/rawpp" "$(dirname "${BASH_SOURCE[0]}")/rawpp.c" -lrdmacm -libverbs ||
+    echo "$2: cannot build test/perf/rawpp (libibverbs-dev and librdmacm-dev): it is left out"
+  export RAWPP_BUILT=1
 }
